@@ -1,0 +1,3 @@
+from splitaudit.cli import main
+
+main()

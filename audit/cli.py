@@ -1,0 +1,227 @@
+"""The `splitaudit` command line: parses, delegates, prints. It computes nothing itself.
+
+Exit codes: 0 audit done and every gate passed; 1 a gate failed (reports still written);
+2 bad usage or input (one line on stderr; --debug shows the traceback); 3 internal error.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from dataclasses import fields
+from importlib.resources import files
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+from tqdm import tqdm
+
+from splitaudit import __version__
+from splitaudit.config import FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
+from splitaudit.errors import InputError
+
+EXIT_GATE_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 1, 2, 3
+
+
+def _comma_list(convert):
+    """A click callback turning 'a,b,c' into [convert(a), ...] with a clear error."""
+    def callback(_ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return [convert(v.strip()) for v in value.split(",") if v.strip()]
+        except ValueError as exc:
+            raise click.BadParameter(f"expected a comma-separated list ({exc})", param=param) from exc
+    return callback
+
+
+def model_data_options(func):
+    """Options shared by every command that loads a model and its data."""
+    decorators = [
+        click.option("--aux", help="Auxiliary data: .npz (x, y, attr), CSV, or an image folder."),
+        click.option("--target", help="Separate target data (default: a seeded split of --aux)."),
+        click.option("--input-shape", callback=_comma_list(int), help="Per-sample input shape, e.g. 3,32,32."),
+        click.option("--normalize", callback=_comma_list(float),
+                     help="MEAN,STD (or C means then C stds) folded into the encoder; MSEs stay in data space."),
+        click.option("--label-column", help="CSV column with class labels."),
+        click.option("--attr-column", help="CSV column with the sensitive attribute."),
+        click.option("--prior", type=click.Choice(PRIORS), help="Prior-term estimator for the van Trees bound (default ssm)."),
+        click.option("--smoothing", type=float, help="Randomized-smoothing tau (default 0.25 for [0,1] images, else 0)."),
+        click.option("--noise-sigma", type=float, help="Std of the Gaussian noise added to embeddings (default 0)."),
+        click.option("--seed", type=int, help="Seed for splits, attacks and estimators (default 0)."),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where to compute (default auto)."),
+        click.option("--quick", is_flag=True, help="Smoke run: fewer seeds, epochs and probes."),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                     help="TOML file with the same options; command-line flags win."),
+        click.option("--debug", is_flag=True, help="Show tracebacks for errors."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def given_flags(flags: dict) -> dict:
+    """The flags the user actually typed (so that config-file values are not overridden by defaults)."""
+    ctx = click.get_current_context()
+    return {k: v for k, v in flags.items() if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}
+
+
+def build_options(model: str | None, flags: dict) -> AuditOptions:
+    """Defaults, then the --config file, then the flags given on the command line."""
+    values = load_config(flags["config_file"]) if flags.get("config_file") else {}
+    names = {f.name for f in fields(AuditOptions)}
+    values.update({k: v for k, v in flags.items() if k in names})
+    if model:
+        values["model"] = model
+    for text in flags.get("attack_option") or ():
+        attack, key, value = parse_attack_option(text)
+        values.setdefault("attack_options", {}).setdefault(attack, {})[key] = value
+    if not values.get("model"):
+        raise InputError("no model given: splitaudit run MODEL --aux DATA")
+    if not values.get("aux"):
+        raise InputError("no auxiliary data given: pass --aux PATH (.npz, .csv or an image folder)")
+    return AuditOptions(**values).validate()
+
+
+def cli_progress(**kwargs) -> tqdm:
+    """Progress bars on stderr when it is a terminal."""
+    return tqdm(file=sys.stderr, leave=False, dynamic_ncols=True, disable=None, **kwargs)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="splitaudit")
+def cli() -> None:
+    """Audit what a split-learning bottom model's embeddings leak."""
+
+
+@cli.command()
+@click.argument("model", required=False)
+@model_data_options
+@click.option("--attacks", callback=_comma_list(str),
+              help="all, none, or a comma list of fine-tune,kmeans,attribute,decoder,optimization,sdar.")
+@click.option("--top-model", help="The top model g (TorchScript/ONNX), for attacks that use one.")
+@click.option("--attack-option", "attack_option", multiple=True, metavar="NAME.KEY=VALUE",
+              help="An attack setting, e.g. sdar.ablation=true (repeatable).")
+@click.option("--out", help="Output folder (default ./splitaudit-report).")
+@click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json (default all).")
+@click.option("--fail-under-mse", type=float, help="Gate: fail when the van Trees bound MSE is below T.")
+@click.option("--fail-under-attack-mse", type=float, help="Gate: fail when any reconstruction attack's MSE is below T.")
+@click.option("--max-advantage", type=float, help="Gate: fail when any attack's advantage over its baseline exceeds A.")
+@click.option("--junit", type=click.Path(dir_okay=False), help="Also write the gates as JUnit XML test cases.")
+def run(model: str | None, **flags) -> None:
+    """Audit MODEL (.onnx or TorchScript .pt) with auxiliary data."""
+    options = build_options(model, given_flags(flags))
+    _audit_and_report(options)
+
+
+@cli.command()
+@click.option("--out", default="splitaudit-report", show_default=True, help="Output folder.")
+@click.option("--quick", is_flag=True, help="Smoke run: fewer seeds, epochs and probes.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+def demo(out: str, quick: bool, device: str, debug: bool) -> None:
+    """Audit the bundled digits CNN with every attack (nothing to download)."""
+    samples = files("splitaudit.sample_models")
+    options = AuditOptions(model=str(samples / "digits_cnn.onnx"), aux=str(samples / "digits.npz"),
+                           top_model=str(samples / "digits_cnn_top.pt"), out=out, quick=quick,
+                           device=device).validate()
+    _audit_and_report(options)
+
+
+def _audit_and_report(options: AuditOptions) -> None:
+    from splitaudit.pipeline import run_audit
+    from splitaudit.reports import terminal_summary, write_junit, write_reports
+
+    result = run_audit(options, progress=cli_progress)
+    written = write_reports(result, Path(options.out), options.formats)
+    if options.junit:
+        written.append(write_junit(result, Path(options.junit)))
+    click.echo(terminal_summary(result))
+    click.echo("wrote " + ", ".join(str(p) for p in written))
+    if not result["gate"]["passed"]:
+        raise SystemExit(EXIT_GATE_FAILED)
+
+
+@cli.command()
+@click.argument("model", required=False)
+@model_data_options
+@click.option("--target-mse", type=float, required=True, help="The bound MSE the noise should guarantee.")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> None:
+    """The noise sigma that makes MODEL's provable bound reach --target-mse."""
+    from splitaudit import leakage
+    from splitaudit.pipeline import prepare_context
+
+    if not target_mse > 0:
+        raise InputError(f"--target-mse must be > 0, got {target_mse}")
+    options = build_options(model, {**given_flags(flags), "attacks": ["none"]})
+    ctx = prepare_context(options, progress=cli_progress)
+    answer = leakage.calibrate(ctx, target_mse, prior=options.prior, smoothing=options.smoothing)
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+    else:
+        click.echo(leakage.describe_calibration(answer))
+
+
+@cli.command()
+@click.argument("report", type=click.Path(dir_okay=False))
+@click.option("--format", "formats", callback=_comma_list(str), default="html,md", show_default=True)
+@click.option("--out", help="Output folder (default: the report's folder).")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+def render(report: str, formats: list[str], out: str | None, debug: bool) -> None:
+    """Re-render a saved report.json as HTML and/or Markdown."""
+    from splitaudit.reports import load_result, write_reports
+
+    _check_formats(formats)
+    result = load_result(Path(report))
+    written = write_reports(result, Path(out) if out else Path(report).parent, formats)
+    click.echo("wrote " + ", ".join(str(p) for p in written))
+
+
+@cli.command()
+@click.argument("before", type=click.Path(dir_okay=False))
+@click.argument("after", type=click.Path(dir_okay=False))
+@click.option("--format", "formats", callback=_comma_list(str), default="html,md", show_default=True)
+@click.option("--out", default="splitaudit-compare", show_default=True, help="Output folder.")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+def compare(before: str, after: str, formats: list[str], out: str, debug: bool) -> None:
+    """Render two saved audits side by side (e.g. before and after a defence)."""
+    from splitaudit.reports import load_result, write_comparison
+
+    _check_formats(formats)
+    written = write_comparison(load_result(Path(before)), load_result(Path(after)), Path(out), formats)
+    click.echo("wrote " + ", ".join(str(p) for p in written))
+
+
+def _check_formats(formats: list[str]) -> None:
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise InputError(f"--format takes a comma list of {', '.join(FORMATS)}; got {','.join(formats)!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: maps errors to one line and the documented exit codes."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        code = cli.main(args=args, prog_name="splitaudit", standalone_mode=False)
+    except click.exceptions.Abort:
+        _fail("aborted", 130)
+    except click.ClickException as exc:
+        _fail(exc.format_message(), EXIT_BAD_INPUT)
+    except InputError as exc:
+        if debug:
+            traceback.print_exc()
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_INTERNAL)
+    raise SystemExit(code or 0)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"splitaudit: error: {message.splitlines()[0] if message else 'failed'}", err=True)
+    raise SystemExit(code)

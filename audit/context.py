@@ -1,0 +1,83 @@
+"""The shared audit context: model, data parts, noise, seeds, and the cached embeddings.
+
+Estimators and attacks read everything they need from here; nothing in it prints or exits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+from splitaudit.data import Dataset
+from splitaudit.models import Encoder
+
+FULL_SEEDS = 3
+QUICK_SEEDS = 1
+
+
+def silent_progress(**kwargs) -> tqdm:
+    """A progress bar that shows nothing (the default outside the CLI)."""
+    return tqdm(disable=True, **kwargs)
+
+
+@dataclass
+class AuditContext:
+    """What every attack and estimator sees. `aux` is the attacker's data, `target` the victims'."""
+
+    encoder: Encoder
+    aux: Dataset
+    target: Dataset
+    noise_sigma: float = 0.0
+    seed: int = 0
+    quick: bool = False
+    top_model: nn.Module | None = None
+    attack_options: dict[str, dict] = field(default_factory=dict)
+    progress: Callable[..., tqdm] = silent_progress
+    _clean: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.device
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds every attack repeats over (mean and std are reported across them)."""
+        return [self.seed + i for i in range(QUICK_SEEDS if self.quick else FULL_SEEDS)]
+
+    @property
+    def num_classes(self) -> int | None:
+        counts = [d.num_classes for d in (self.aux, self.target) if d.num_classes is not None]
+        return max(counts) if counts else None
+
+    def part(self, name: str) -> Dataset:
+        return {"aux": self.aux, "target": self.target}[name]
+
+    def options(self, attack: str) -> dict:
+        """User options for one attack (config file [attack.NAME] or --attack-option NAME.KEY=V)."""
+        return self.attack_options.get(attack, {})
+
+    def generator(self, seed: int) -> torch.Generator:
+        """A torch generator on the audit's device, for noise and sampling."""
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def clean_embeddings(self, part: str) -> torch.Tensor:
+        """f(x) for a data part, computed once (a stochastic encoder gets a fresh draw each call)."""
+        if self.encoder.stochastic:
+            return self.encoder.embed(self.part(part).x)
+        if part not in self._clean:
+            self._clean[part] = self.encoder.embed(self.part(part).x)
+        return self._clean[part]
+
+    def add_noise(self, z: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """z + N(0, sigma^2 I): what the client actually sends under --noise-sigma."""
+        if self.noise_sigma == 0:
+            return z
+        noise = torch.randn(z.shape, generator=generator, device=z.device, dtype=z.dtype)
+        return z + self.noise_sigma * noise
+
+    def observed_embeddings(self, part: str, generator: torch.Generator) -> torch.Tensor:
+        """The embeddings an attacker observes for a data part: f(x) plus fresh noise."""
+        return self.add_noise(self.clean_embeddings(part), generator)

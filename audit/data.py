@@ -1,0 +1,208 @@
+"""Load auxiliary data (.npz, image folder, CSV) into one `Dataset`, and split it.
+
+Every loader checks what a model will need (shape, finite values, non-empty) and raises
+InputError with a one-line reason otherwise.
+"""
+from __future__ import annotations
+
+import csv
+import zipfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from splitaudit.errors import InputError
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
+
+@dataclass
+class Dataset:
+    """Inputs in the audit's space, with optional labels and a sensitive attribute."""
+
+    x: torch.Tensor
+    y: torch.Tensor | None = None
+    attr: torch.Tensor | None = None
+    class_names: list[str] | None = None
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    @property
+    def is_image(self) -> bool:
+        return len(self.sample_shape) == 3
+
+    @property
+    def in_unit_range(self) -> bool:
+        return bool(self.x.min() >= 0 and self.x.max() <= 1)
+
+    @property
+    def num_classes(self) -> int | None:
+        return None if self.y is None else int(self.y.max()) + 1
+
+    def subset(self, index: torch.Tensor) -> "Dataset":
+        pick = (lambda t: None if t is None else t[index])
+        return replace(self, x=self.x[index], y=pick(self.y), attr=pick(self.attr))
+
+    def to(self, device) -> "Dataset":
+        move = (lambda t: None if t is None else t.to(device))
+        return replace(self, x=self.x.to(device), y=move(self.y), attr=move(self.attr))
+
+
+def load_dataset(path: str | Path, input_shape: tuple[int, ...] | None = None,
+                 label_column: str | None = None, attr_column: str | None = None) -> Dataset:
+    """Load .npz, CSV or an image folder; reshape/resize to input_shape when it is known."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"data path not found: {path}")
+    if path.is_dir():
+        data = _load_folder(path, input_shape, label_column, attr_column)
+    else:
+        data = _load_file(path, label_column, attr_column)
+    return _validated(data, input_shape)
+
+
+def _load_file(path: Path, label_column, attr_column) -> Dataset:
+    if path.suffix.lower() == ".npz":
+        return _load_npz(path)
+    if path.suffix.lower() in {".csv", ".tsv"}:
+        return _load_csv(path, label_column, attr_column)
+    raise InputError(f"unsupported data file {path}: use .npz, .csv or a folder of class_name/*.png images")
+
+
+def _load_folder(path: Path, input_shape, label_column, attr_column) -> Dataset:
+    """A folder of class subfolders is an image folder; otherwise it must hold one .npz or .csv."""
+    entries = [p for p in path.iterdir() if not p.name.startswith(".")]
+    if not entries:
+        raise InputError(f"data folder is empty: {path}")
+    if any(p.is_dir() for p in entries):
+        return _load_image_folder(path, input_shape)
+    tables = [p for p in entries if p.suffix.lower() in {".npz", ".csv", ".tsv"}]
+    if len(tables) != 1:
+        raise InputError(f"data folder {path} must hold class subfolders of images, or exactly one .npz/.csv file (found {len(tables)})")
+    return _load_file(tables[0], label_column, attr_column)
+
+
+def _load_npz(path: Path) -> Dataset:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise InputError(f"cannot read {path} as .npz ({exc}); it must hold numeric arrays, no pickled objects") from exc
+    if "x" not in arrays:
+        raise InputError(f"{path} has no array 'x' (found: {', '.join(arrays) or 'nothing'})")
+    x = arrays["x"]
+    if not np.issubdtype(x.dtype, np.number):
+        raise InputError(f"{path}: 'x' must be numeric, got {x.dtype}")
+    y, names = _labels(arrays.get("y"), "y", len(x), path)
+    attr, _ = _labels(arrays.get("attr"), "attr", len(x), path)
+    return Dataset(x=torch.as_tensor(x, dtype=torch.float32), y=y, attr=attr, class_names=names, source=str(path))
+
+
+def _load_csv(path: Path, label_column: str | None, attr_column: str | None) -> Dataset:
+    with path.open(newline="") as handle:
+        rows = list(csv.reader(handle, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+    if len(rows) < 2:
+        raise InputError(f"{path} has no data rows (a header line and at least one row are needed)")
+    header, body = [h.strip() for h in rows[0]], rows[1:]
+    for name, flag in ((label_column, "--label-column"), (attr_column, "--attr-column")):
+        if name is not None and name not in header:
+            raise InputError(f"{flag} {name!r} is not a column of {path} (columns: {', '.join(header)})")
+    columns = {h: [r[i].strip() if i < len(r) else "" for r in body] for i, h in enumerate(header)}
+    y, names = _labels(_column(columns, label_column), label_column, len(body), path)
+    attr, _ = _labels(_column(columns, attr_column), attr_column, len(body), path)
+    features = [h for h in header if h not in {label_column, attr_column}]
+    if not features:
+        raise InputError(f"{path} has no feature columns besides the label and attribute")
+    try:
+        x = np.array([[float(columns[h][i]) for h in features] for i in range(len(body))], dtype=np.float32)
+    except ValueError as exc:
+        raise InputError(f"{path}: every feature column must be numeric ({exc}); name label/attribute columns with --label-column/--attr-column") from exc
+    return Dataset(x=torch.from_numpy(x), y=y, attr=attr, class_names=names, source=str(path))
+
+
+def _column(columns: dict, name: str | None) -> np.ndarray | None:
+    return None if name is None else np.array(columns[name])
+
+
+def _labels(values, name, n: int, path: Path) -> tuple[torch.Tensor | None, list[str] | None]:
+    """Map any label values to 0..K-1 (sorted), keeping their names."""
+    if values is None:
+        return None, None
+    values = np.asarray(values)
+    if values.shape != (n,):
+        raise InputError(f"{path}: {name!r} must hold one value per sample ({n}), got shape {values.shape}")
+    if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
+        raise InputError(f"{path}: {name!r} holds NaN or infinite values")
+    names, codes = np.unique(values, return_inverse=True)
+    return torch.as_tensor(codes, dtype=torch.long), [str(v) for v in names]
+
+
+def _load_image_folder(path: Path, input_shape) -> Dataset:
+    """class_name/*.png|jpg, as torchvision's ImageFolder lays it out; scaled to [0, 1]."""
+    from PIL import Image, UnidentifiedImageError
+
+    classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files = [(f, c) for c, name in enumerate(classes) for f in sorted((path / name).rglob("*"))
+             if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise InputError(f"no images found in {path}: expected class_name/*.png or *.jpg, or one .npz/.csv file")
+    channels, size = _image_geometry(input_shape, files[0][0])
+    mode = {1: "L", 3: "RGB"}.get(channels)
+    if mode is None:
+        raise InputError(f"image folders need a model with 1 or 3 input channels, not {channels}")
+    images = []
+    for file, _ in files:
+        try:
+            with Image.open(file) as img:
+                img = img.convert(mode).resize(size, Image.BILINEAR)
+                images.append(np.asarray(img, dtype=np.float32).reshape(size[1], size[0], channels))
+        except (UnidentifiedImageError, OSError) as exc:
+            raise InputError(f"cannot read image {file}: {exc}") from exc
+    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2) / 255.0
+    y = torch.tensor([c for _, c in files], dtype=torch.long)
+    return Dataset(x=x.contiguous(), y=y, class_names=classes, source=str(path))
+
+
+def _image_geometry(input_shape, first_image: Path) -> tuple[int, tuple[int, int]]:
+    """(channels, (width, height)) from the model's input shape, else from the first image."""
+    if input_shape is not None:
+        if len(input_shape) != 3:
+            raise InputError(f"an image folder needs a model input of shape C,H,W, not {input_shape}")
+        return input_shape[0], (input_shape[2], input_shape[1])
+    from PIL import Image
+
+    with Image.open(first_image) as img:
+        return (1 if img.mode in {"1", "L", "I", "F"} else 3), img.size
+
+
+def _validated(data: Dataset, input_shape) -> Dataset:
+    if len(data) == 0:
+        raise InputError(f"{data.source} holds no samples")
+    if not torch.isfinite(data.x).all():
+        raise InputError(f"{data.source} holds NaN or infinite values in 'x'; clean or impute them first")
+    if input_shape is None or data.sample_shape == tuple(input_shape):
+        return data
+    if data.x[0].numel() == int(np.prod(input_shape)):
+        return replace(data, x=data.x.reshape(len(data), *input_shape))
+    raise InputError(
+        f"data samples have shape {data.sample_shape} but the model expects {tuple(input_shape)}; "
+        "pass --input-shape or data of the model's input shape"
+    )
+
+
+def split_dataset(data: Dataset, target_fraction: float, seed: int) -> tuple[Dataset, Dataset]:
+    """Seeded split into (attacker's auxiliary part, held-out target part)."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(data), generator=gen)
+    n_target = int(round(target_fraction * len(data)))
+    if n_target < 1 or n_target >= len(data):
+        raise InputError(f"{data.source} has {len(data)} samples: too few to split into aux and target parts")
+    return data.subset(perm[n_target:]), data.subset(perm[:n_target])

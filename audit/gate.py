@@ -1,0 +1,74 @@
+"""The CI gate: turn a finished result into pass/fail checks with reasons (no I/O)."""
+from __future__ import annotations
+
+import math
+
+
+def evaluate_gate(result: dict, fail_under_mse: float | None = None,
+                  fail_under_attack_mse: float | None = None,
+                  max_advantage: float | None = None) -> dict:
+    """Each check says what was measured, the threshold, and by how much it failed."""
+    checks = [_completeness(result)]
+    if fail_under_mse is not None:
+        checks.append(_bound_check(result, fail_under_mse))
+    if fail_under_attack_mse is not None:
+        checks.append(_attack_mse_check(result, fail_under_attack_mse))
+    if max_advantage is not None:
+        checks.extend(_advantage_checks(result, max_advantage))
+    failed = [c for c in checks if not c["passed"]]
+    return {
+        "fail_under_mse": fail_under_mse, "fail_under_attack_mse": fail_under_attack_mse,
+        "max_advantage": max_advantage, "passed": not failed,
+        "reasons": [c["message"] for c in failed], "checks": checks,
+    }
+
+
+def _check(name: str, passed: bool, message: str, value=None, threshold=None) -> dict:
+    return {"name": name, "passed": bool(passed), "value": value, "threshold": threshold, "message": message}
+
+
+def _completeness(result: dict) -> dict:
+    """A failed attack makes the audit incomplete: it must not pass as if it were whole."""
+    failed = [name for name, a in result.get("attacks", {}).items() if a["status"] == "failed"]
+    if failed:
+        return _check("audit-complete", False, "audit incomplete: attack(s) failed: " + ", ".join(failed))
+    return _check("audit-complete", True, "every selected attack ran or was skipped with a reason")
+
+
+def _bound_check(result: dict, threshold: float) -> dict:
+    bound = result["bounds"]["van_trees_mse"]
+    violated = result["bounds"].get("violated_by") or []
+    if violated:
+        return _check("fail-under-mse", False, "the van Trees bound is not trustworthy: attack(s) "
+                      f"{', '.join(violated)} beat it", bound, threshold)
+    if bound < threshold:
+        return _check("fail-under-mse", False, f"van Trees bound MSE {bound:.4g} is below the threshold "
+                      f"{threshold:.4g} (short by {threshold - bound:.4g})", bound, threshold)
+    return _check("fail-under-mse", True, f"van Trees bound MSE {bound:.4g} >= {threshold:.4g}", bound, threshold)
+
+
+def _attack_mse_check(result: dict, threshold: float) -> dict:
+    measured = {n: a["metrics"]["mse"] for n, a in result.get("attacks", {}).items()
+                if a["status"] == "ok" and a["kind"] == "reconstruction"}
+    if not measured:
+        return _check("fail-under-attack-mse", False, "no reconstruction attack ran, so the attack-MSE "
+                      "floor cannot be checked", None, threshold)
+    name = min(measured, key=measured.get)
+    best = measured[name]
+    if best < threshold:
+        return _check("fail-under-attack-mse", False, f"{name} reconstructs with MSE {best:.4g}, below the "
+                      f"floor {threshold:.4g} (by {threshold - best:.4g})", best, threshold)
+    return _check("fail-under-attack-mse", True, f"best reconstruction MSE {best:.4g} ({name}) >= {threshold:.4g}",
+                  best, threshold)
+
+
+def _advantage_checks(result: dict, cap: float) -> list[dict]:
+    checks = []
+    for name, attack in result.get("attacks", {}).items():
+        if attack["status"] != "ok" or not math.isfinite(attack["advantage"]):
+            continue
+        adv = attack["advantage"]
+        message = (f"{name} advantage {adv:.4g} {'<=' if adv <= cap else 'exceeds'} the cap {cap:.4g}"
+                   + ("" if adv <= cap else f" (by {adv - cap:.4g})"))
+        checks.append(_check(f"max-advantage:{name}", adv <= cap, message, adv, cap))
+    return checks

@@ -1,0 +1,376 @@
+"""Load a bottom model (TorchScript or ONNX) behind one interface, the `Encoder`.
+
+ONNX models are checked, converted to a differentiable torch module with onnx2pytorch and
+compared with onnxruntime on real data; when conversion fails or the outputs disagree, the
+model runs black-box through onnxruntime (forward passes only, no gradients).
+"""
+from __future__ import annotations
+
+import sys
+import types
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from splitaudit.errors import InputError
+
+TORCHSCRIPT_SUFFIXES = {".pt", ".pth", ".ts", ".jit", ".torchscript"}
+PARITY_RTOL = 1e-4
+DEFAULT_BATCH = 256
+
+# Operators whose derivative jumps: dFIL is then only defined almost everywhere (paper 004).
+NON_SMOOTH_ONNX = {
+    "Relu", "LeakyRelu", "PRelu", "ThresholdedRelu", "Clip", "Abs", "Max", "Min", "Sign",
+    "Floor", "Ceil", "Round", "MaxPool", "GlobalMaxPool", "MaxRoiPool", "HardSigmoid",
+    "HardSwish", "ArgMax", "ArgMin", "TopK",
+}
+NON_SMOOTH_TORCHSCRIPT = {
+    "relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "prelu", "hardtanh", "hardtanh_",
+    "clamp", "clamp_", "abs", "max", "min", "sign", "floor", "ceil", "round", "max_pool1d",
+    "max_pool2d", "max_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "hardsigmoid",
+    "hardswish", "argmax", "argmin", "topk", "threshold",
+}
+
+
+@dataclass
+class RawModel:
+    """A model file opened but not yet checked against data."""
+
+    path: Path
+    format: str
+    declared_input_shape: tuple[int, ...] | None
+    fixed_batch: int | None
+    torch_module: nn.Module | None
+    session: object | None = None
+    conversion_error: str | None = None
+    non_smooth_ops: list[str] = field(default_factory=list)
+    providers: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Encoder:
+    """A bottom model f on inputs in the audit's space (any --normalize folded in)."""
+
+    path: str
+    format: str
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    device: torch.device
+    torch_fn: nn.Module | None
+    blackbox_fn: Callable[[torch.Tensor], torch.Tensor]
+    fixed_batch: int | None
+    parity_max_abs_err: float | None
+    stochastic: bool
+    warnings: list[str]
+    providers: list[str]
+
+    @property
+    def differentiable(self) -> bool:
+        return self.torch_fn is not None
+
+    @property
+    def gradient_mode(self) -> str:
+        return "autograd" if self.differentiable else "finite-difference"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """f(x) for a batch; differentiable when the model is."""
+        fn = self.torch_fn if self.torch_fn is not None else self.blackbox_fn
+        return _in_batches(fn, x, self.fixed_batch)
+
+    @torch.no_grad()
+    def embed(self, x: torch.Tensor, batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
+        """f(x) for any number of samples, in batches, without gradients, on the model's device."""
+        x = x.to(self.device)
+        return torch.cat([self(chunk) for chunk in x.split(batch_size)])
+
+    def architecture(self) -> nn.Module | None:
+        """The torch module (normalisation included) for re-initialised copies, if known."""
+        return self.torch_fn
+
+    def describe(self) -> dict:
+        return {
+            "path": self.path, "format": self.format,
+            "input_shape": list(self.input_shape), "output_shape": list(self.output_shape),
+            "gradient_mode": self.gradient_mode, "parity_max_abs_err": self.parity_max_abs_err,
+            "stochastic": self.stochastic, "warnings": list(self.warnings),
+            "providers": list(self.providers),
+        }
+
+
+class Normalized(nn.Module):
+    """Folds --normalize into the encoder: f((x - mean) / std), so MSEs live in x's space."""
+
+    def __init__(self, inner: nn.Module, mean: torch.Tensor, std: torch.Tensor) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("mean", mean)
+        self.register_buffer("std", std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner((x - self.mean) / self.std)
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto -> cuda when torch sees a GPU, else cpu; an explicit cuda without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda was asked for, but torch sees no CUDA GPU; use --device auto or cpu")
+    return torch.device(name)
+
+
+def open_model(path: str | Path, device: torch.device) -> RawModel:
+    """Open a model file; raise InputError with a one-line reason when it cannot be used."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"model file not found: {path}")
+    if not path.is_file():
+        raise InputError(f"model path is not a file: {path}")
+    if detect_format(path) == "torchscript":
+        return _open_torchscript(path, device)
+    return _open_onnx(path, device)
+
+
+def detect_format(path: Path) -> str:
+    if path.suffix.lower() == ".onnx":
+        return "onnx"
+    if path.suffix.lower() in TORCHSCRIPT_SUFFIXES or zipfile.is_zipfile(path):
+        return "torchscript"
+    return "onnx"
+
+
+def _open_torchscript(path: Path, device: torch.device) -> RawModel:
+    try:
+        module = torch.jit.load(str(path), map_location=device).eval()
+    except Exception as exc:  # torch raises RuntimeError/ValueError/pickle errors alike
+        raise InputError(
+            f"{path} is not a loadable TorchScript model ({_first_line(exc)}); "
+            "save it with torch.jit.trace(...).save() or torch.jit.script(...).save()"
+        ) from exc
+    ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}
+    return RawModel(path=path, format="torchscript", declared_input_shape=None, fixed_batch=None,
+                    torch_module=module, non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT))
+
+
+def _open_onnx(path: Path, device: torch.device) -> RawModel:
+    import onnx
+
+    try:
+        proto = onnx.load(str(path))
+        onnx.checker.check_model(proto)
+    except Exception as exc:
+        raise InputError(
+            f"{path} is not a valid ONNX model (truncated or corrupt?): {_first_line(exc)}"
+        ) from exc
+    graph_inputs = _graph_inputs(proto)
+    if len(graph_inputs) != 1:
+        raise InputError(f"{path} has {len(graph_inputs)} inputs; splitaudit audits bottom models with one input")
+    batch, shape = _onnx_input_shape(graph_inputs[0])
+    session, providers = _ort_session(path, device)
+    module, error = _convert_onnx(proto, device)
+    ops = {node.op_type for node in proto.graph.node}
+    return RawModel(path=path, format="onnx", declared_input_shape=shape, fixed_batch=batch,
+                    torch_module=module, session=session, conversion_error=error,
+                    non_smooth_ops=sorted(ops & NON_SMOOTH_ONNX), providers=providers)
+
+
+def _graph_inputs(proto) -> list:
+    """Graph inputs that are not initializers (older exporters list weights as inputs too)."""
+    weights = {init.name for init in proto.graph.initializer}
+    return [i for i in proto.graph.input if i.name not in weights]
+
+
+def _onnx_input_shape(value_info) -> tuple[int | None, tuple[int, ...] | None]:
+    """(fixed batch size or None, per-sample shape or None when some dimension is symbolic)."""
+    dims = value_info.type.tensor_type.shape.dim
+    if not dims:
+        return None, None
+    batch = dims[0].dim_value or None
+    rest = [d.dim_value for d in dims[1:]]
+    return batch, (tuple(rest) if all(rest) else None)
+
+
+def _ort_session(path: Path, device: torch.device):
+    """An onnxruntime session on the CUDA provider when the device is CUDA and ORT can use it."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    wanted = ["CPUExecutionProvider"]
+    if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        wanted.insert(0, "CUDAExecutionProvider")
+    try:
+        session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
+    except Exception as exc:
+        raise InputError(f"onnxruntime cannot load {path}: {_first_line(exc)}") from exc
+    return session, session.get_providers()  # the providers actually in use
+
+
+def _convert_onnx(proto, device: torch.device) -> tuple[nn.Module | None, str | None]:
+    """onnx2pytorch conversion, or (None, reason) when it fails."""
+    try:
+        _import_torchvision_or_stub()
+        from onnx2pytorch import ConvertModel
+
+        module = ConvertModel(proto, experimental=True).eval().to(device)
+        for p in module.parameters():
+            p.requires_grad_(False)
+        return module, None
+    except Exception as exc:
+        return None, f"onnx2pytorch could not convert the model ({_first_line(exc)})"
+
+
+def _import_torchvision_or_stub() -> None:
+    """onnx2pytorch imports torchvision for a few detection ops (RoiAlign, NMS, DeformConv).
+
+    PyPI's torchvision is a CUDA build whose extension cannot load next to a CPU-only torch;
+    its import then fails. Those ops are then unavailable (conversion of a model that uses
+    them fails, and the model runs black-box); every other operator converts as usual.
+    """
+    try:
+        import torchvision  # noqa: F401
+        return
+    except Exception:
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+
+    def unavailable(attr: str):
+        def fail(*_args, **_kwargs):
+            raise RuntimeError(f"torchvision.{attr} is unavailable: torchvision does not load here")
+        return fail
+
+    for name in ("torchvision", "torchvision.ops", "torchvision.io"):
+        stub = types.ModuleType(name)
+        stub.__getattr__ = unavailable
+        stub.__path__ = []
+        sys.modules[name] = stub
+
+
+def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None = None) -> Encoder:
+    """Check the model against a batch of real inputs and wrap it as an Encoder.
+
+    sample: a batch in the audit's input space (before --normalize is applied).
+    """
+    device = sample.device
+    mean, std = _normalization(normalize, tuple(sample.shape[1:]), device)
+    warnings: list[str] = []
+    blackbox = _blackbox_fn(raw, mean, std)
+    torch_fn = Normalized(raw.torch_module, mean, std).eval() if raw.torch_module is not None else None
+    parity = None
+    if raw.format == "onnx":
+        torch_fn, parity = _check_parity(raw, torch_fn, blackbox, sample, warnings)
+    reference = torch_fn if torch_fn is not None else blackbox
+    try:
+        with torch.no_grad():
+            first = _in_batches(reference, sample, raw.fixed_batch)
+            second = _in_batches(reference, sample, raw.fixed_batch)
+    except Exception as exc:
+        raise InputError(
+            f"the model cannot run on inputs of shape {tuple(sample.shape[1:])}: {_first_line(exc)}; "
+            "check --input-shape and the data"
+        ) from exc
+    if not torch.isfinite(first).all():
+        raise InputError("the model returns NaN or infinite embeddings on the data")
+    stochastic = _differs(first, second)
+    if stochastic:
+        warnings.append("stochastic encoder: repeated forward passes differ; attacks see fresh samples")
+    if raw.non_smooth_ops:
+        warnings.append(
+            "non-smooth operators (" + ", ".join(raw.non_smooth_ops) + "): dFIL is only defined almost "
+            "everywhere; a smooth variant (GELU, average pooling) gives a sharper audit"
+        )
+    return Encoder(
+        path=str(raw.path), format=raw.format, input_shape=tuple(sample.shape[1:]),
+        output_shape=tuple(first.shape[1:]), device=device, torch_fn=torch_fn, blackbox_fn=blackbox,
+        fixed_batch=raw.fixed_batch, parity_max_abs_err=parity, stochastic=stochastic,
+        warnings=warnings, providers=raw.providers,
+    )
+
+
+def _check_parity(raw: RawModel, torch_fn, blackbox, sample, warnings: list[str]):
+    """Compare the converted module with onnxruntime; drop it when they disagree."""
+    if torch_fn is None:
+        warnings.append(f"{raw.conversion_error}; running black-box through onnxruntime")
+        return None, None
+    try:
+        with torch.no_grad():
+            ours = _in_batches(torch_fn, sample, raw.fixed_batch)
+            ref = _in_batches(blackbox, sample, raw.fixed_batch)
+        err = float((ours - ref).abs().max())
+    except Exception as exc:
+        warnings.append(f"the converted model fails to run ({_first_line(exc)}); running black-box")
+        return None, None
+    tolerance = PARITY_RTOL * max(1.0, float(ref.abs().max()))
+    if not err <= tolerance:
+        warnings.append(
+            f"converted model disagrees with onnxruntime (max abs error {err:.3g} > {tolerance:.3g}); "
+            "running black-box"
+        )
+        return None, err
+    return torch_fn, err
+
+
+def _blackbox_fn(raw: RawModel, mean: torch.Tensor, std: torch.Tensor) -> Callable:
+    """A torch-in, torch-out forward pass through onnxruntime (or the TorchScript module)."""
+    if raw.session is None:
+        module = raw.torch_module
+
+        def run_module(x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return module((x - mean) / std)
+        return run_module
+    session = raw.session
+    meta = session.get_inputs()[0]
+    dtype = np.float64 if meta.type == "tensor(double)" else np.float16 if meta.type == "tensor(float16)" else np.float32
+
+    def run_onnx(x: torch.Tensor) -> torch.Tensor:
+        feed = ((x.detach() - mean) / std).cpu().numpy().astype(dtype)
+        out = session.run(None, {meta.name: feed})[0]
+        return torch.from_numpy(np.asarray(out, dtype=np.float32)).to(x.device)
+    return run_onnx
+
+
+def _in_batches(fn: Callable, x: torch.Tensor, fixed_batch: int | None) -> torch.Tensor:
+    """Run fn on x; models exported with a fixed batch size get padded chunks of that size."""
+    if not fixed_batch or len(x) == fixed_batch:
+        return fn(x)
+    outputs = []
+    for chunk in x.split(fixed_batch):
+        pad = fixed_batch - len(chunk)
+        if pad:
+            chunk = torch.cat([chunk, chunk[:1].expand(pad, *chunk.shape[1:])])
+        outputs.append(fn(chunk)[: fixed_batch - pad])
+    return torch.cat(outputs)
+
+
+def _normalization(normalize: tuple | None, sample_shape: tuple[int, ...], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """--normalize as broadcastable (mean, std): two numbers, or C means then C stds (C = first dim)."""
+    if not normalize:
+        return torch.zeros((), device=device), torch.ones((), device=device)
+    values = torch.tensor([float(v) for v in normalize], device=device)
+    channels = sample_shape[0]
+    if len(values) == 2:
+        mean, std = values[0], values[1]
+    elif len(values) == 2 * channels:
+        per_channel = (channels,) + (1,) * (len(sample_shape) - 1)
+        mean, std = values[:channels].view(per_channel), values[channels:].view(per_channel)
+    else:
+        raise InputError(f"--normalize takes MEAN,STD or {channels} means then {channels} stds; got {len(values)} numbers")
+    if (std <= 0).any():
+        raise InputError("--normalize: every STD must be positive")
+    return mean, std
+
+
+def _differs(a: torch.Tensor, b: torch.Tensor) -> bool:
+    scale = max(1.0, float(a.abs().max()))
+    return float((a - b).abs().max()) > 1e-6 * scale
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]

@@ -1,0 +1,124 @@
+"""The audit pipeline: load -> embed once -> estimators and attacks -> one result -> gate.
+
+Data flows one way; this module wires the stages and never prints or renders.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from datetime import datetime, timezone
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from splitaudit import __version__, leakage
+from splitaudit.attacks import ATTACK_NAMES, get_attack
+from splitaudit.config import AuditOptions
+from splitaudit.context import AuditContext, silent_progress
+from splitaudit.data import Dataset, load_dataset, split_dataset
+from splitaudit.errors import InputError
+from splitaudit.gate import evaluate_gate
+from splitaudit.models import open_model, prepare_encoder, resolve_device
+
+SCHEMA_VERSION = 1
+PARITY_BATCH = 64
+
+
+def select_attacks(names: list[str]) -> list[str]:
+    """Expand all/none and check names against the registry, keeping the registry's order."""
+    if names in (["all"], ["*"]):
+        return list(ATTACK_NAMES)
+    if names in (["none"], []):
+        return []
+    unknown = [n for n in names if n not in ATTACK_NAMES]
+    if unknown:
+        raise InputError(f"unknown attack {unknown[0]!r}; choose from all, none, {', '.join(ATTACK_NAMES)}")
+    return [n for n in ATTACK_NAMES if n in names]
+
+
+def prepare_context(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> AuditContext:
+    """Load the model and data, split them and check the model on real inputs.
+
+    Anything that goes wrong here is a problem with the inputs, reported as InputError.
+    """
+    try:
+        return _prepare_context(options, progress)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"cannot prepare the audit from these inputs: {type(exc).__name__}: {exc}") from exc
+
+
+def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> AuditContext:
+    device = resolve_device(options.device)
+    raw = open_model(options.model, device)
+    shape = tuple(options.input_shape) if options.input_shape else raw.declared_input_shape
+    loaded = _load(options.aux, shape, options)
+    if options.target:
+        aux, target = loaded, _load(options.target, shape or loaded.sample_shape, options)
+    else:
+        aux, target = split_dataset(loaded, options.target_fraction, options.seed)
+    aux, target = aux.to(device), target.to(device)
+    encoder = prepare_encoder(raw, aux.x[:PARITY_BATCH], options.normalize)
+    top = open_model(options.top_model, device).torch_module if options.top_model else None
+    if options.top_model and top is None:
+        raise InputError(f"--top-model {options.top_model} cannot be converted to a torch module")
+    return AuditContext(encoder=encoder, aux=aux, target=target, noise_sigma=options.noise_sigma,
+                        seed=options.seed, quick=options.quick, top_model=top,
+                        attack_options=options.attack_options, progress=progress)
+
+
+def _load(path: str, shape, options: AuditOptions) -> Dataset:
+    return load_dataset(path, shape, label_column=options.label_column, attr_column=options.attr_column)
+
+
+def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
+    """Run the whole audit and return the result object (report.json's content)."""
+    started = datetime.now(timezone.utc)
+    clock = time.perf_counter()
+    options.validate()
+    names = select_attacks(options.attacks)
+    torch.manual_seed(options.seed)
+    ctx = prepare_context(options, progress)
+    result = describe_run(ctx, options, started)
+    with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
+        stages.set_postfix_str("dFIL and bounds")
+        result.update(leakage.assess(ctx, prior=options.prior, smoothing=options.smoothing))
+        stages.update()
+        result["attacks"] = {}
+        for name in names:
+            stages.set_postfix_str(name)
+            result["attacks"][name] = get_attack(name).run(ctx)
+            stages.update()
+    leakage.flag_violations(result)
+    result["gate"] = evaluate_gate(result, fail_under_mse=options.fail_under_mse,
+                                   fail_under_attack_mse=options.fail_under_attack_mse,
+                                   max_advantage=options.max_advantage)
+    result["run"]["seconds"] = time.perf_counter() - clock
+    return result
+
+
+def describe_run(ctx: AuditContext, options: AuditOptions, started: datetime) -> dict:
+    """The result's header: tool, run, model and data sections."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "splitaudit", "version": __version__},
+        "run": {"started": started.isoformat(timespec="seconds"), "seconds": None,
+                "device": ctx.device.type, "seed": options.seed, "quick": options.quick,
+                "seeds": ctx.seeds, "python": platform.python_version(), "torch": torch.__version__},
+        "model": ctx.encoder.describe(),
+        "data": describe_data(ctx, options),
+        "noise_sigma": options.noise_sigma,
+    }
+
+
+def describe_data(ctx: AuditContext, options: AuditOptions) -> dict:
+    return {
+        "aux_path": options.aux, "target_path": options.target,
+        "n_aux": len(ctx.aux), "n_target": len(ctx.target),
+        "classes": ctx.num_classes, "class_names": ctx.aux.class_names,
+        "has_labels": ctx.aux.y is not None, "has_attr": ctx.aux.attr is not None,
+        "is_image": ctx.aux.is_image, "in_unit_range": ctx.aux.in_unit_range,
+        "sample_shape": list(ctx.aux.sample_shape),
+    }
