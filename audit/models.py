@@ -152,6 +152,8 @@ def _open_torchscript(path: Path, device: torch.device) -> RawModel:
             f"{path} is not a loadable TorchScript model ({_first_line(exc)}); "
             "save it with torch.jit.trace(...).save() or torch.jit.script(...).save()"
         ) from exc
+    for p in module.parameters():
+        p.requires_grad_(False)
     ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}
     return RawModel(path=path, format="torchscript", declared_input_shape=None, fixed_batch=None,
                     torch_module=module, non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT))

@@ -84,7 +84,8 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     result = describe_run(ctx, options, started)
     with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
         stages.set_postfix_str("dFIL and bounds")
-        result.update(leakage.assess(ctx, prior=options.prior, smoothing=options.smoothing))
+        result.update(leakage.assess(ctx, prior=options.prior, smoothing=options.smoothing,
+                                     target_mse=options.fail_under_mse))
         stages.update()
         result["attacks"] = {}
         for name in names:
