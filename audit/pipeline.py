@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from splitaudit import __version__, leakage
+from splitaudit import __version__
 from splitaudit.attacks import ATTACK_NAMES, get_attack
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
@@ -75,6 +75,8 @@ def _load(path: str, shape, options: AuditOptions) -> Dataset:
 
 def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
     """Run the whole audit and return the result object (report.json's content)."""
+    from splitaudit import leakage
+
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     options.validate()
