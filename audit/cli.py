@@ -149,11 +149,11 @@ def _audit_and_report(options: AuditOptions) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> None:
     """The noise sigma that makes MODEL's provable bound reach --target-mse."""
+    if not target_mse > 0:
+        raise InputError(f"--target-mse must be > 0, got {target_mse}")
     from splitaudit import leakage
     from splitaudit.pipeline import prepare_context
 
-    if not target_mse > 0:
-        raise InputError(f"--target-mse must be > 0, got {target_mse}")
     options = build_options(model, {**given_flags(flags), "attacks": ["none"]})
     ctx = prepare_context(options, progress=cli_progress)
     answer = leakage.calibrate(ctx, target_mse, prior=options.prior, smoothing=options.smoothing)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,7 +147,9 @@ def detect_format(path: Path) -> str:
 
 def _open_torchscript(path: Path, device: torch.device) -> RawModel:
     try:
-        module = torch.jit.load(str(path), map_location=device).eval()
+        with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; users still ship it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = torch.jit.load(str(path), map_location=device).eval()
     except Exception as exc:  # torch raises RuntimeError/ValueError/pickle errors alike
         raise InputError(
             f"{path} is not a loadable TorchScript model ({_first_line(exc)}); "
@@ -260,12 +263,12 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     """
     device = sample.device
     mean, std = _normalization(normalize, tuple(sample.shape[1:]), device)
-    warnings: list[str] = []
+    notes: list[str] = []
     blackbox = _blackbox_fn(raw, mean, std)
     torch_fn = Normalized(raw.torch_module, mean, std).eval() if raw.torch_module is not None else None
     parity = None
     if raw.format == "onnx":
-        torch_fn, parity = _check_parity(raw, torch_fn, blackbox, sample, warnings)
+        torch_fn, parity = _check_parity(raw, torch_fn, blackbox, sample, notes)
     reference = torch_fn if torch_fn is not None else blackbox
     try:
         with torch.no_grad():
@@ -280,9 +283,9 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
         raise InputError("the model returns NaN or infinite embeddings on the data")
     stochastic = _differs(first, second)
     if stochastic:
-        warnings.append("stochastic encoder: repeated forward passes differ; attacks see fresh samples")
+        notes.append("stochastic encoder: repeated forward passes differ; attacks see fresh samples")
     if raw.non_smooth_ops:
-        warnings.append(
+        notes.append(
             "non-smooth operators (" + ", ".join(raw.non_smooth_ops) + "): dFIL is only defined almost "
             "everywhere; a smooth variant (GELU, average pooling) gives a sharper audit"
         )
@@ -290,14 +293,14 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
         path=str(raw.path), format=raw.format, input_shape=tuple(sample.shape[1:]),
         output_shape=tuple(first.shape[1:]), device=device, torch_fn=torch_fn, blackbox_fn=blackbox,
         fixed_batch=raw.fixed_batch, parity_max_abs_err=parity, stochastic=stochastic,
-        warnings=warnings, providers=raw.providers,
+        warnings=notes, providers=raw.providers,
     )
 
 
-def _check_parity(raw: RawModel, torch_fn, blackbox, sample, warnings: list[str]):
+def _check_parity(raw: RawModel, torch_fn, blackbox, sample, notes: list[str]):
     """Compare the converted module with onnxruntime; drop it when they disagree."""
     if torch_fn is None:
-        warnings.append(f"{raw.conversion_error}; running black-box through onnxruntime")
+        notes.append(f"{raw.conversion_error}; running black-box through onnxruntime")
         return None, None
     try:
         with torch.no_grad():
@@ -305,11 +308,11 @@ def _check_parity(raw: RawModel, torch_fn, blackbox, sample, warnings: list[str]
             ref = _in_batches(blackbox, sample, raw.fixed_batch)
         err = float((ours - ref).abs().max())
     except Exception as exc:
-        warnings.append(f"the converted model fails to run ({_first_line(exc)}); running black-box")
+        notes.append(f"the converted model fails to run ({_first_line(exc)}); running black-box")
         return None, None
     tolerance = PARITY_RTOL * max(1.0, float(ref.abs().max()))
     if not err <= tolerance:
-        warnings.append(
+        notes.append(
             f"converted model disagrees with onnxruntime (max abs error {err:.3g} > {tolerance:.3g}); "
             "running black-box"
         )

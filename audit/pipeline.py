@@ -75,14 +75,14 @@ def _load(path: str, shape, options: AuditOptions) -> Dataset:
 
 def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
     """Run the whole audit and return the result object (report.json's content)."""
-    from splitaudit import leakage
-
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     options.validate()
     names = select_attacks(options.attacks)
     torch.manual_seed(options.seed)
     ctx = prepare_context(options, progress)
+    from splitaudit import leakage
+
     result = describe_run(ctx, options, started)
     with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
         stages.set_postfix_str("dFIL and bounds")
