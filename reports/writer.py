@@ -1,16 +1,23 @@
 """Write and read result files: strict JSON (non-finite numbers as strings), HTML, Markdown."""
 from __future__ import annotations
 
+import base64
 import json
 import math
+import re
 from pathlib import Path
+from urllib.parse import quote
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup, escape
+from tabulate import tabulate
 
 from splitaudit.errors import InputError
+from splitaudit.reports.view import Figure, Table, build_view
 
 SCHEMA_VERSION = 1
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 
 
 def to_strict_json(value):
@@ -48,23 +55,83 @@ def load_result(path: Path) -> dict:
     return result
 
 
-def _environment() -> Environment:
-    return Environment(loader=PackageLoader("splitaudit.reports", "templates"),
-                       autoescape=select_autoescape(["html", "j2"]), trim_blocks=True, lstrip_blocks=True)
+def markdown_text(value) -> Markup:
+    """Escape a value for Markdown: HTML entities for <>&" and backslashes for Markdown syntax."""
+    if isinstance(value, Markup):
+        return value
+    return escape(MARKDOWN_SPECIAL.sub(r"\\\1", "" if value is None else str(value)))
+
+
+def markdown_url(path: str) -> Markup:
+    """A relative file path as a Markdown link target."""
+    return Markup(quote(path))
+
+
+def markdown_table(table: Table) -> Markup:
+    """A GitHub-flavoured Markdown table with every cell escaped."""
+    return Markup(tabulate([[markdown_text(c) for c in row] for row in table.rows],
+                           headers=[markdown_text(h) for h in table.headers], tablefmt="github",
+                           disable_numparse=True))
+
+
+def html_environment() -> Environment:
+    return Environment(loader=PackageLoader("splitaudit.reports", "templates"), autoescape=True,
+                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def markdown_environment() -> Environment:
+    """Autoescaped like HTML, but every interpolation also escapes Markdown syntax."""
+    env = Environment(loader=PackageLoader("splitaudit.reports", "templates"), autoescape=True,
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, finalize=markdown_text)
+    env.filters["md_table"] = markdown_table
+    env.filters["md_url"] = markdown_url
+    return env
+
+
+def inline_figures(figures: list[Figure]) -> None:
+    """Point each figure at a data URI, for a self-contained HTML file."""
+    for figure in figures:
+        figure.src = "data:image/png;base64," + base64.b64encode(figure.png).decode("ascii")
+
+
+def save_figures(figures: list[Figure], out_dir: Path, folder: str) -> list[Path]:
+    """Write each figure as a PNG in out_dir/folder and point it at its relative path."""
+    paths = []
+    if figures:
+        (out_dir / folder).mkdir(parents=True, exist_ok=True)
+    for figure in figures:
+        path = out_dir / folder / f"{figure.name}.png"
+        path.write_bytes(figure.png)
+        figure.src = f"{folder}/{path.name}"
+        paths.append(path)
+    return paths
+
+
+def render_pages(view, out_dir: Path, formats: list[str], stem: str) -> list[Path]:
+    """Render `view` with templates STEM.html.j2 / STEM.md.j2 into out_dir (figures as needed)."""
+    written = []
+    if "html" in formats:
+        inline_figures(view.figures)
+        path = out_dir / f"{stem}.html"
+        path.write_text(html_environment().get_template(f"{stem}.html.j2").render(v=view), encoding="utf-8")
+        written.append(path)
+    if "md" in formats:
+        save_figures(view.figures, out_dir, f"{stem}_images")
+        path = out_dir / f"{stem}.md"
+        path.write_text(markdown_environment().get_template(f"{stem}.md.j2").render(v=view), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def write_json(data: dict, path: Path) -> Path:
+    path.write_text(json.dumps(to_strict_json(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path
 
 
 def write_reports(result: dict, out_dir: Path, formats: list[str]) -> list[Path]:
     """Write report.json / report.html / report.md into out_dir; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    if "json" in formats:
-        path = out_dir / "report.json"
-        path.write_text(json.dumps(to_strict_json(result), indent=2, allow_nan=False) + "\n")
-        written.append(path)
-    env = _environment()
-    for fmt, template in (("html", "report.html.j2"), ("md", "report.md.j2")):
-        if fmt in formats:
-            path = out_dir / f"report.{fmt}"
-            path.write_text(env.get_template(template).render(r=result))
-            written.append(path)
+    written = [write_json(result, out_dir / "report.json")] if "json" in formats else []
+    if "html" in formats or "md" in formats:
+        written += render_pages(build_view(result), out_dir, formats, "report")
     return written

@@ -1,0 +1,166 @@
+"""Matplotlib charts (Agg backend) rendered to PNG bytes; the writers inline or save them."""
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
+
+ATTACK_COLOR, BASELINE_COLOR, VIOLATION_COLOR = "#2b6cb0", "#a0aec0", "#c53030"
+BOUND_COLOR, CR_COLOR = "#2f855a", "#805ad5"
+STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=130, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def dfil_histogram(values: list[float]) -> bytes:
+    """Distribution of per-sample dFIL (finite values); log-scaled when they span decades."""
+    data = np.asarray(values, dtype=float)
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6, 2.6))
+        spread = data.min() > 0 and data.max() / data.min() > 50
+        bins = np.geomspace(data.min(), data.max(), 40) if spread else 40
+        ax.hist(data, bins=bins, color=ATTACK_COLOR, alpha=0.85)
+        if spread:
+            ax.set_xscale("log")
+        ax.axvline(data.mean(), color=VIOLATION_COLOR, linestyle="--", label=f"mean {data.mean():.3g}")
+        ax.set_xlabel("dFIL per sample (higher = leaks more)")
+        ax.set_ylabel("samples")
+        ax.legend(frameon=False)
+        return _png(fig)
+
+
+@dataclass
+class MseBar:
+    """One reconstruction attack in the bound chart."""
+
+    name: str
+    mse: float
+    std: float
+    baseline: float | None
+    violates: bool
+
+
+def bounds_chart(bars: list[MseBar], van_trees: float | None, cramer_rao: float | None) -> bytes:
+    """Each reconstruction attack's MSE against the bounds and its mean-guess baseline."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.5, 0.55 * len(bars) + 1.4))
+        rows = np.arange(len(bars))
+        colors = [VIOLATION_COLOR if b.violates else ATTACK_COLOR for b in bars]
+        errors = [b.std if math.isfinite(b.std) else 0 for b in bars]
+        ax.barh(rows, [b.mse for b in bars], xerr=errors, color=colors, height=0.5, label="attack MSE")
+        baselines = [(i, b.baseline) for i, b in enumerate(bars) if b.baseline is not None]
+        if baselines:
+            ax.scatter([v for _, v in baselines], [i for i, _ in baselines], marker="|", s=400,
+                       color="black", zorder=3, label="guessing the average input")
+        for value, color, label in ((van_trees, BOUND_COLOR, "van Trees bound (any attacker)"),
+                                    (cramer_rao, CR_COLOR, "Cramér-Rao bound (unbiased attackers)")):
+            if value is not None and math.isfinite(value):
+                ax.axvline(value, color=color, linestyle="--", label=f"{label}: {value:.3g}")
+        ax.set_yticks(rows, [b.name + (" (beats the bound!)" if b.violates else "") for b in bars])
+        ax.invert_yaxis()
+        ax.set_xlabel("reconstruction MSE per input dimension (lower = attack recovers more)")
+        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(bars) < 3 else -0.2),
+                  ncol=2, fontsize=8)
+        return _png(fig)
+
+
+def accuracy_by_k_chart(ks: list[str], attack: list[float], attack_std: list[float],
+                        baseline: list[float], baseline_std: list[float], baseline_label: str) -> bytes:
+    """Fine-tune accuracy against the number of labelled samples per class, with its baseline."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(5, 2.8))
+        x = [float(k) for k in ks]
+        ax.errorbar(x, attack, yerr=_finite(attack_std), marker="o", color=ATTACK_COLOR,
+                    label="attack (frozen bottom model)", capsize=3)
+        if baseline:
+            ax.errorbar(x, baseline, yerr=_finite(baseline_std), marker="s", color=BASELINE_COLOR,
+                        label=baseline_label, capsize=3)
+        if len(x) > 1 and min(x) > 0 and max(x) / min(x) >= 10:
+            ax.set_xscale("log")
+        ax.set_xticks(x, ks)
+        ax.minorticks_off()
+        ax.set_xlabel("labelled samples per class (k)")
+        ax.set_ylabel("accuracy on target data")
+        ax.set_ylim(0, 1.02)
+        ax.legend(frameon=False, fontsize=8)
+        return _png(fig)
+
+
+def _finite(values: list[float]) -> list[float]:
+    return [v if math.isfinite(v) else 0.0 for v in values]
+
+
+def reconstructions_chart(examples: list[dict]) -> bytes:
+    """Originals next to reconstructions: images for 2-D/3-D shapes, feature profiles otherwise."""
+    with plt.rc_context(STYLE):
+        if all(_as_image(np.asarray(e["original"], dtype=float)) is not None for e in examples):
+            return _png(_image_grid(examples))
+        return _png(_feature_profiles(examples))
+
+
+def _as_image(array: np.ndarray) -> np.ndarray | None:
+    """CxHxW or HxW as HxW(xC) in [0,1] for imshow, or None when it is not an image."""
+    if array.ndim == 3 and array.shape[0] in (1, 3):
+        array = array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0)
+    elif array.ndim == 3 and array.shape[-1] in (1, 3):
+        array = array[..., 0] if array.shape[-1] == 1 else array
+    if array.ndim not in (2, 3) or min(array.shape[:2]) < 2:
+        return None
+    return np.clip(array, 0, 1)
+
+
+def _image_grid(examples: list[dict]):
+    fig, axes = plt.subplots(2, len(examples), figsize=(1.5 * len(examples) + 0.6, 3.3), squeeze=False)
+    for col, example in enumerate(examples):
+        for row, key in enumerate(("original", "reconstruction")):
+            image = _as_image(np.asarray(example[key], dtype=float))
+            ax = axes[row][col]
+            ax.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title(f"{example.get('label', '')}\nMSE {example.get('mse', float('nan')):.3g}", fontsize=9)
+        axes[0][0].set_ylabel("original")
+        axes[1][0].set_ylabel("reconstructed")
+    fig.tight_layout()
+    return fig
+
+
+def _feature_profiles(examples: list[dict]):
+    fig, axes = plt.subplots(1, len(examples), figsize=(2.6 * len(examples), 2.4), squeeze=False, sharey=True)
+    for ax, example in zip(axes[0], examples):
+        original = np.ravel(np.asarray(example["original"], dtype=float))
+        ax.plot(original, color="black", linewidth=1, label="original")
+        ax.plot(np.ravel(np.asarray(example["reconstruction"], dtype=float)), color=ATTACK_COLOR,
+                linewidth=1, linestyle="--", label="reconstructed")
+        ax.set_title(f"{example.get('label', '')}: MSE {example.get('mse', float('nan')):.3g}", fontsize=9)
+        ax.set_xlabel("feature")
+    axes[0][0].legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def advantage_comparison_chart(names: list[str], before: list[float], after: list[float]) -> bytes:
+    """Each attack's advantage before and after, side by side."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6, 0.5 * len(names) + 1.2))
+        rows = np.arange(len(names))
+        ax.barh(rows - 0.18, _finite(before), height=0.36, color=BASELINE_COLOR, label="before")
+        ax.barh(rows + 0.18, _finite(after), height=0.36, color=ATTACK_COLOR, label="after")
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_yticks(rows, names)
+        ax.invert_yaxis()
+        ax.set_xlabel("advantage over the baseline (lower = better protected)")
+        ax.legend(frameon=False, fontsize=8)
+        return _png(fig)

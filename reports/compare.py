@@ -1,0 +1,103 @@
+"""Two audits side by side (e.g. before and after a defence): bounds, each attack, deltas."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from splitaudit.reports import charts
+from splitaudit.reports.formatting import is_finite, is_number, number, signed
+from splitaudit.reports.view import ATTACK_TITLES, METRIC_LABELS, Figure, Figures, Table, headline, subtitle
+from splitaudit.reports.writer import render_pages, write_json
+
+
+@dataclass
+class ComparisonView:
+    title: str
+    audits: Table
+    bounds: Table | None
+    attacks: Table | None
+    chart: Figure | None
+    figures: list[Figure]
+
+
+def _get(result: dict, *keys):
+    for key in keys:
+        result = result.get(key) if isinstance(result, dict) else None
+    return result
+
+
+def _verdict(before, after, higher_is_safer: bool) -> str:
+    """Whether the change favours the defender."""
+    if not (is_number(before) and is_number(after)) or math.isnan(before) or math.isnan(after):
+        return ""
+    if before == after:
+        return "same"
+    return "better" if (after > before) == higher_is_safer else "worse"
+
+
+def _delta_row(label: str, before, after, higher_is_safer: bool) -> list[str]:
+    delta = after - before if is_finite(before) and is_finite(after) else None
+    return [label, number(before), number(after), signed(delta), _verdict(before, after, higher_is_safer)]
+
+
+def _bounds(before: dict, after: dict) -> Table | None:
+    rows = [_delta_row(label, _get(before, *keys), _get(after, *keys), safer)
+            for label, keys, safer in (("van Trees bound MSE", ("bounds", "van_trees_mse"), True),
+                                       ("Cramér-Rao bound MSE", ("bounds", "cramer_rao_mse"), True),
+                                       ("mean dFIL", ("dfil", "mean"), False),
+                                       ("noise σ", ("noise_sigma",), True))
+            if _get(before, *keys) is not None or _get(after, *keys) is not None]
+    return Table(["", "before", "after", "change", "for privacy"], rows) if rows else None
+
+
+def _attack_rows(before: dict, after: dict) -> tuple[list[list[str]], list[str]]:
+    rows, classes = [], []
+    names = list(dict.fromkeys([*(_get(before, "attacks") or {}), *(_get(after, "attacks") or {})]))
+    for name in names:
+        a, b = _get(before, "attacks", name) or {}, _get(after, "attacks", name) or {}
+        metric = a.get("primary_metric") or b.get("primary_metric") or ""
+        if a.get("status") != "ok" or b.get("status") != "ok":
+            status = f"before {a.get('status', 'absent')}, after {b.get('status', 'absent')}"
+            rows.append([name, status, "", "", "", "", "", ""])
+            classes.append("failed" if "failed" in status else "skipped")
+            continue
+        mb, ma = _get(a, "metrics", metric), _get(b, "metrics", metric)
+        adv_b, adv_a = a.get("advantage"), b.get("advantage")
+        delta = ma - mb if is_finite(ma) and is_finite(mb) else None
+        rows.append([name, METRIC_LABELS.get(metric, metric), number(mb), number(ma), signed(delta),
+                     number(adv_b), number(adv_a), _verdict(adv_b, adv_a, higher_is_safer=False)])
+        classes.append("")
+    return rows, classes
+
+
+def build_comparison(before: dict, after: dict, with_figures: bool = True) -> ComparisonView:
+    figures = Figures(with_figures)
+    rows, classes = _attack_rows(before, after)
+    audits = Table(["", "before", "after"], [
+        ["audit", subtitle(before), subtitle(after)],
+        ["verdict", headline(before), headline(after)],
+        ["model file", number(_get(before, "model", "path")), number(_get(after, "model", "path"))],
+    ])
+    ok = [r for r in rows if r[5]]
+    chart = figures.add("advantage", "Each attack's advantage before and after", charts.advantage_comparison_chart,
+                        [ATTACK_TITLES.get(r[0], r[0]) for r in ok],
+                        [_get(before, "attacks", r[0], "advantage") for r in ok],
+                        [_get(after, "attacks", r[0], "advantage") for r in ok]) if ok else None
+    return ComparisonView(
+        title="splitaudit comparison", audits=audits, bounds=_bounds(before, after),
+        attacks=Table(["attack", "metric", "before", "after", "change", "advantage before", "advantage after",
+                       "for privacy"], rows, classes) if rows else None,
+        chart=chart, figures=figures.made)
+
+
+def write_comparison(before: dict, after: dict, out_dir: Path, formats: list[str]) -> list[Path]:
+    """comparison.html / comparison.md (and comparison.json with the tables) in out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    view = build_comparison(before, after)
+    written = render_pages(view, out_dir, formats, "comparison")
+    if "json" in formats:
+        tables = {"audits": view.audits, "bounds": view.bounds, "attacks": view.attacks}
+        written.append(write_json({k: {"headers": t.headers, "rows": t.rows} for k, t in tables.items() if t},
+                                  out_dir / "comparison.json"))
+    return written

@@ -1,0 +1,493 @@
+"""The view-model: everything a report shows, read from the result object once.
+
+HTML, Markdown and the terminal summary all render this view, so each number is formatted
+in one place. Figures carry PNG bytes; each writer decides how to reference them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any
+
+from splitaudit.reports import charts
+from splitaudit.reports.formatting import (
+    advantage_words, is_finite, is_number, mean_std, number, shape, signed, text,
+)
+
+ATTACK_TITLES = {
+    "fine-tune": "Model completion (fine-tune)",
+    "kmeans": "Clustering (k-means)",
+    "attribute": "Sensitive-attribute inference",
+    "decoder": "Learned inversion (decoder)",
+    "optimization": "White-box inversion (optimization)",
+    "sdar": "SDAR inversion (no query access)",
+}
+BASELINE_NAMES = {
+    "fine-tune": "a model trained from scratch on the same labelled samples",
+    "kmeans": "k-means on the raw inputs",
+    "attribute": "always guessing the most common attribute value",
+}
+METRIC_LABELS = {"accuracy": "accuracy", "nmi": "NMI", "ari": "ARI", "auc": "AUC", "mse": "MSE",
+                 "psnr": "PSNR (dB)", "ssim": "SSIM"}
+MODEL_LABELS = {"path": "model file", "format": "format", "input_shape": "input shape",
+                "output_shape": "output (embedding) shape", "gradient_mode": "gradients",
+                "parity_max_abs_err": "ONNX conversion error (max abs)", "stochastic": "stochastic encoder",
+                "providers": "onnxruntime providers"}
+DATA_LABELS = {"aux_path": "auxiliary data (attacker's)", "target_path": "target data (victims')",
+               "n_aux": "auxiliary samples", "n_target": "target samples", "classes": "classes",
+               "class_names": "class names", "has_labels": "labels", "has_attr": "sensitive attribute",
+               "is_image": "images", "in_unit_range": "values in [0, 1]", "sample_shape": "sample shape"}
+RUN_LABELS = {"started": "started", "seconds": "duration (s)", "device": "device", "seed": "seed",
+              "seeds": "seeds averaged over", "quick": "quick smoke run", "python": "Python", "torch": "PyTorch"}
+DFIL_LABELS = {"mean": "mean dFIL", "median": "median dFIL", "max": "max dFIL", "method": "Jacobian method",
+               "stderr": "standard error"}
+PRIOR_LABELS = {"method": "prior estimator", "smoothing": "randomized smoothing τ", "J_over_d": "prior term J(π)/d",
+                "stam_limit": "Stam limit 1/τ²", "validity": "validity", "valid": "estimate valid"}
+SHAPE_KEYS = {"input_shape", "output_shape", "sample_shape"}
+NOT_FACTS = {"per_sample", "notes", "leakiest", "leakiest_samples", "warnings"}
+
+
+@dataclass
+class Figure:
+    """A chart or image grid; `src` is filled in by the writer (data URI or file name)."""
+
+    name: str
+    alt: str
+    png: bytes
+    src: str = ""
+
+
+@dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+    row_classes: list[str] = field(default_factory=list)  # status per row, for colouring
+
+
+@dataclass
+class Item:
+    """One line of the executive summary; tone is good, bad, warn or info."""
+
+    label: str
+    text: str
+    tone: str = "info"
+
+
+@dataclass
+class AttackView:
+    name: str
+    title: str
+    kind: str
+    status: str
+    reason: str
+    assumptions: str
+    metrics: Table | None = None
+    advantage: str = ""
+    runs: str = ""
+    by_k: Table | None = None
+    by_k_chart: Figure | None = None
+    reconstructions: Figure | None = None
+    examples: Table | None = None
+    details: Table | None = None
+    beats_bound: bool = False
+
+
+@dataclass
+class BoundsView:
+    bounds: Table | None
+    dfil: Table | None
+    dfil_chart: Figure | None
+    dfil_note: str
+    leakiest: Table | None
+    prior: Table | None
+    notes: list[str]
+    chart: Figure | None
+    violated_by: list[str]
+
+    def is_empty(self) -> bool:
+        return not any([self.bounds, self.dfil, self.dfil_chart, self.dfil_note, self.leakiest, self.prior,
+                        self.notes, self.chart])
+
+
+@dataclass
+class ReportView:
+    title: str
+    subtitle: str
+    passed: bool
+    headline: str
+    reasons: list[str]
+    alerts: list[str]
+    summary: list[Item]
+    overview: Table | None
+    gate: Table | None
+    bounds: BoundsView | None
+    attacks: list[AttackView]
+    model: Table | None
+    warnings: list[str]
+    data: Table | None
+    run: Table | None
+    not_run: Table | None
+    figures: list[Figure]
+
+
+def build_view(result: dict, with_figures: bool = True) -> ReportView:
+    """The whole report's content; with_figures=False skips matplotlib (terminal summary)."""
+    figures = Figures(with_figures)
+    attacks = _attacks(result)
+    bounds = _bounds(result, figures)
+    model = _section(result, "model")
+    return ReportView(
+        title="splitaudit leakage report",
+        subtitle=subtitle(result),
+        passed=bool(_gate(result).get("passed", False)),
+        headline=headline(result),
+        reasons=[str(r) for r in _gate(result).get("reasons") or []],
+        alerts=_alerts(result, attacks),
+        summary=_summary(result, attacks),
+        overview=_overview(attacks),
+        gate=_gate_table(result),
+        bounds=None if bounds.is_empty() else bounds,
+        attacks=[_attack_view(name, a, result, figures) for name, a in attacks.items()],
+        model=_facts(model, MODEL_LABELS),
+        warnings=[str(w) for w in model.get("warnings") or []],
+        data=_facts(_section(result, "data"), DATA_LABELS),
+        run=_facts({**_section(result, "run"), "version": _section(result, "tool").get("version")},
+                   {**RUN_LABELS, "version": "splitaudit version"}),
+        not_run=_not_run(attacks),
+        figures=figures.made,
+    )
+
+
+class Figures:
+    """Makes figures only when asked to, and remembers them for the writer."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.made: list[Figure] = []
+
+    def add(self, name: str, alt: str, draw, *args) -> Figure | None:
+        if not self.enabled:
+            return None
+        figure = Figure(name=name, alt=alt, png=draw(*args))
+        self.made.append(figure)
+        return figure
+
+
+def _section(result: dict, key: str) -> dict:
+    value = result.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _gate(result: dict) -> dict:
+    return _section(result, "gate")
+
+
+def _attacks(result: dict) -> dict[str, dict]:
+    return {name: a for name, a in _section(result, "attacks").items() if isinstance(a, dict)}
+
+
+def _ok(attack: dict) -> bool:
+    return attack.get("status") == "ok"
+
+
+def subtitle(result: dict) -> str:
+    model = _section(result, "model")
+    name = PurePath(str(model.get("path"))).name if model.get("path") else "unknown model"
+    run = _section(result, "run")
+    parts = [name, f"noise σ = {number(result.get('noise_sigma'))}"]
+    if run.get("started"):
+        parts.append(str(run["started"]))
+    return " · ".join(parts)
+
+
+CHECK_FAILURES = {"audit-complete": "the audit is incomplete", "fail-under-mse": "the provable bound is too low",
+                  "fail-under-attack-mse": "an attack reconstructs too well",
+                  "max-advantage": "an attack's advantage is above the cap"}
+
+
+def _failed_checks(result: dict) -> list[dict]:
+    return [c for c in _gate(result).get("checks") or [] if isinstance(c, dict) and not c.get("passed")]
+
+
+def headline(result: dict) -> str:
+    gate = _gate(result)
+    if not gate:
+        return "NO VERDICT: the result has no gate section"
+    if gate.get("passed"):
+        return "PASSED: every gate check passed"
+    kinds = [CHECK_FAILURES.get(str(c.get("name", "")).split(":")[0], str(c.get("name"))) for c in _failed_checks(result)]
+    return "FAILED: " + ("; ".join(dict.fromkeys(kinds)) or "the gate did not pass")
+
+
+def _verdict_text(result: dict) -> str:
+    """Failed: the gate's reasons. Passed: which thresholds were met."""
+    gate = _gate(result)
+    reasons = [str(r) for r in gate.get("reasons") or []]
+    if not gate.get("passed"):
+        return "Failed: " + ("; ".join(reasons) if reasons else "no reason given") + "."
+    met = [f"{label} {number(gate[key])}" for key, label in
+           (("fail_under_mse", "provable bound MSE ≥"), ("fail_under_attack_mse", "best attack MSE ≥"),
+            ("max_advantage", "every attack's advantage ≤")) if is_number(gate.get(key))]
+    if not met:
+        return "The audit is complete. No CI thresholds were set (see --fail-under-mse, --max-advantage)."
+    return "The audit is complete and meets every threshold: " + "; ".join(met) + "."
+
+
+def _alerts(result: dict, attacks: dict[str, dict]) -> list[str]:
+    """Problems a reader must not miss: failed attacks, an untrustworthy bound, a quick run."""
+    alerts = [f"INCOMPLETE AUDIT: the {name} attack failed ({a.get('reason') or 'no reason given'}); "
+              "its leakage is not measured in this report." for name, a in attacks.items()
+              if a.get("status") == "failed"]
+    violated = _section(result, "bounds").get("violated_by") or []
+    if violated:
+        alerts.append(f"The provable bound is not trustworthy: {text(violated)} reconstructed inputs better than "
+                      "it allows, so the prior estimate is too optimistic.")
+    if _section(result, "run").get("quick"):
+        alerts.append("Quick smoke run (fewer seeds, epochs and probes): the numbers are indicative only.")
+    return alerts
+
+
+def _summary(result: dict, attacks: dict[str, dict]) -> list[Item]:
+    items = [Item("Verdict", _verdict_text(result), "good" if _gate(result).get("passed") else "bad")]
+    items.append(_protection(result, attacks))
+    items.append(_strongest(attacks))
+    calibration = _section(result, "calibration")
+    if calibration:
+        items.append(_recommended_noise(calibration, result.get("noise_sigma")))
+    return items
+
+
+def _mean_guess_mse(attacks: dict[str, dict]) -> float | None:
+    """The mean-guess MSE that every reconstruction attack reports as its baseline."""
+    values = [a["baseline"]["mse"] for a in attacks.values()
+              if _ok(a) and a.get("kind") == "reconstruction" and is_finite((a.get("baseline") or {}).get("mse"))]
+    return values[0] if values else None
+
+
+def _protection(result: dict, attacks: dict[str, dict]) -> Item:
+    """The provable bound in plain words (or plainly: nothing is guaranteed)."""
+    bounds = _section(result, "bounds")
+    bound = bounds.get("van_trees_mse")
+    sigma = result.get("noise_sigma")
+    if not is_number(bound):
+        return Item("Provable protection", "Not computed: the result holds no van Trees bound.", "warn")
+    if bound <= 0 or not math.isfinite(bound):
+        cause = ("the embeddings are sent without noise (σ = 0), so the Fisher information is infinite"
+                 if sigma == 0 else "the Fisher information is infinite")
+        return Item("Provable protection", f"Nothing is guaranteed: {cause} and the provable bound is 0. "
+                    "An attacker may in principle recover the inputs exactly.", "bad")
+    smoothing = _section(result, "prior").get("smoothing")
+    words = (f"No attacker can reconstruct inputs with a mean squared error below {number(bound)} "
+             "(per input dimension, on average over inputs like the audited data; van Trees bound")
+    words += f", for inputs smoothed with noise τ = {number(smoothing)})." if is_finite(smoothing) and smoothing > 0 \
+        else ")."
+    guess = _mean_guess_mse(attacks)
+    if guess is not None:
+        words += f" For scale: guessing the average input gives MSE {number(guess)}."
+    violated = bounds.get("violated_by") or []
+    if violated:
+        return Item("Provable protection", words + f" But {text(violated)} beat this bound, so it cannot be "
+                    "trusted.", "bad")
+    return Item("Provable protection", words, "info")
+
+
+def _strongest(attacks: dict[str, dict]) -> Item:
+    ran = {n: a for n, a in attacks.items() if _ok(a) and is_finite(a.get("advantage"))}
+    if not ran:
+        return Item("Strongest attack", "No attack produced a result.", "warn" if attacks else "info")
+    name = max(ran, key=lambda n: ran[n]["advantage"])
+    attack = ran[name]
+    metric = attack.get("primary_metric", "")
+    value = (attack.get("metrics") or {}).get(metric)
+    base = (attack.get("baseline") or {}).get(metric)
+    words = (f"{ATTACK_TITLES.get(name, name)}: {METRIC_LABELS.get(metric, metric)} {number(value)} "
+             f"against {number(base)} for its baseline; "
+             f"{advantage_words(attack.get('kind', ''), attack['advantage'])}.")
+    return Item("Strongest attack", words, "bad" if attack["advantage"] > 0 else "good")
+
+
+def _recommended_noise(calibration: dict, current: Any) -> Item:
+    target = number(calibration.get("target_mse"))
+    sigma = calibration.get("sigma")
+    now = f" (currently σ = {number(current)})" if is_number(current) else ""
+    if calibration.get("feasible") is False or not is_finite(sigma):
+        reason = calibration.get("reason") or "the prior alone lets an attacker do better"
+        return Item("Recommended noise", f"No amount of embedding noise can guarantee MSE ≥ {target}: {reason}.",
+                    "warn")
+    words = (f"Gaussian noise with σ = {number(sigma)} on the embeddings guarantees MSE ≥ {target} "
+             f"against any attacker{now}.")
+    if is_finite(calibration.get("sigma_unbiased")):
+        words += f" Against unbiased attackers only, σ = {number(calibration['sigma_unbiased'])} would suffice."
+    return Item("Recommended noise", words, "info")
+
+
+def _result_cell(attack: dict, source: str = "metrics") -> str:
+    metric = attack.get("primary_metric", "")
+    value = (attack.get(source) or {}).get(metric)
+    std = (attack.get(source + "_std") or {}).get(metric)
+    return f"{METRIC_LABELS.get(metric, metric)} {mean_std(value, std)}"
+
+
+def _overview(attacks: dict[str, dict]) -> Table | None:
+    if not attacks:
+        return None
+    rows, classes = [], []
+    for name, attack in attacks.items():
+        status = str(attack.get("status", "unknown"))
+        if _ok(attack):
+            rows.append([name, status, _result_cell(attack), _result_cell(attack, "baseline"),
+                         signed(attack.get("advantage"))])
+        else:
+            rows.append([name, status.upper(), attack.get("reason") or "no reason given", "", ""])
+        classes.append(status)
+    return Table(["attack", "status", "result", "baseline", "advantage"], rows, classes)
+
+
+def _gate_table(result: dict) -> Table | None:
+    checks = [c for c in _gate(result).get("checks") or [] if isinstance(c, dict)]
+    if not checks:
+        return None
+    rows = [[str(c.get("name", "")), "passed" if c.get("passed") else "FAILED", number(c.get("value")),
+             number(c.get("threshold")), str(c.get("message", ""))] for c in checks]
+    return Table(["check", "result", "value", "threshold", "detail"], rows,
+                 ["ok" if c.get("passed") else "failed" for c in checks])
+
+
+def _facts(section: dict, labels: dict[str, str]) -> Table | None:
+    """A two-column table: known keys in label order, then any other scalar keys as they are named."""
+    keys = [k for k in labels if k in section] + [k for k in section if k not in labels]
+    rows = []
+    for key in keys:
+        value = section[key]
+        if key in NOT_FACTS or isinstance(value, dict) or value is None or value == "":
+            continue
+        if isinstance(value, list) and (not value or isinstance(value[0], (dict, list))):
+            continue
+        rows.append([labels.get(key, key.replace("_", " ")), shape(value) if key in SHAPE_KEYS else text(value)])
+    return Table(["", ""], rows) if rows else None
+
+
+def _records(items: Any) -> Table | None:
+    """A list of dicts (e.g. the leakiest samples) as a table with the union of their keys."""
+    records = [i for i in items or [] if isinstance(i, dict)]
+    if not records:
+        return None
+    keys = list(dict.fromkeys(k for r in records for k in r))
+    return Table([k.replace("_", " ") for k in keys], [[number(r.get(k)) for k in keys] for r in records])
+
+
+def _notes(*sections: dict) -> list[str]:
+    notes = []
+    for section in sections:
+        value = section.get("notes")
+        notes.extend([str(n) for n in value] if isinstance(value, list) else [str(value)] if value else [])
+    return notes
+
+
+def _bounds(result: dict, figures: Figures) -> BoundsView:
+    bounds, dfil, prior = _section(result, "bounds"), _section(result, "dfil"), _section(result, "prior")
+    per_sample = [v for v in dfil.get("per_sample") or [] if is_number(v)]
+    finite = [v for v in per_sample if math.isfinite(v)]
+    chart = figures.add("dfil", "Histogram of per-sample dFIL", charts.dfil_histogram, finite) if finite else None
+    note = ""
+    if per_sample and len(finite) < len(per_sample):
+        note = (f"dFIL is infinite for {len(per_sample) - len(finite)} of {len(per_sample)} samples"
+                + (" (σ = 0: a noiseless encoder)." if result.get("noise_sigma") == 0 else "."))
+    return BoundsView(
+        bounds=_bounds_table(bounds), dfil=_facts(dfil, DFIL_LABELS), dfil_chart=chart, dfil_note=note,
+        leakiest=_records(dfil.get("leakiest") or dfil.get("leakiest_samples") or bounds.get("leakiest")),
+        prior=_facts(prior, PRIOR_LABELS), notes=_notes(dfil, prior, bounds),
+        chart=_bounds_chart(result, figures), violated_by=[str(v) for v in bounds.get("violated_by") or []],
+    )
+
+
+def _bounds_table(bounds: dict) -> Table | None:
+    rows = []
+    if "van_trees_mse" in bounds:
+        rows.append(["van Trees", number(bounds["van_trees_mse"]), "any attacker, including one who knows the "
+                     "data distribution", "1 / (mean dFIL + J(π)/d)"])
+    if "cramer_rao_mse" in bounds:
+        rows.append(["Cramér-Rao", number(bounds["cramer_rao_mse"]), "unbiased attackers (no prior knowledge)",
+                     "mean over samples of 1 / dFIL"])
+    return Table(["bound", "MSE at least", "holds against", "formula"], rows) if rows else None
+
+
+def _bounds_chart(result: dict, figures: Figures) -> Figure | None:
+    violated = set(_section(result, "bounds").get("violated_by") or [])
+    bars = [charts.MseBar(name, a["metrics"]["mse"], (a.get("metrics_std") or {}).get("mse", 0.0) or 0.0,
+                          (a.get("baseline") or {}).get("mse"), name in violated)
+            for name, a in _attacks(result).items()
+            if _ok(a) and a.get("kind") == "reconstruction" and is_finite((a.get("metrics") or {}).get("mse"))]
+    if not bars:
+        return None
+    bounds = _section(result, "bounds")
+    return figures.add("bounds", "Reconstruction attacks' MSE against the bounds", charts.bounds_chart, bars,
+                       bounds.get("van_trees_mse"), bounds.get("cramer_rao_mse"))
+
+
+def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> AttackView:
+    view = AttackView(name=name, title=ATTACK_TITLES.get(name, name), kind=str(attack.get("kind", "")),
+                      status=str(attack.get("status", "unknown")), reason=str(attack.get("reason") or ""),
+                      assumptions=str(attack.get("assumptions") or ""))
+    if not _ok(attack):
+        return view
+    view.metrics = _metrics_table(name, attack)
+    view.advantage = (f"Advantage {mean_std(attack.get('advantage'), attack.get('advantage_std'))}: "
+                      f"{advantage_words(view.kind, attack.get('advantage'))}.")
+    seeds = attack.get("seeds") or []
+    view.runs = f"Mean ± std over {len(seeds)} seed{'s' if len(seeds) != 1 else ''}" if seeds else ""
+    if is_finite(attack.get("seconds")):
+        view.runs += ("; " if view.runs else "") + f"took {attack['seconds']:.1f} s"
+    view.by_k, view.by_k_chart = _by_k(name, attack, figures)
+    examples = [e for e in attack.get("examples") or [] if isinstance(e, dict) and "original" in e]
+    if examples:
+        view.reconstructions = figures.add(f"{name}-reconstructions", f"{name}: originals and reconstructions",
+                                           charts.reconstructions_chart, examples)
+        view.examples = Table(["example", "target index", "MSE"],
+                              [[str(e.get("label", "")), number(e.get("index")), number(e.get("mse"))]
+                               for e in examples])
+    view.details = _facts(attack.get("details") or {}, {})
+    view.beats_bound = name in (_section(result, "bounds").get("violated_by") or [])
+    return view
+
+
+def _metrics_table(name: str, attack: dict) -> Table | None:
+    metrics, baseline = attack.get("metrics") or {}, attack.get("baseline") or {}
+    metrics_std, baseline_std = attack.get("metrics_std") or {}, attack.get("baseline_std") or {}
+    rows = [[METRIC_LABELS.get(k, k), mean_std(v, metrics_std.get(k)), mean_std(baseline.get(k), baseline_std.get(k))
+             if k in baseline else "—"] for k, v in metrics.items() if not isinstance(v, dict)]
+    baseline_name = BASELINE_NAMES.get(name, "guessing the average input" if attack.get("kind") == "reconstruction"
+                                       else "baseline")
+    return Table(["metric", "attack", f"baseline: {baseline_name}"], rows) if rows else None
+
+
+def _by_k(name: str, attack: dict, figures: Figures) -> tuple[Table | None, Figure | None]:
+    """Accuracy against k labelled samples per class (fine-tune's sweep)."""
+    by_k = (attack.get("metrics") or {}).get("accuracy_by_k")
+    if not isinstance(by_k, dict) or not by_k:
+        return None, None
+    ks = sorted(by_k, key=lambda k: float(k) if str(k).replace(".", "", 1).isdigit() else math.inf)
+    std = (attack.get("metrics_std") or {}).get("accuracy_by_k") or {}
+    base = (attack.get("baseline") or {}).get("accuracy_by_k") or {}
+    base_std = (attack.get("baseline_std") or {}).get("accuracy_by_k") or {}
+    table = Table(["k per class", "attack accuracy", "baseline accuracy"],
+                  [[str(k), mean_std(by_k[k], std.get(k)), mean_std(base.get(k), base_std.get(k))] for k in ks])
+    if not all(str(k).replace(".", "", 1).isdigit() and is_finite(by_k[k]) for k in ks):
+        return table, None
+    has_base = all(is_finite(base.get(k)) for k in ks)
+    chart = figures.add(f"{name}-accuracy-by-k", "Accuracy against labelled samples per class",
+                        charts.accuracy_by_k_chart, ks, [by_k[k] for k in ks], [_num(std.get(k)) for k in ks],
+                        [base[k] for k in ks] if has_base else [], [_num(base_std.get(k)) for k in ks],
+                        "baseline: " + BASELINE_NAMES.get(name, "baseline"))
+    return table, chart
+
+
+def _num(value: Any) -> float:
+    return float(value) if is_finite(value) else 0.0
+
+
+def _not_run(attacks: dict[str, dict]) -> Table | None:
+    rows = [[name, str(a.get("status", "unknown")).upper(), str(a.get("reason") or "no reason given")]
+            for name, a in attacks.items() if not _ok(a)]
+    return Table(["attack", "status", "reason"], rows, [r[1].lower() for r in rows]) if rows else None
