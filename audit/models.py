@@ -245,6 +245,9 @@ def _import_torchvision_or_stub() -> None:
             del sys.modules[name]
 
     def unavailable(attr: str):
+        if attr.startswith("__"):  # module metadata (__file__, __spec__...) stays absent
+            raise AttributeError(attr)
+
         def fail(*_args, **_kwargs):
             raise RuntimeError(f"torchvision.{attr} is unavailable: torchvision does not load here")
         return fail
