@@ -1,0 +1,9 @@
+"""Estimators of paper 004: Jacobian traces, dFIL, prior terms, bounds and noise calibration.
+
+Pure tensor functions: no I/O, no printing; the audit wiring lives in splitaudit.leakage.
+"""
+from splitaudit.estimators.jacobian import (
+    METHODS, TraceEstimate, TraceOptions, jacobian_sq_norm, jacobian_trace,
+)
+
+__all__ = ["METHODS", "TraceEstimate", "TraceOptions", "jacobian_sq_norm", "jacobian_trace"]
