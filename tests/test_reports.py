@@ -1,0 +1,265 @@
+"""Reports rendered from saved result fixtures (no pipeline run): content, escaping, structure."""
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from splitaudit import cli
+from splitaudit.errors import InputError
+from splitaudit.reports import load_result, terminal_summary, write_comparison, write_junit, write_reports
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NAMES = ["image_audit", "sigma0_audit", "blackbox_audit", "tabular_audit", "failed_attack_audit"]
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def fixture(name: str) -> dict:
+    return load_result(FIXTURES / f"{name}.json")
+
+
+class Outline(HTMLParser):
+    """Headings in order, with the text and elements seen after each one; every img src."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headings: list[dict] = []
+        self.images: list[str] = []
+        self.links: list[str] = []
+        self._in_heading = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag in ("h2", "h3", "h4"):
+            self.headings.append({"tag": tag, "title": "", "content": 0})
+            self._in_heading = True
+        elif self.headings and tag in ("table", "img", "ul", "p", "figure", "div"):
+            self.headings[-1]["content"] += 1
+        if tag == "img":
+            self.images.append(attrs.get("src", ""))
+        if "href" in attrs or "src" in attrs:
+            self.links.append(attrs.get("href") or attrs.get("src"))
+
+    def handle_endtag(self, tag):
+        if tag in ("h2", "h3", "h4"):
+            self._in_heading = False
+
+    def handle_data(self, data):
+        if self._in_heading:
+            self.headings[-1]["title"] += data
+
+
+def outline(html: str) -> Outline:
+    parser = Outline()
+    parser.feed(html)
+    return parser
+
+
+def empty_html_sections(html: str) -> list[str]:
+    """Headings followed by nothing before a heading of the same or a higher level."""
+    heads = outline(html).headings
+    empty = []
+    for i, head in enumerate(heads):
+        nxt = heads[i + 1] if i + 1 < len(heads) else None
+        has_child = nxt is not None and nxt["tag"] > head["tag"]
+        if head["content"] == 0 and not has_child:
+            empty.append(head["title"])
+    return empty
+
+
+def empty_markdown_sections(md: str) -> list[str]:
+    heads = [(i, len(m.group(1)), m.group(2)) for i, line in enumerate(md.splitlines())
+             if (m := re.match(r"^(#+) (.*)", line))]
+    lines = md.splitlines()
+    empty = []
+    for n, (i, level, title) in enumerate(heads):
+        end = heads[n + 1][0] if n + 1 < len(heads) else len(lines)
+        body = "".join(lines[i + 1:end]).strip()
+        deeper = n + 1 < len(heads) and heads[n + 1][1] > level
+        if not body and not deeper:
+            empty.append(title)
+    return empty
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def rendered(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param)
+    paths = write_reports(fixture(request.param), out, ["html", "md", "json"])
+    return request.param, out, paths
+
+
+def test_every_fixture_renders_all_formats_without_empty_sections(rendered):
+    name, out, paths = rendered
+    assert [p.name for p in paths] == ["report.json", "report.html", "report.md"]
+    html = (out / "report.html").read_text(encoding="utf-8")
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert empty_html_sections(html) == []
+    assert empty_markdown_sections(md) == []
+    assert "None" not in re.sub(r"<[^>]+>", "", html)
+
+
+def test_html_is_self_contained(rendered):
+    _, out, _ = rendered
+    page = outline((out / "report.html").read_text(encoding="utf-8"))
+    assert page.images and all(src.startswith("data:image/png;base64,") for src in page.images)
+    assert all(link.startswith(("data:", "#")) for link in page.links)
+
+
+def test_markdown_images_are_files_next_to_it(rendered):
+    _, out, _ = rendered
+    md = (out / "report.md").read_text(encoding="utf-8")
+    targets = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert targets and all((out / t).is_file() and (out / t).read_bytes()[:4] == b"\x89PNG" for t in targets)
+
+
+def test_json_round_trips_non_finite_numbers(tmp_path):
+    result = fixture("sigma0_audit")
+    write_reports(result, tmp_path, ["json"])
+    text = (tmp_path / "report.json").read_text()
+    assert "Infinity" not in text and '"inf"' in text
+    again = load_result(tmp_path / "report.json")
+    assert math.isinf(again["dfil"]["mean"]) and again["attacks"] == result["attacks"]
+
+
+def render(name: str, tmp_path: Path, result: dict | None = None) -> tuple[str, str]:
+    write_reports(result or fixture(name), tmp_path, ["html", "md"])
+    return (tmp_path / "report.html").read_text(encoding="utf-8"), (tmp_path / "report.md").read_text(encoding="utf-8")
+
+
+def summary_text(html: str) -> str:
+    """The plain text of the page up to the detailed sections."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html.split("<nav>")[0]))
+
+
+def test_summary_states_the_bound_strongest_attack_and_noise(tmp_path):
+    html, md = render("image_audit", tmp_path)
+    summary = summary_text(html)
+    assert "PASSED" in summary
+    assert "No attacker can reconstruct inputs with a mean squared error below 0.0658" in summary
+    assert "Sensitive-attribute inference: accuracy 0.94 against 0.5" in summary
+    assert "σ = 0.337" in summary and "MSE ≥ 0.05" in summary
+    assert "No attacker can reconstruct inputs with a mean squared error below 0.0658" in md
+
+
+def test_sigma_zero_says_nothing_is_guaranteed_and_the_noise_needed(tmp_path):
+    html, md = render("sigma0_audit", tmp_path)
+    summary = summary_text(html)
+    assert "Nothing is guaranteed" in summary and "No attacker can" not in summary
+    assert "σ = 0.337" in summary
+    assert "dFIL is infinite for 898 of 898 samples" in html
+    assert "FAILED: the provable bound is too low" in html and "Quick smoke run" in html
+
+
+def test_failed_attack_is_impossible_to_miss(tmp_path):
+    html, md = render("failed_attack_audit", tmp_path)
+    summary = summary_text(html)
+    assert "FAILED: the audit is incomplete" in summary
+    assert "INCOMPLETE AUDIT: the sdar attack failed (RuntimeError: CUDA out of memory)" in summary
+    assert '<section class="attack failed" id="attack-sdar">' in html
+    assert "INCOMPLETE AUDIT" in md and "❌" in md
+
+
+def test_black_box_model_lists_skipped_attacks_and_violation(tmp_path):
+    html, _ = render("blackbox_audit", tmp_path)
+    assert "Bound violated by decoder" in html and "beats the bound" in html
+    not_run = html.split("Attacks not run")[1].split("</table>")[0]
+    assert "optimization" in not_run and "needs gradients of the model" in not_run and "sdar" in not_run
+    assert "finite-difference" in html
+
+
+def test_tabular_audit_shows_feature_profiles_not_image_metrics(tmp_path):
+    html, md = render("tabular_audit", tmp_path)
+    assert "SSIM" not in html and "Reconstructions (best, median, worst)" in html
+    assert "τ" not in summary_text(html)  # no smoothing for tabular data
+
+
+@pytest.mark.parametrize("fmt", ["html", "md"])
+def test_malicious_strings_are_escaped(tmp_path, fmt):
+    html, md = render("blackbox_audit", tmp_path)
+    text = html if fmt == "html" else md
+    assert "<img src=x" not in text and "onerror=alert(1)>" not in text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text
+    if fmt == "html":
+        assert sum(tag.startswith("<img") for tag in re.findall(r"<[^>]+>", html)) == len(outline(html).images)
+        assert all(src.startswith("data:") for src in outline(html).images)
+
+
+def test_minimal_result_renders_without_empty_sections(tmp_path):
+    minimal = {"schema_version": 1, "gate": {"passed": True, "reasons": [], "checks": []}}
+    html, md = render("", tmp_path, minimal)
+    assert empty_html_sections(html) == [] and empty_markdown_sections(md) == []
+    assert "Not computed" in html
+
+
+def test_result_without_leakage_sections_or_optional_keys(tmp_path):
+    result = fixture("image_audit")
+    for key in ("dfil", "prior", "calibration"):
+        del result[key]
+    for attack in result["attacks"].values():
+        for key in ("metrics_std", "baseline_std", "examples", "details", "seeds", "assumptions"):
+            attack.pop(key, None)
+    html, md = render("", tmp_path, result)
+    assert empty_html_sections(html) == [] and empty_markdown_sections(md) == []
+    assert "Recommended noise" not in html and "Attacks against the bound" in html
+
+
+def test_terminal_summary_is_a_compact_table():
+    text = terminal_summary(fixture("failed_attack_audit"))
+    lines = text.splitlines()
+    assert lines[0] == "FAILED: the audit is incomplete"
+    assert any(line.startswith("sdar") and "FAILED" in line for line in lines)
+    assert any(line.startswith("decoder") and "MSE 0.07471" in line for line in lines)
+    assert max(len(line) for line in lines) <= 110
+
+
+def test_junit_has_one_case_per_gate_check(tmp_path):
+    result = fixture("sigma0_audit")
+    suite = ET.parse(write_junit(result, tmp_path / "j.xml")).getroot()
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == ["audit-complete", "fail-under-mse"]
+    assert cases[1].find("failure").get("message").startswith("van Trees bound MSE 0 is below")
+
+
+def test_load_result_rejects_other_files(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"schema_version": 99}')
+    with pytest.raises(InputError, match="schema version 1"):
+        load_result(bad)
+    bad.write_text("not json")
+    with pytest.raises(InputError, match="invalid JSON"):
+        load_result(bad)
+
+
+def test_comparison_shows_deltas_and_direction(tmp_path):
+    paths = write_comparison(fixture("sigma0_audit"), fixture("image_audit"), tmp_path, ["html", "md", "json"])
+    assert [p.name for p in paths] == ["comparison.html", "comparison.md", "comparison.json"]
+    md = (tmp_path / "comparison.md").read_text(encoding="utf-8")
+    row = next(line for line in md.splitlines() if line.startswith("| van Trees"))
+    assert "| 0 " in row and "0.0658" in row and "better" in row
+    decoder = next(line for line in md.splitlines() if line.startswith("| decoder"))
+    assert "0.9833" in decoder and "0.3082" in decoder and "better" in decoder
+    html = (tmp_path / "comparison.html").read_text(encoding="utf-8")
+    assert empty_html_sections(html) == [] and outline(html).images
+
+
+def test_comparison_with_skipped_attacks_and_escaping(tmp_path):
+    write_comparison(fixture("image_audit"), fixture("blackbox_audit"), tmp_path, ["html"])
+    html = (tmp_path / "comparison.html").read_text(encoding="utf-8")
+    assert "before ok, after skipped" in html and "<img src=x" not in html
+
+
+def test_render_and_compare_commands(tmp_path, capsys):
+    shutil.copy(FIXTURES / "image_audit.json", tmp_path / "report.json")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["render", str(tmp_path / "report.json")])
+    assert exc.value.code == 0 and (tmp_path / "report.html").is_file() and (tmp_path / "report.md").is_file()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["compare", str(FIXTURES / "sigma0_audit.json"), str(tmp_path / "report.json"),
+                  "--out", str(tmp_path / "cmp"), "--format", "md"])
+    assert exc.value.code == 0 and [p.name for p in (tmp_path / "cmp").glob("*.md")] == ["comparison.md"]
+    assert "comparison.md" in capsys.readouterr().out
