@@ -112,7 +112,7 @@ def exit_code(argv: list[str]) -> int:
 
 
 def test_exit_0_when_every_gate_passes(fake_audit, tmp_path, capsys):
-    assert exit_code(["run", "model.onnx", "--aux", "data.npz", "--out", str(tmp_path),
+    assert exit_code(["run", "model.onnx", "--aux", "data.npz", "--out", str(tmp_path), "--format", "json",
                       "--fail-under-mse", "0.01"]) == 0
     out = capsys.readouterr().out
     assert "PASSED" in out and "decoder" in out
@@ -135,11 +135,10 @@ def test_exit_1_when_a_gate_fails_and_every_report_is_still_written(fake_audit, 
 
 def test_gate_thresholds_come_from_the_config_file(fake_audit, tmp_path):
     config = tmp_path / "audit.toml"
-    config.write_text("fail_under_attack_mse = 0.09\n")
-    assert exit_code(["run", "model.onnx", "--aux", "data.npz", "--out", str(tmp_path),
-                      "--config", str(config)]) == 1
-    assert exit_code(["run", "model.onnx", "--aux", "data.npz", "--out", str(tmp_path),
-                      "--config", str(config), "--fail-under-attack-mse", "0.01"]) == 0
+    config.write_text('fail_under_attack_mse = 0.09\nformats = ["json"]\n')
+    argv = ["run", "model.onnx", "--aux", "data.npz", "--out", str(tmp_path), "--config", str(config)]
+    assert exit_code(argv) == 1
+    assert exit_code(argv + ["--fail-under-attack-mse", "0.01"]) == 0
 
 
 @pytest.mark.parametrize("argv", [

@@ -86,11 +86,22 @@ def empty_markdown_sections(md: str) -> list[str]:
     return empty
 
 
-@pytest.fixture(scope="module", params=NAMES)
-def rendered(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(request.param)
-    paths = write_reports(fixture(request.param), out, ["html", "md", "json"])
-    return request.param, out, paths
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """Each fixture rendered once for the whole module: name -> (folder, paths written)."""
+    cache = {}
+
+    def render_once(name: str) -> tuple[Path, list[Path]]:
+        if name not in cache:
+            out = tmp_path_factory.mktemp(name)
+            cache[name] = out, write_reports(fixture(name), out, ["html", "md", "json"])
+        return cache[name]
+    return render_once
+
+
+@pytest.fixture(params=NAMES)
+def rendered(request, pages):
+    return (request.param, *pages(request.param))
 
 
 def test_every_fixture_renders_all_formats_without_empty_sections(rendered):
@@ -126,9 +137,19 @@ def test_json_round_trips_non_finite_numbers(tmp_path):
     assert math.isinf(again["dfil"]["mean"]) and again["attacks"] == result["attacks"]
 
 
-def render(name: str, tmp_path: Path, result: dict | None = None) -> tuple[str, str]:
-    write_reports(result or fixture(name), tmp_path, ["html", "md"])
-    return (tmp_path / "report.html").read_text(encoding="utf-8"), (tmp_path / "report.md").read_text(encoding="utf-8")
+def read_pages(out: Path) -> tuple[str, str]:
+    return (out / "report.html").read_text(encoding="utf-8"), (out / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def render(pages, tmp_path):
+    """render(fixture name) from the module cache, or render(None, result) for a modified result."""
+    def rendered_pages(name: str | None, result: dict | None = None) -> tuple[str, str]:
+        if result is None:
+            return read_pages(pages(name)[0])
+        write_reports(result, tmp_path, ["html", "md"])
+        return read_pages(tmp_path)
+    return rendered_pages
 
 
 def summary_text(html: str) -> str:
@@ -136,8 +157,8 @@ def summary_text(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html.split("<nav>")[0]))
 
 
-def test_summary_states_the_bound_strongest_attack_and_noise(tmp_path):
-    html, md = render("image_audit", tmp_path)
+def test_summary_states_the_bound_strongest_attack_and_noise(render):
+    html, md = render("image_audit")
     summary = summary_text(html)
     assert "PASSED" in summary
     assert "No attacker can reconstruct inputs with a mean squared error below 0.0658" in summary
@@ -146,8 +167,8 @@ def test_summary_states_the_bound_strongest_attack_and_noise(tmp_path):
     assert "No attacker can reconstruct inputs with a mean squared error below 0.0658" in md
 
 
-def test_sigma_zero_says_nothing_is_guaranteed_and_the_noise_needed(tmp_path):
-    html, md = render("sigma0_audit", tmp_path)
+def test_sigma_zero_says_nothing_is_guaranteed_and_the_noise_needed(render):
+    html, md = render("sigma0_audit")
     summary = summary_text(html)
     assert "Nothing is guaranteed" in summary and "No attacker can" not in summary
     assert "σ = 0.337" in summary
@@ -155,8 +176,8 @@ def test_sigma_zero_says_nothing_is_guaranteed_and_the_noise_needed(tmp_path):
     assert "FAILED: the provable bound is too low" in html and "Quick smoke run" in html
 
 
-def test_failed_attack_is_impossible_to_miss(tmp_path):
-    html, md = render("failed_attack_audit", tmp_path)
+def test_failed_attack_is_impossible_to_miss(render):
+    html, md = render("failed_attack_audit")
     summary = summary_text(html)
     assert "FAILED: the audit is incomplete" in summary
     assert "INCOMPLETE AUDIT: the sdar attack failed (RuntimeError: CUDA out of memory)" in summary
@@ -164,23 +185,23 @@ def test_failed_attack_is_impossible_to_miss(tmp_path):
     assert "INCOMPLETE AUDIT" in md and "❌" in md
 
 
-def test_black_box_model_lists_skipped_attacks_and_violation(tmp_path):
-    html, _ = render("blackbox_audit", tmp_path)
+def test_black_box_model_lists_skipped_attacks_and_violation(render):
+    html, _ = render("blackbox_audit")
     assert "Bound violated by decoder" in html and "beats the bound" in html
     not_run = html.split("Attacks not run")[1].split("</table>")[0]
     assert "optimization" in not_run and "needs gradients of the model" in not_run and "sdar" in not_run
     assert "finite-difference" in html
 
 
-def test_tabular_audit_shows_feature_profiles_not_image_metrics(tmp_path):
-    html, md = render("tabular_audit", tmp_path)
+def test_tabular_audit_shows_feature_profiles_not_image_metrics(render):
+    html, md = render("tabular_audit")
     assert "SSIM" not in html and "Reconstructions (best, median, worst)" in html
     assert "τ" not in summary_text(html)  # no smoothing for tabular data
 
 
 @pytest.mark.parametrize("fmt", ["html", "md"])
-def test_malicious_strings_are_escaped(tmp_path, fmt):
-    html, md = render("blackbox_audit", tmp_path)
+def test_malicious_strings_are_escaped(render, fmt):
+    html, md = render("blackbox_audit")
     text = html if fmt == "html" else md
     assert "<img src=x" not in text and "onerror=alert(1)>" not in text
     assert "&lt;img src=x onerror=alert(1)&gt;" in text
@@ -189,21 +210,21 @@ def test_malicious_strings_are_escaped(tmp_path, fmt):
         assert all(src.startswith("data:") for src in outline(html).images)
 
 
-def test_minimal_result_renders_without_empty_sections(tmp_path):
+def test_minimal_result_renders_without_empty_sections(render):
     minimal = {"schema_version": 1, "gate": {"passed": True, "reasons": [], "checks": []}}
-    html, md = render("", tmp_path, minimal)
+    html, md = render(None, minimal)
     assert empty_html_sections(html) == [] and empty_markdown_sections(md) == []
     assert "Not computed" in html
 
 
-def test_result_without_leakage_sections_or_optional_keys(tmp_path):
+def test_result_without_leakage_sections_or_optional_keys(render):
     result = fixture("image_audit")
     for key in ("dfil", "prior", "calibration"):
         del result[key]
     for attack in result["attacks"].values():
         for key in ("metrics_std", "baseline_std", "examples", "details", "seeds", "assumptions"):
             attack.pop(key, None)
-    html, md = render("", tmp_path, result)
+    html, md = render(None, result)
     assert empty_html_sections(html) == [] and empty_markdown_sections(md) == []
     assert "Recommended noise" not in html and "Attacks against the bound" in html
 
