@@ -29,15 +29,19 @@ def _check(name: str, passed: bool, message: str, value=None, threshold=None) ->
 
 def _completeness(result: dict) -> dict:
     """A failed attack makes the audit incomplete: it must not pass as if it were whole."""
-    failed = [name for name, a in result.get("attacks", {}).items() if a["status"] == "failed"]
+    failed = [name for name, a in result.get("attacks", {}).items() if a.get("status") == "failed"]
     if failed:
         return _check("audit-complete", False, "audit incomplete: attack(s) failed: " + ", ".join(failed))
     return _check("audit-complete", True, "every selected attack ran or was skipped with a reason")
 
 
 def _bound_check(result: dict, threshold: float) -> dict:
-    bound = result["bounds"]["van_trees_mse"]
-    violated = result["bounds"].get("violated_by") or []
+    bounds = result.get("bounds") or {}
+    bound = bounds.get("van_trees_mse")
+    violated = bounds.get("violated_by") or []
+    if not isinstance(bound, (int, float)) or math.isnan(bound):
+        return _check("fail-under-mse", False, "no van Trees bound was computed, so the bound gate cannot "
+                      "pass", None, threshold)
     if violated:
         return _check("fail-under-mse", False, "the van Trees bound is not trustworthy: attack(s) "
                       f"{', '.join(violated)} beat it", bound, threshold)
@@ -49,7 +53,8 @@ def _bound_check(result: dict, threshold: float) -> dict:
 
 def _attack_mse_check(result: dict, threshold: float) -> dict:
     measured = {n: a["metrics"]["mse"] for n, a in result.get("attacks", {}).items()
-                if a["status"] == "ok" and a["kind"] == "reconstruction"}
+                if a.get("status") == "ok" and a.get("kind") == "reconstruction"
+                and not math.isnan(a.get("metrics", {}).get("mse", math.nan))}
     if not measured:
         return _check("fail-under-attack-mse", False, "no reconstruction attack ran, so the attack-MSE "
                       "floor cannot be checked", None, threshold)
@@ -65,7 +70,7 @@ def _attack_mse_check(result: dict, threshold: float) -> dict:
 def _advantage_checks(result: dict, cap: float) -> list[dict]:
     checks = []
     for name, attack in result.get("attacks", {}).items():
-        if attack["status"] != "ok" or not math.isfinite(attack["advantage"]):
+        if attack.get("status") != "ok" or not math.isfinite(attack.get("advantage", math.nan)):
             continue
         adv = attack["advantage"]
         message = (f"{name} advantage {adv:.4g} {'<=' if adv <= cap else 'exceeds'} the cap {cap:.4g}"

@@ -51,6 +51,14 @@ def test_zero_bound_fails_any_positive_threshold():
     assert not gate["passed"] and check(gate, "fail-under-mse")["value"] == 0
 
 
+@pytest.mark.parametrize("bounds", [{}, {"van_trees_mse": math.nan}])
+def test_a_missing_or_nan_bound_fails_the_bound_gate(bounds):
+    result = fixture("image_audit")
+    result["bounds"] = bounds
+    gate = evaluate_gate(result, fail_under_mse=0.01)
+    assert not gate["passed"] and "no van Trees bound" in gate["reasons"][0]
+
+
 def test_a_violated_bound_fails_the_bound_gate_whatever_its_value():
     gate = evaluate_gate(fixture("blackbox_audit"), fail_under_mse=0.001)
     assert not gate["passed"]
