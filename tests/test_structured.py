@@ -1,0 +1,142 @@
+"""The structured Jacobian trace: exact against plain reverse/forward mode, and it declines
+models without local structure (global normalisation, dense layers, hidden couplings)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.func import jacfwd, jacrev, vmap
+
+from splitaudit.estimators import structured
+from splitaudit.estimators.structured import (
+    BLOCK, coloured_sq_norm, greedy_colouring, output_colouring, structured_sq_norm,
+)
+
+RTOL = 1e-4  # float32 exact methods agree to rounding; 1e-4 leaves room for summation order
+
+
+def frozen(module: nn.Module) -> nn.Module:
+    torch.manual_seed(0)
+    for p in module.parameters():
+        nn.init.normal_(p, std=0.3)
+        p.requires_grad_(False)
+    return module.eval()
+
+
+def local_conv() -> nn.Module:
+    """3x32x32 -> 8x16x16, receptive fields of 8x8 input pixels: local, no global coupling."""
+    return frozen(nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.GELU(), nn.AvgPool2d(2),
+        nn.Conv2d(8, 8, 3, padding=1), nn.Tanh(),
+    ))
+
+
+def plain_sq_norm(f, x: torch.Tensor, jacobian=jacrev) -> torch.Tensor:
+    """||J||_F^2 per sample from the full per-sample Jacobian (plain reverse or forward mode)."""
+    def per_sample(xi):
+        return f(xi[None])[0]
+    return vmap(jacobian(per_sample))(x).flatten(1).pow(2).sum(dim=1)
+
+
+class Counting(nn.Module):
+    """Counts the samples the wrapped model is evaluated on."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.samples = 0
+
+    def forward(self, x):
+        self.samples += len(x)
+        return self.inner(x)
+
+
+def test_exact_on_a_batch_of_a_local_conv_encoder():
+    f = local_conv()
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    got = structured_sq_norm(f, x)
+    assert got is not None
+    torch.testing.assert_close(got, plain_sq_norm(f, x, jacrev), rtol=RTOL, atol=0)
+    torch.testing.assert_close(got, plain_sq_norm(f, x, jacfwd), rtol=RTOL, atol=0)
+
+
+def test_colouring_is_optimal_and_classes_are_disjoint_on_a_single_conv():
+    # each output sees a 3x3 pixel patch: outputs 3 apart in a direction are disjoint, so the
+    # 3x3 positions x 4 channels that pairwise overlap need 36 colours, and 36 suffice.
+    f = frozen(nn.Conv2d(3, 4, 3, padding=1))
+    x = torch.rand(2, 3, 8, 8)
+    colouring = output_colouring(f, x)
+    assert colouring is not None and colouring.count == 36
+    support = jacrev(lambda xi: f(xi[None])[0])(x[0]).reshape(4 * 64, -1) != 0
+    for c in range(colouring.count):
+        members = support[colouring.colour == c].int()
+        assert members.sum(dim=0).max() <= 1, f"colour {c} has overlapping supports"
+    torch.testing.assert_close(coloured_sq_norm(f, x, colouring), plain_sq_norm(f, x), rtol=RTOL, atol=0)
+
+
+def test_colouring_is_computed_once_per_model_and_shape():
+    f = Counting(local_conv())
+    x = torch.rand(2, 3, 32, 32)
+    first = output_colouring(f, x)
+    evaluated = f.samples
+    assert output_colouring(f, torch.rand(5, 3, 32, 32)) is first
+    assert f.samples == evaluated
+    assert output_colouring(f, torch.rand(2, 3, 16, 16)) is not first  # a new shape is detected anew
+
+
+@pytest.mark.parametrize("model", [
+    nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.LayerNorm(4 * 16 * 16, elementwise_affine=False)),
+    nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 64)),
+], ids=["layernorm-over-all-features", "linear"])
+def test_global_coupling_is_detected_as_unstructured_after_one_pass(model):
+    f = Counting(frozen(model))
+    x = torch.rand(2, 3, 16, 16)
+    assert output_colouring(f, x) is None
+    assert structured_sq_norm(f, x) is None
+    d = x[0].numel()
+    blocks = d // BLOCK
+    assert f.samples <= 1 + blocks + structured._probes_per_pass(x[0])  # stops at the first pass of round two
+
+
+class HiddenCoupling(nn.Module):
+    """A local conv plus a global term that NaN probes cannot see (nan_to_num masks the NaN)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = frozen(nn.Conv2d(3, 4, 3, padding=1))
+
+    def forward(self, x):
+        return self.conv(x) + 0.1 * torch.nan_to_num(x).pow(2).sum(dim=(1, 2, 3))[:, None, None, None]
+
+
+def test_a_dependency_the_nan_probes_miss_is_caught_by_the_sign_test(monkeypatch):
+    x = torch.rand(2, 3, 8, 8)
+    assert output_colouring(HiddenCoupling().eval(), x) is None
+    monkeypatch.setattr(structured, "sign_test", lambda *args: True)
+    assert output_colouring(HiddenCoupling().eval(), x) is not None  # the probes alone are fooled
+
+
+def test_the_sample_digits_cnn_with_layernorm_is_unstructured(digits_ctx):
+    encoder = digits_ctx.encoder
+    assert output_colouring(encoder, digits_ctx.target.x[:2]) is None
+
+
+def test_greedy_colouring_separates_rows_that_share_a_column_and_respects_the_limit():
+    supports = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1], [1, 0, 0, 1], [0, 0, 0, 0]], dtype=torch.bool)
+    colour = greedy_colouring(supports, limit=4)
+    for a in range(5):
+        for b in range(a):
+            if (supports[a] & supports[b]).any():
+                assert colour[a] != colour[b]
+    assert colour.tolist() == [0, 1, 0, 1, 0]
+    assert greedy_colouring(supports, limit=1) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # TF32 convs round to ~1e-3
+    f = local_conv()
+    x = torch.rand(2, 3, 32, 32)
+    cpu = structured_sq_norm(f, x)
+    gpu = structured_sq_norm(f.cuda(), x.cuda())
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=RTOL, atol=0)
