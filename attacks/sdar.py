@@ -1,0 +1,276 @@
+"""SDAR: simulator decoding with adversarial regularisation (paper 003, Zhu et al., NDSS 2025).
+
+Offline form of the vanilla-SL attack (paper 003, Sec. IV-A and Fig. 14). The attacker (the
+server) never queries the bottom model f. It holds
+
+- the embeddings the client sent for the target data (f(x) plus the client's noise),
+- labelled auxiliary data from the same domain, disjoint from the target data,
+- optionally the trained top model g (`--top-model`), frozen: as in the paper it is the part
+  of the model that was trained together with f on the private data.
+
+It trains a simulator f~ (f's architecture re-initialised when known, else a generic network of
+the same shapes) so that g(f~(x_aux)) predicts the aux labels, regularised by a discriminator d1
+that tells f~(x_aux) from the observed target embeddings (Eqs. 2-3); and a decoder
+f~^-1 on (f~(x_aux), x_aux), regularised by a discriminator d2 that tells decoded target
+embeddings from aux inputs (Eqs. 4-5). Decoder and discriminators are label-conditional (Sec.
+IV-A "Use of labels"); the target labels are those predicted by g (or by the head trained in
+g's place when no top model is given), as paper 003 does for U-shaped SL (Sec. IV-B).
+
+Noise: the client adds N(0, sigma^2 I) to what it sends (`--noise-sigma`) and the server sees
+that sigma in the protocol, so the attacker adds the same noise to f~'s outputs. Then g is fed
+what it was trained on, d1 compares like with like (otherwise it separates real from simulated
+embeddings by their noise alone), and the decoder learns to decode noisy embeddings.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.nets import Decoder, bottom_architecture, mlp, seeded
+from splitaudit.attacks.reconstruction import (mean_guess_baseline, reconstruction_examples,
+                                               reconstruction_metrics)
+from splitaudit.context import AuditContext
+
+# Paper 003, Appendix B-C "Hyperparameters" and Table VII (vanilla SL, all datasets).
+LAMBDA1 = 0.02  # weight of d1's adversarial loss in the simulator's loss (Eq. 3)
+LAMBDA2 = 1e-5  # weight of d2's adversarial loss in the decoder's loss (Eq. 5)
+SIMULATOR_LR = 1e-3  # = the SL task's learning rate
+DECODER_LR = SIMULATOR_LR / 2
+D1_LR = LAMBDA1 * SIMULATOR_LR  # discriminator steps on par with the regularisation term
+D2_LR = LAMBDA2 * SIMULATOR_LR
+BATCH_SIZE = 128  # Appendix B-B
+LABEL_EMBEDDING = 50  # Appendix B-C: labels -> 50-unit embedding -> dense layer
+DROPOUT = 0.4  # Table IX discriminators
+HEAD_WIDTH = 128  # the head trained in g's place when no top model is given
+# Table IX conv stacks, (channels, stride) per 3x3 conv: d1 on embeddings, d2 on images.
+D1_CONVS = ((64, 1), (128, 2), (256, 1), (256, 1), (256, 1), (256, 2))
+D2_CONVS = ((64, 1), (128, 2), (128, 2), (256, 2))
+FLAT_WIDTH = 256  # discriminator MLP width for flat samples
+
+DEFAULT_ITERATIONS = 600
+QUICK_ITERATIONS = 250
+DECODE_BATCH = 512
+
+
+@dataclass(frozen=True)
+class Regularizers:
+    """Which adversarial regularisers a run uses (the paper's ablation turns one off)."""
+
+    d1: bool = True
+    d2: bool = True
+
+
+FULL = Regularizers()
+ABLATIONS = {"mse_no_d1": Regularizers(d1=False), "mse_no_d2": Regularizers(d2=False)}
+
+
+class SDARAttack(Attack):
+    """SDAR (paper 003): simulator + decoder, each regularised by a discriminator.
+
+    Options (`[attack.sdar]`): `iterations` (default 600, quick 250, batch 128 each);
+    `ablation = true` also runs the variants without d1 and without d2 (same seed, so the same
+    initial networks) and reports their MSE as `mse_no_d1` and `mse_no_d2`.
+
+    Example: `splitaudit run model.onnx --aux data.npz --top-model top.pt --attacks sdar`.
+    """
+
+    name = "sdar"
+    kind = "reconstruction"
+    primary_metric = "mse"
+    needs = frozenset({"labels"})
+    assumptions = (
+        "Passive server without any query access to the bottom model: it sees only the target "
+        "embeddings (with the client's noise), holds labelled auxiliary data from the same "
+        "domain, knows the bottom model's architecture (else only its input/output shapes) "
+        "and the noise level, and uses the trained top model when one is given (paper 003)."
+    )
+
+    def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
+        options = ctx.options(self.name)
+        iterations = int(options.get("iterations", QUICK_ITERATIONS if ctx.quick else DEFAULT_ITERATIONS))
+        observed = ctx.observed_embeddings("target", ctx.generator(seed))
+        x_hat, labels = sdar_reconstruct(ctx, observed, seed, iterations, FULL)
+        target = ctx.target
+        metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
+        if options.get("ablation", False):
+            for key, regularizers in ABLATIONS.items():
+                variant, _ = sdar_reconstruct(ctx, observed, seed, iterations, regularizers)
+                metrics[key] = reconstruction_metrics(target.x, variant, target.is_image)["mse"]
+        details = {
+            "iterations": iterations, "batch_size": BATCH_SIZE,
+            "lambda1": LAMBDA1, "lambda2": LAMBDA2,
+            "simulator": "bottom model's architecture, re-initialised"
+            if ctx.encoder.architecture() is not None else "generic network of the same shapes",
+            "classifier": "top model g (frozen)" if ctx.top_model is not None else "head trained jointly",
+            "target_label_accuracy": float((labels == target.y).float().mean()),
+        }
+        return SeedOutcome(metrics=metrics,
+                           baseline=mean_guess_baseline(ctx.aux.x, target.x, target.is_image),
+                           examples=reconstruction_examples(target.x, x_hat), details=details)
+
+
+def sdar_reconstruct(ctx: AuditContext, observed: torch.Tensor, seed: int, iterations: int,
+                     regularizers: Regularizers) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train SDAR's networks for `iterations`; decode the observed target embeddings.
+
+    Returns the reconstructions and the labels predicted for the targets.
+    """
+    with seeded(seed):  # dropout draws from the global RNG: keep runs reproducible
+        nets = SDARNets.build(ctx, seed, regularizers)
+        gen = ctx.generator(seed + 1)
+        with ctx.progress(total=iterations, desc=f"sdar (seed {seed})") as bar:
+            for _ in range(iterations):
+                sdar_iteration(ctx, nets, observed, gen)
+                bar.update(1)
+        return nets.decode(observed)
+
+
+class SDARNets:
+    """f~, the classifier (frozen g, or a head trained with f~), f~^-1, d1, d2 and their optimisers."""
+
+    def __init__(self, simulator: nn.Module, classifier: nn.Module, decoder: Decoder,
+                 d1: nn.Module | None, d2: nn.Module | None, train_classifier: bool) -> None:
+        self.simulator, self.classifier, self.decoder, self.d1, self.d2 = simulator, classifier, decoder, d1, d2
+        simulated = list(simulator.parameters()) + (list(classifier.parameters()) if train_classifier else [])
+        self.simulator_opt = torch.optim.Adam(simulated, lr=SIMULATOR_LR)
+        self.decoder_opt = torch.optim.Adam(decoder.parameters(), lr=DECODER_LR)
+        self.d1_opt = torch.optim.Adam(d1.parameters(), lr=D1_LR) if d1 is not None else None
+        self.d2_opt = torch.optim.Adam(d2.parameters(), lr=D2_LR) if d2 is not None else None
+
+    @classmethod
+    def build(cls, ctx: AuditContext, seed: int, regularizers: Regularizers) -> "SDARNets":
+        classes = ctx.num_classes
+        embedding_shape, input_shape = ctx.encoder.output_shape, ctx.encoder.input_shape
+        simulator = bottom_architecture(ctx, seed)
+        with seeded(seed):
+            head = mlp([math.prod(embedding_shape), HEAD_WIDTH, classes]) if ctx.top_model is None else None
+            decoder = Decoder(embedding_shape, input_shape, ctx.aux.in_unit_range, classes)
+            d1 = discriminator(embedding_shape, classes, D1_CONVS) if regularizers.d1 else None
+            d2 = discriminator(input_shape, classes, D2_CONVS) if regularizers.d2 else None
+        on_device = (lambda net: None if net is None else net.to(ctx.device).train())
+        classifier = on_device(head) if head is not None else ctx.top_model
+        return cls(simulator, classifier, on_device(decoder), on_device(d1), on_device(d2),
+                   train_classifier=head is not None)
+
+    @torch.no_grad()
+    def predict_labels(self, z: torch.Tensor) -> torch.Tensor:
+        """The labels the attacker assigns to target embeddings: the classifier's argmax."""
+        return self.classifier(z).argmax(dim=1)
+
+    @torch.no_grad()
+    def decode(self, observed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reconstructions of all target embeddings (decoder in eval mode) and their predicted labels."""
+        self.decoder.eval()
+        labels = torch.cat([self.predict_labels(z) for z in observed.split(DECODE_BATCH)])
+        x_hat = torch.cat([self.decoder(z, y) for z, y in
+                           zip(observed.split(DECODE_BATCH), labels.split(DECODE_BATCH))])
+        return x_hat, labels
+
+
+def sdar_iteration(ctx: AuditContext, nets: SDARNets, observed: torch.Tensor,
+                   gen: torch.Generator) -> None:
+    """One SDAR iteration (paper 003, Fig. 14, lines 22-33).
+
+    All four losses come from one forward pass, then f~, d1, f~^-1 and d2 each step on the
+    gradient of its own loss with respect to its own parameters:
+    L_f~ = CE(g(f~(x')), y') + lambda1 BCE(d1(f~(x'), y'), 1)             (Eq. 3)
+    L_d1 = BCE(d1(f~(x'), y'), 0) + BCE(d1(z, y), 1)                        (Eq. 2)
+    L_f~^-1 = MSE(x', f~^-1(f~(x'), y')) + lambda2 BCE(d2(f~^-1(z, y), y), 1)  (Eq. 5)
+    L_d2 = BCE(d2(f~^-1(z, y), y), 0) + BCE(d2(x', y'), 1)                  (Eq. 4)
+    where (x', y') is an aux batch and z a batch of observed target embeddings with labels y
+    predicted by the classifier.
+    """
+    aux, device = ctx.aux, ctx.device
+    pick = torch.randint(len(aux), (BATCH_SIZE,), generator=gen, device=device)
+    x_aux, y_aux = aux.x[pick], aux.y[pick]
+    z_target = observed[torch.randint(len(observed), (BATCH_SIZE,), generator=gen, device=device)]
+    y_target = nets.predict_labels(z_target)
+
+    z_aux = ctx.add_noise(nets.simulator(x_aux), gen)
+    simulator_loss = F.cross_entropy(nets.classifier(z_aux), y_aux)
+    updates = []
+    if nets.d1 is not None:
+        fake = nets.d1(z_aux, y_aux)
+        simulator_loss = simulator_loss + LAMBDA1 * bce(fake, 1.0)
+        updates.append((bce(fake, 0.0) + bce(nets.d1(z_target, y_target), 1.0), nets.d1_opt))
+    updates.append((simulator_loss, nets.simulator_opt))
+
+    decoder_loss = F.mse_loss(nets.decoder(z_aux.detach(), y_aux), x_aux)
+    if nets.d2 is not None:
+        decoded = nets.d2(nets.decoder(z_target, y_target), y_target)
+        decoder_loss = decoder_loss + LAMBDA2 * bce(decoded, 1.0)
+        updates.append((bce(decoded, 0.0) + bce(nets.d2(x_aux, y_aux), 1.0), nets.d2_opt))
+    updates.append((decoder_loss, nets.decoder_opt))
+    simultaneous_step(updates)
+
+
+def bce(logits: torch.Tensor, target: float) -> torch.Tensor:
+    """Binary cross-entropy of discriminator logits against a constant label (1 real, 0 fake)."""
+    return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target))
+
+
+def simultaneous_step(updates: list[tuple[torch.Tensor, torch.optim.Optimizer]]) -> None:
+    """Each optimiser steps on its own loss's gradient; all gradients are taken before any step."""
+    grads = [torch.autograd.grad(loss, _params(opt), retain_graph=True)
+             for loss, opt in updates]
+    for (_, opt), opt_grads in zip(updates, grads):
+        for p, g in zip(_params(opt), opt_grads):
+            p.grad = g
+        opt.step()
+
+
+def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+
+
+class LabelConditioned(nn.Module):
+    """A discriminator body fed its input together with an embedded label (paper 003, App. B-C).
+
+    The label goes through a 50-unit embedding and a dense layer; for (C, H, W) inputs the
+    result is an extra H x W channel, for flat inputs it is concatenated as 50 more features.
+    """
+
+    def __init__(self, body: nn.Module, sample_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        self.body, self.sample_shape = body, tuple(sample_shape)
+        spatial = math.prod(sample_shape[1:]) if len(sample_shape) == 3 else LABEL_EMBEDDING
+        self.label = nn.Sequential(nn.Embedding(num_classes, LABEL_EMBEDDING), nn.Linear(LABEL_EMBEDDING, spatial))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        label = self.label(y)
+        if len(self.sample_shape) == 3:
+            joined = torch.cat([x, label.reshape(len(x), 1, *self.sample_shape[1:])], dim=1)
+        else:
+            joined = torch.cat([x.flatten(1), label], dim=1)
+        return self.body(joined).squeeze(1)
+
+
+def discriminator(sample_shape: tuple[int, ...], num_classes: int,
+                  convs: tuple[tuple[int, int], ...]) -> LabelConditioned:
+    """A label-conditional discriminator (logit output) for samples of `sample_shape`.
+
+    Images or image-like embeddings: Table IX's 3x3 convs with LeakyReLU, batch norm after all
+    but the first, then dropout and a dense logit. Flat samples: a two-layer LeakyReLU MLP.
+    """
+    if len(sample_shape) == 3:
+        channels, height, width = sample_shape
+        layers: list[nn.Module] = []
+        cin = channels + 1
+        for i, (cout, stride) in enumerate(convs):
+            layers.append(nn.Conv2d(cin, cout, 3, stride=stride, padding=1))
+            layers += [nn.LeakyReLU(0.2)] if i == 0 else [nn.BatchNorm2d(cout), nn.LeakyReLU(0.2)]
+            height, width, cin = -(-height // stride), -(-width // stride), cout
+        features = cin * height * width
+    else:
+        layers = [nn.Linear(math.prod(sample_shape) + LABEL_EMBEDDING, FLAT_WIDTH), nn.LeakyReLU(0.2),
+                  nn.Linear(FLAT_WIDTH, FLAT_WIDTH), nn.LeakyReLU(0.2)]
+        features = FLAT_WIDTH
+    body = nn.Sequential(*layers, nn.Flatten(), nn.Dropout(DROPOUT), nn.Linear(features, 1))
+    return LabelConditioned(body, sample_shape, num_classes)
