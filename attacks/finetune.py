@@ -1,0 +1,185 @@
+"""Fine-tuning (model completion) attack: paper 000 (Zheng et al., "Protecting Split Learning by
+Potential Energy Loss", IJCAI 2024), section 3.2 and appendix B.
+
+Threat model: the attacker holds the trained bottom model (frozen) and k labelled samples per
+class from the same domain. It observes their forward embeddings (noisy under --noise-sigma)
+and trains a fresh top model on them, then labels the target samples from their embeddings.
+The baseline is paper 000's A(D; null): the same k-shot data training a whole model from
+scratch on raw inputs, without the bottom model.
+
+Example::
+
+    ctx.attack_options["fine-tune"] = {"head": "mlp", "k": [1, 5]}
+    get_attack("fine-tune").run(ctx)["metrics"]["accuracy_by_k"]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.nets import bottom_architecture, mlp, reinitialized_copy, seeded
+from splitaudit.context import AuditContext
+
+DEFAULT_KS = (1, 5, 10, 40)
+QUICK_KS = (1, 10)
+EPOCH_CAP = 1000  # paper 000, app. B: stop when the training error < 0.01 or after 1,000 epochs
+QUICK_EPOCH_CAP = 200
+TARGET_TRAINING_ERROR = 0.01
+LEARNING_RATE = 1e-3  # Adam with its default parameters (paper 000, app. B)
+BATCH_SIZE = 64
+MLP_HIDDEN = 128
+HEADS = ("linear", "mlp", "top-model")
+
+
+@dataclass(frozen=True)
+class FineTuneSettings:
+    """The attack's knobs, from ctx.options("fine-tune") with defaults."""
+
+    head: str
+    ks: tuple[int, ...]
+    epoch_cap: int
+
+    @classmethod
+    def from_context(cls, ctx: AuditContext) -> "FineTuneSettings":
+        options = ctx.options(FineTuneAttack.name)
+        unknown = set(options) - {"head", "k", "epochs"}
+        if unknown:
+            raise ValueError(f"unknown fine-tune options {sorted(unknown)}; use head, k, epochs")
+        head = str(options.get("head", "linear"))
+        if head not in HEADS:
+            raise ValueError(f"fine-tune head must be one of {', '.join(HEADS)}, got {head!r}")
+        requested = options.get("k", QUICK_KS if ctx.quick else DEFAULT_KS)
+        requested = [requested] if isinstance(requested, int) else list(requested)
+        if not requested or min(int(k) for k in requested) < 1:
+            raise ValueError(f"fine-tune k must be positive integers, got {requested}")
+        epoch_cap = int(options.get("epochs", QUICK_EPOCH_CAP if ctx.quick else EPOCH_CAP))
+        return cls(head=head, ks=tuple(sorted({int(k) for k in requested})), epoch_cap=epoch_cap)
+
+
+class FineTuneAttack(Attack):
+    """Train a fresh top model on k-shot embeddings (bottom model frozen); accuracy on the target."""
+
+    name = "fine-tune"
+    kind = "label"
+    primary_metric = "accuracy"
+    needs = frozenset({"labels"})
+    assumptions = (
+        "The attacker holds the trained bottom model (frozen) and k labelled samples per class from "
+        "the same domain, and trains a fresh top model on their embeddings (model completion, "
+        "paper 000). Baseline: the same labelled samples training a whole model from scratch on "
+        "raw inputs."
+    )
+
+    def missing(self, ctx: AuditContext) -> str | None:
+        reason = super().missing(ctx)
+        if reason is None and ctx.options(self.name).get("head") == "top-model" and ctx.top_model is None:
+            return "head 'top-model' needs the top model (--top-model)"
+        return reason
+
+    def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
+        settings = FineTuneSettings.from_context(ctx)
+        noise = ctx.generator(seed)
+        z_aux = ctx.observed_embeddings("aux", noise)
+        z_target = ctx.observed_embeddings("target", noise)
+        shots = k_shot_indices(ctx.aux.y, settings.ks, seed)
+        attack, baseline, epochs = {}, {}, {}
+        for k, index in shots.items():
+            labels = ctx.aux.y[index]
+            head = make_head(settings.head, ctx, z_aux[index], labels, seed)
+            epochs[k] = train_classifier(head, z_aux[index], labels, settings.epoch_cap, seed)
+            attack[k] = accuracy(head, z_target, ctx.target.y)
+            scratch = from_scratch_model(settings.head, ctx, ctx.aux.x[index], labels, seed)
+            train_classifier(scratch, ctx.aux.x[index], labels, settings.epoch_cap, seed)
+            baseline[k] = accuracy(scratch, ctx.target.x, ctx.target.y)
+        largest = max(shots, key=int)
+        return SeedOutcome(
+            metrics={"accuracy": attack[largest], "accuracy_by_k": attack},
+            baseline={"accuracy": baseline[largest], "accuracy_by_k": baseline},
+            details={"head": settings.head, "k": [int(k) for k in shots], "epoch_cap": settings.epoch_cap,
+                     "attack_epochs_by_k": epochs},
+        )
+
+
+def k_shot_indices(labels: torch.Tensor, ks: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
+    """Indices of k samples per class for each k (nested: the 5-shot set holds the 1-shot set).
+
+    k is capped by the smallest class count in the data; keys are the k values as strings.
+    """
+    y = labels.cpu().numpy()
+    rng = np.random.default_rng(seed)
+    per_class = [rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)]
+    cap = min(len(members) for members in per_class)
+    shots = {}
+    for k in sorted({min(k, cap) for k in ks}):
+        index = np.concatenate([members[:k] for members in per_class])
+        shots[str(k)] = torch.as_tensor(index, device=labels.device)
+    return shots
+
+
+def make_head(kind: str, ctx: AuditContext, features: torch.Tensor, labels: torch.Tensor,
+              seed: int) -> nn.Module:
+    """A fresh top model for these features: linear (class-mean init), MLP, or the top model's architecture."""
+    classes = ctx.num_classes
+    with seeded(seed):
+        if kind == "linear":
+            head = nn.Sequential(nn.Flatten(), class_mean_linear(features.flatten(1), labels, classes))
+        elif kind == "mlp":
+            head = mlp([features[0].numel(), MLP_HIDDEN, classes])
+        else:
+            head = reinitialized_copy(ctx.top_model, seed)
+    return head.to(ctx.device)
+
+
+def class_mean_linear(features: torch.Tensor, labels: torch.Tensor, classes: int) -> nn.Linear:
+    """A linear layer whose weights are the class means (paper 000, app. B), biased so that it
+    starts as the nearest-class-mean classifier (bias -||mu_c||^2 / 2)."""
+    counts = torch.bincount(labels, minlength=classes).clamp(min=1).to(features.dtype)
+    means = torch.zeros(classes, features.shape[1], device=features.device, dtype=features.dtype)
+    means.index_add_(0, labels, features)
+    means /= counts[:, None]
+    layer = nn.Linear(features.shape[1], classes)
+    with torch.no_grad():
+        layer.weight.copy_(means)
+        layer.bias.copy_(-0.5 * (means ** 2).sum(1))
+    return layer
+
+
+def from_scratch_model(kind: str, ctx: AuditContext, x: torch.Tensor, labels: torch.Tensor,
+                       seed: int) -> nn.Module:
+    """Paper 000's A(D; null): the bottom architecture re-initialised, then the same kind of head."""
+    bottom = bottom_architecture(ctx, seed)
+    with torch.no_grad():
+        features = bottom(x)
+    return nn.Sequential(bottom, make_head(kind, ctx, features, labels, seed))
+
+
+def train_classifier(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                     epoch_cap: int, seed: int) -> int:
+    """Adam on cross-entropy until the training error is below 0.01 or the epoch cap; returns
+    the number of epochs run. Mini-batches of 64 in a seeded order."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+    order = torch.Generator().manual_seed(seed)
+    batches = math.ceil(len(inputs) / BATCH_SIZE)
+    for epoch in range(epoch_cap):
+        if 1.0 - accuracy(model, inputs, labels) < TARGET_TRAINING_ERROR:
+            return epoch
+        model.train()
+        for index in torch.randperm(len(inputs), generator=order).to(inputs.device).chunk(batches):
+            loss = F.cross_entropy(model(inputs[index]), labels[index])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return epoch_cap
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Top-1 accuracy of a classifier (evaluated in eval mode)."""
+    model.eval()
+    return float((model(inputs).argmax(1) == labels).float().mean())
