@@ -12,6 +12,9 @@ exactly zero cannot hide a dependency. They are found in two exact rounds of bat
 passes (blocks of inputs, then inputs whose block supports are disjoint, attributed exactly),
 the colouring is checked with a sign test on a real sample, and the result is cached per model
 and input shape, so an audit detects once and reuses it for every batch.
+
+Registered in the method table of estimators/jacobian.py as "structured"; "auto" picks it when
+it needs fewer products than plain forward or reverse mode.
 """
 from __future__ import annotations
 
@@ -22,71 +25,75 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch import Tensor
 from torch.func import vjp, vmap
 
-# The structured method is used only when it needs at most min(d, m) / MIN_GAIN products.
+from splitaudit.estimators.jacobian import (
+    DEFAULT_MEMORY_BYTES, BatchFn, Method, Plan, TraceEstimate, TraceOptions, _squared_norms, rademacher,
+)
+
+# The structured method applies only when it needs at most min(d, m) / MIN_GAIN products.
 MIN_GAIN = 4
-# Phase one of detection makes blocks of this many consecutive inputs NaN together.
+# Round one of detection makes blocks of this many consecutive inputs NaN together.
 BLOCK = 8
-# Working memory for one batch of probes or products, in bytes.
-MEMORY_BUDGET = 256 * 2**20
-# Rough activation memory of one forward+backward per sample, in multiples of its input+output.
-ACTIVATION_FACTOR = 16
 # Sign-test tolerance, the accuracy the method promises: with disjoint supports the two
 # squared norms agree to rounding, a coupling the NaN probes missed moves them further.
 SIGN_TEST_RTOL = 1e-4
-
-Fn = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class OutputColouring:
     """colour[j] for each flattened output j; outputs of one colour have disjoint supports."""
 
-    colour: torch.Tensor
+    colour: Tensor
     count: int
 
-    def masks(self, colours: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    def masks(self, colours: Tensor, like: Tensor) -> Tensor:
         """Cotangents [len(colours), *like.shape[1:]]: 1 on the outputs of each colour, else 0."""
-        colour = self.colour.to(like.device)
-        hit = colour[None, :] == colours.to(like.device)[:, None]
+        hit = self.colour.to(like.device)[None, :] == colours.to(like.device)[:, None]
         return hit.to(like.dtype).view(len(colours), *like.shape[1:])
 
 
-def structured_sq_norm(f: Fn, x: torch.Tensor) -> torch.Tensor | None:
-    """Exact ||J_f(x_i)||_F^2 per sample, or None when f has no useful local structure.
-
-    f maps a batch [B, *in] to [B, *out] sample by sample; the caller falls back to plain
-    forward or reverse mode on None.
-    """
-    colouring = output_colouring(f, x)
+def structured_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> TraceEstimate:
+    """Exact ||J_f(x_i)||_F^2 per sample with one vjp per output colour."""
+    colouring = output_colouring(f, x, plan)
     if colouring is None:
-        return None
-    return coloured_sq_norm(f, x, colouring)
+        raise ValueError("the structured method needs local structure (outputs with disjoint input "
+                         "supports); this model has none: use forward, reverse or auto")
+    values = coloured_sq_norm(f, x, colouring, plan.directions_per_chunk(len(x), options.memory_bytes))
+    return TraceEstimate(values=values, stderr=torch.zeros_like(values), method="structured", exact=True,
+                         products=colouring.count)
 
 
-def coloured_sq_norm(f: Fn, x: torch.Tensor, colouring: OutputColouring) -> torch.Tensor:
-    """sum over colours c of ||J^T 1_c||^2, per sample: one vjp per colour, vmapped in chunks."""
+def structured_products(f: BatchFn, x: Tensor, plan: Plan) -> int | None:
+    """vjps per sample of the structured method, or None when f has no useful local structure."""
+    colouring = output_colouring(f, x, plan)
+    return None if colouring is None else colouring.count
+
+
+STRUCTURED = Method(structured_trace, structured_products)
+
+
+def coloured_sq_norm(f: BatchFn, x: Tensor, colouring: OutputColouring, per_pass: int) -> Tensor:
+    """sum over colours c of ||J^T 1_c||^2, per sample: vjps vmapped over per_pass colours at a time."""
     out, pullback = vjp(f, x)
     total = torch.zeros(len(x), dtype=out.dtype, device=out.device)
-    colours = torch.arange(colouring.count, device=out.device)
-    for chunk in _chunks(colours, _products_per_pass(x, out)):
+    for chunk in _chunks(torch.arange(colouring.count, device=out.device), per_pass):
         cotangents = colouring.masks(chunk, out)[:, None].expand(-1, *out.shape)
-        (grads,) = vmap(pullback)(cotangents)
-        total += grads.pow(2).flatten(2).sum(dim=(0, 2))
-    return total
+        total += _squared_norms(vmap(pullback)(cotangents)[0]).sum(0)
+    return total.detach()
 
 
 _cache: dict[tuple, tuple[Callable[[], object], OutputColouring | None]] = {}
 
 
-def output_colouring(f: Fn, x: torch.Tensor) -> OutputColouring | None:
+def output_colouring(f: BatchFn, x: Tensor, plan: Plan) -> OutputColouring | None:
     """The colouring of f's outputs for inputs shaped like x[0], computed once per model+shape."""
     key = (id(f), tuple(x.shape[1:]))
     hit = _cache.get(key)
     if hit is not None and hit[0]() is f:
         return hit[1]
-    colouring = detect_colouring(f, x[0].detach())
+    colouring = detect_colouring(f, x[0].detach(), plan)
     try:
         _cache[key] = (weakref.ref(f), colouring)
         weakref.finalize(f, _cache.pop, key, None)
@@ -95,70 +102,69 @@ def output_colouring(f: Fn, x: torch.Tensor) -> OutputColouring | None:
     return colouring
 
 
-def detect_colouring(f: Fn, x0: torch.Tensor) -> OutputColouring | None:
+def detect_colouring(f: BatchFn, x0: Tensor, plan: Plan) -> OutputColouring | None:
     """Detect supports at x0, colour the outputs greedily and check the colouring, or None."""
-    with torch.no_grad():
-        base = f(x0[None])
-    if not torch.isfinite(base).all():
-        return None
-    limit = min(x0.numel(), base[0].numel()) // MIN_GAIN
+    limit = min(plan.d, plan.m) // MIN_GAIN
     if limit < 1:
         return None
-    supports = input_supports(f, x0, limit)
+    with torch.no_grad():
+        if not torch.isfinite(f(x0[None])).all():
+            return None
+    per_pass = plan.directions_per_chunk(1, DEFAULT_MEMORY_BYTES)
+    supports = input_supports(f, x0, limit, per_pass)
     if supports is None:
         return None
-    colour = greedy_colouring(supports.T.contiguous(), limit)
+    colour = greedy_colouring(supports.T, limit)
     if colour is None:
         return None
     colouring = OutputColouring(colour=colour, count=int(colour.max()) + 1)
-    return colouring if sign_test(f, x0, colouring) else None
+    return colouring if sign_test(f, x0, colouring, per_pass) else None
 
 
-def input_supports(f: Fn, x0: torch.Tensor, limit: int) -> torch.Tensor | None:
+def input_supports(f: BatchFn, x0: Tensor, limit: int, per_pass: int) -> Tensor | None:
     """reach[k, j] (bool, [d, m]): output j depends on input k. None past `limit` colours.
 
     Round one makes blocks of BLOCK consecutive inputs NaN: each input's outputs lie within its
     block's. Round two makes NaN, together, inputs whose block sets are disjoint (a greedy
     colouring of the inputs): an output that turns NaN then belongs to exactly one of them.
     An input reaching more than `limit` outputs forces more than `limit` output colours (they
-    all conflict), so detection stops there.
+    all conflict with each other), so detection stops there.
     """
     d = x0.numel()
     block_of = torch.arange(d) // BLOCK
     blocks = block_of[None, :] == torch.arange(int(block_of[-1]) + 1)[:, None]
-    superset = nan_reach(f, x0, blocks)[block_of]
+    superset = nan_reach(f, x0, blocks, per_pass)[block_of]
     input_colour = greedy_colouring(superset, d)
     reach = torch.zeros_like(superset)
-    for colours in _chunks(torch.arange(int(input_colour.max()) + 1), _probes_per_pass(x0)):
+    for colours in _chunks(torch.arange(int(input_colour.max()) + 1), per_pass):
         groups = input_colour[None, :] == colours[:, None]
-        hits = nan_reach(f, x0, groups)
         inputs, group = groups.T.nonzero(as_tuple=True)
-        reach[inputs] = hits[group] & superset[inputs]
+        reach[inputs] = nan_reach(f, x0, groups, per_pass)[group] & superset[inputs]
         if int(reach[inputs].sum(dim=1).max()) > limit:
             return None
     return reach
 
 
-def nan_reach(f: Fn, x0: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """hits[g, j] (bool, on CPU): output j is NaN when the inputs in group g are NaN, x0 elsewhere."""
+def nan_reach(f: BatchFn, x0: Tensor, groups: Tensor, per_pass: int) -> Tensor:
+    """hits[g, j] (bool, CPU): output j is NaN when the inputs in group g are NaN, x0 elsewhere."""
     flat = x0.reshape(-1)
     hits = []
     with torch.no_grad():
-        for part in _chunks(groups, _probes_per_pass(x0)):
+        for part in _chunks(groups, per_pass):
             probes = flat.expand(len(part), -1).masked_fill(part.to(flat.device), math.nan)
             hits.append(torch.isnan(f(probes.view(len(part), *x0.shape))).flatten(1).cpu())
     return torch.cat(hits)
 
 
-def greedy_colouring(supports: torch.Tensor, limit: int) -> torch.Tensor | None:
+def greedy_colouring(supports: Tensor, limit: int) -> Tensor | None:
     """Colour the rows of a boolean matrix so that rows sharing a column differ in colour.
 
     Greedy in row order: each row takes the smallest colour not yet used on any of its
-    columns. Returns colour per row (long, CPU), or None when more than `limit` are needed.
+    columns. Returns the colour of each row (long, CPU), or None when more than `limit` are needed.
     """
     rows, cols = (a.numpy() for a in supports.cpu().nonzero(as_tuple=True))
     starts = np.searchsorted(rows, np.arange(supports.shape[0] + 1))
-    used = np.zeros((supports.shape[1], limit + 1), dtype=bool)  # used[k, c]: colour c touches column k
+    used = np.zeros((supports.shape[1], limit + 1), dtype=bool)  # used[k, c]: colour c is on column k
     colour = np.zeros(supports.shape[0], dtype=np.int64)
     count = 0
     for row in range(supports.shape[0]):
@@ -172,41 +178,23 @@ def greedy_colouring(supports: torch.Tensor, limit: int) -> torch.Tensor | None:
     return torch.from_numpy(colour)
 
 
-def sign_test(f: Fn, x0: torch.Tensor, colouring: OutputColouring) -> bool:
+def sign_test(f: BatchFn, x0: Tensor, colouring: OutputColouring, per_pass: int) -> bool:
     """Check that each colour class's vjps are orthogonal at x0, as disjoint supports make them.
 
     ||J^T (s * 1_c)||^2 is the same for all signs s exactly when the cross terms vanish; a
     dependency the NaN probes missed (an operator that masks NaN) shows up as a difference
     between all-ones and random signs.
     """
-    x = x0[None]
-    out, pullback = vjp(f, x)
-    signs = torch.randint(0, 2, out.shape, device=out.device, generator=_generator(out.device)) * 2 - 1
-    colours = torch.arange(colouring.count, device=out.device)
-    for chunk in _chunks(colours, _products_per_pass(x, out)):
+    out, pullback = vjp(f, x0[None])
+    signs = rademacher(out.shape, out, torch.Generator(device=out.device).manual_seed(0))
+    for chunk in _chunks(torch.arange(colouring.count, device=out.device), max(1, per_pass // 2)):
         ones = colouring.masks(chunk, out)[:, None]
-        (grads,) = vmap(pullback)(torch.cat([ones, ones * signs]))
-        plain, signed = grads.pow(2).flatten(1).sum(dim=1).split(len(chunk))
+        plain, signed = _squared_norms(vmap(pullback)(torch.cat([ones, ones * signs]))[0])[:, 0].split(len(chunk))
         if not torch.allclose(plain, signed, rtol=SIGN_TEST_RTOL, atol=0.0):
             return False
     return True
 
 
-def _generator(device: torch.device) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(0)
-
-
-def _chunks(items: torch.Tensor, per_pass: int) -> tuple[torch.Tensor, ...]:
+def _chunks(items: Tensor, per_pass: int) -> tuple[Tensor, ...]:
     """items split into the fewest passes of at most per_pass, of near-equal sizes."""
-    return torch.tensor_split(items, math.ceil(len(items) / per_pass))
-
-
-def _probes_per_pass(x0: torch.Tensor) -> int:
-    """How many NaN-probed copies of x0 fit one forward pass within the memory budget."""
-    return max(1, MEMORY_BUDGET // (x0.numel() * x0.element_size() * ACTIVATION_FACTOR))
-
-
-def _products_per_pass(x: torch.Tensor, out: torch.Tensor) -> int:
-    """How many vjps over the whole batch fit one vmapped backward within the memory budget."""
-    per_product = (x.numel() + out.numel()) * x.element_size() * ACTIVATION_FACTOR
-    return max(1, MEMORY_BUDGET // per_product)
+    return torch.tensor_split(items, max(1, math.ceil(len(items) / per_pass)))

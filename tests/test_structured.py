@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from torch.func import jacfwd, jacrev, vmap
+from torch.func import jacrev
 
-from splitaudit.estimators import structured
-from splitaudit.estimators.structured import (
-    BLOCK, coloured_sq_norm, greedy_colouring, output_colouring, structured_sq_norm,
-)
+from splitaudit.estimators import jacobian_sq_norm, jacobian_trace, structured
+from splitaudit.estimators.jacobian import measure_plan
+from splitaudit.estimators.structured import BLOCK, greedy_colouring, output_colouring
 
 RTOL = 1e-4  # float32 exact methods agree to rounding; 1e-4 leaves room for summation order
 
@@ -31,11 +30,8 @@ def local_conv() -> nn.Module:
     ))
 
 
-def plain_sq_norm(f, x: torch.Tensor, jacobian=jacrev) -> torch.Tensor:
-    """||J||_F^2 per sample from the full per-sample Jacobian (plain reverse or forward mode)."""
-    def per_sample(xi):
-        return f(xi[None])[0]
-    return vmap(jacobian(per_sample))(x).flatten(1).pow(2).sum(dim=1)
+def colouring(f, x):
+    return output_colouring(f, x, measure_plan(f, x))
 
 
 class Counting(nn.Module):
@@ -54,10 +50,10 @@ class Counting(nn.Module):
 def test_exact_on_a_batch_of_a_local_conv_encoder():
     f = local_conv()
     x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    got = structured_sq_norm(f, x)
-    assert got is not None
-    torch.testing.assert_close(got, plain_sq_norm(f, x, jacrev), rtol=RTOL, atol=0)
-    torch.testing.assert_close(got, plain_sq_norm(f, x, jacfwd), rtol=RTOL, atol=0)
+    got = jacobian_trace(f, x, "auto")
+    assert got.method == "structured" and got.exact and got.products < 3 * 16 * 16 // 4
+    torch.testing.assert_close(got.values, jacobian_sq_norm(f, x, "reverse"), rtol=RTOL, atol=0)
+    torch.testing.assert_close(got.values, jacobian_sq_norm(f, x, "forward"), rtol=RTOL, atol=0)
 
 
 def test_colouring_is_optimal_and_classes_are_disjoint_on_a_single_conv():
@@ -65,23 +61,25 @@ def test_colouring_is_optimal_and_classes_are_disjoint_on_a_single_conv():
     # 3x3 positions x 4 channels that pairwise overlap need 36 colours, and 36 suffice.
     f = frozen(nn.Conv2d(3, 4, 3, padding=1))
     x = torch.rand(2, 3, 8, 8)
-    colouring = output_colouring(f, x)
-    assert colouring is not None and colouring.count == 36
+    found = colouring(f, x)
+    assert found is not None and found.count == 36
     support = jacrev(lambda xi: f(xi[None])[0])(x[0]).reshape(4 * 64, -1) != 0
-    for c in range(colouring.count):
-        members = support[colouring.colour == c].int()
+    for c in range(found.count):
+        members = support[found.colour == c].int()
         assert members.sum(dim=0).max() <= 1, f"colour {c} has overlapping supports"
-    torch.testing.assert_close(coloured_sq_norm(f, x, colouring), plain_sq_norm(f, x), rtol=RTOL, atol=0)
+    torch.testing.assert_close(jacobian_sq_norm(f, x, "structured"), jacobian_sq_norm(f, x, "reverse"),
+                               rtol=RTOL, atol=0)
 
 
 def test_colouring_is_computed_once_per_model_and_shape():
     f = Counting(local_conv())
     x = torch.rand(2, 3, 32, 32)
-    first = output_colouring(f, x)
+    first = colouring(f, x)
+    plan = measure_plan(f, x)
     evaluated = f.samples
-    assert output_colouring(f, torch.rand(5, 3, 32, 32)) is first
+    assert output_colouring(f, torch.rand(5, 3, 32, 32), plan) is first
     assert f.samples == evaluated
-    assert output_colouring(f, torch.rand(2, 3, 16, 16)) is not first  # a new shape is detected anew
+    assert colouring(f, torch.rand(2, 3, 16, 16)) is not first  # a new shape is detected anew
 
 
 @pytest.mark.parametrize("model", [
@@ -91,11 +89,14 @@ def test_colouring_is_computed_once_per_model_and_shape():
 def test_global_coupling_is_detected_as_unstructured_after_one_pass(model):
     f = Counting(frozen(model))
     x = torch.rand(2, 3, 16, 16)
-    assert output_colouring(f, x) is None
-    assert structured_sq_norm(f, x) is None
-    d = x[0].numel()
-    blocks = d // BLOCK
-    assert f.samples <= 1 + blocks + structured._probes_per_pass(x[0])  # stops at the first pass of round two
+    plan = measure_plan(f, x)
+    before = f.samples
+    assert output_colouring(f, x, plan) is None
+    one_pass = plan.directions_per_chunk(1, structured.DEFAULT_MEMORY_BYTES)
+    assert f.samples - before <= 1 + x[0].numel() // BLOCK + one_pass  # stopped at round two's first pass
+    assert jacobian_trace(f, x, "auto").method in ("forward", "reverse")
+    with pytest.raises(ValueError, match="no"):
+        jacobian_sq_norm(f, x, "structured")
 
 
 class HiddenCoupling(nn.Module):
@@ -111,14 +112,14 @@ class HiddenCoupling(nn.Module):
 
 def test_a_dependency_the_nan_probes_miss_is_caught_by_the_sign_test(monkeypatch):
     x = torch.rand(2, 3, 8, 8)
-    assert output_colouring(HiddenCoupling().eval(), x) is None
+    assert colouring(HiddenCoupling().eval(), x) is None
     monkeypatch.setattr(structured, "sign_test", lambda *args: True)
-    assert output_colouring(HiddenCoupling().eval(), x) is not None  # the probes alone are fooled
+    assert colouring(HiddenCoupling().eval(), x) is not None  # the probes alone are fooled
 
 
 def test_the_sample_digits_cnn_with_layernorm_is_unstructured(digits_ctx):
     encoder = digits_ctx.encoder
-    assert output_colouring(encoder, digits_ctx.target.x[:2]) is None
+    assert colouring(encoder, digits_ctx.target.x[:2]) is None
 
 
 def test_greedy_colouring_separates_rows_that_share_a_column_and_respects_the_limit():
@@ -137,6 +138,6 @@ def test_cuda_matches_cpu(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # TF32 convs round to ~1e-3
     f = local_conv()
     x = torch.rand(2, 3, 32, 32)
-    cpu = structured_sq_norm(f, x)
-    gpu = structured_sq_norm(f.cuda(), x.cuda())
+    cpu = jacobian_sq_norm(f, x, "structured")
+    gpu = jacobian_sq_norm(f.cuda(), x.cuda(), "structured")
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=RTOL, atol=0)
