@@ -284,3 +284,7 @@ METHODS: dict[str, Method] = {
     "hutchinson": Method(hutchinson_trace, lambda f, x, plan: None),
     "finite-difference": Method(finite_difference_trace, lambda f, x, plan: None),
 }
+
+from splitaudit.estimators.structured import STRUCTURED  # noqa: E402  (it builds on the names above)
+
+METHODS["structured"] = STRUCTURED
