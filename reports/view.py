@@ -26,7 +26,7 @@ ATTACK_TITLES = {
 BASELINE_NAMES = {
     "fine-tune": "a model trained from scratch on the same labelled samples",
     "kmeans": "k-means on the raw inputs",
-    "attribute": "always guessing the most common attribute value",
+    "attribute": "the better of guessing the majority value and the same probe on raw inputs",
 }
 METRIC_LABELS = {"accuracy": "accuracy", "nmi": "NMI", "ari": "ARI", "auc": "AUC", "mse": "MSE",
                  "psnr": "PSNR (dB)", "ssim": "SSIM"}
@@ -436,7 +436,7 @@ def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Att
     view.advantage = (f"Advantage {mean_std(attack.get('advantage'), attack.get('advantage_std'))}: "
                       f"{advantage_words(view.kind, attack.get('advantage'))}.")
     seeds = attack.get("seeds") or []
-    view.runs = f"Mean ± std over {len(seeds)} seed{'s' if len(seeds) != 1 else ''}" if seeds else ""
+    view.runs = {0: "", 1: "one seed, so no spread"}.get(len(seeds), f"mean ± std over {len(seeds)} seeds")
     if is_finite(attack.get("seconds")):
         view.runs += ("; " if view.runs else "") + f"took {attack['seconds']:.1f} s"
     view.by_k, view.by_k_chart = _by_k(name, attack, figures)
