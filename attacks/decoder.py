@@ -1,0 +1,106 @@
+"""Decoder inversion: a network learns to map embeddings back to inputs (papers 003 and 004).
+
+The learned ("DNN-based") reconstruction attack of paper 004 (section 3.3.2, He et al. 2019)
+and the query-access reference for SDAR (paper 003): the attacker embeds its auxiliary data
+with the bottom model, adds the deployed noise itself, trains a decoder on the pairs
+(f(x_aux) + noise, x_aux) and applies it to the target embeddings it observes.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn as nn
+
+from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.nets import Decoder, seeded
+from splitaudit.attacks.reconstruction import (
+    mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
+)
+from splitaudit.context import AuditContext
+
+DEFAULTS = {"epochs": 40, "quick_epochs": 15, "lr": 3e-3, "batch_size": 64,
+            "patience": 8, "holdout_fraction": 0.1}
+DECODE_BATCH = 512
+
+
+class DecoderAttack(Attack):
+    """Learned inversion with query access: decoder trained on (f(x_aux) + noise, x_aux).
+
+    Options (`[attack.decoder]`): epochs (quick_epochs under --quick), lr, batch_size,
+    patience (epochs without a better hold-out MSE before stopping), holdout_fraction.
+    Example: `splitaudit run model.onnx --aux data.npz --attacks decoder`.
+    """
+
+    name = "decoder"
+    kind = "reconstruction"
+    primary_metric = "mse"
+    needs = frozenset()
+    assumptions = (
+        "The attacker observes the target embeddings (with the deployed noise) and can run the "
+        "bottom model as a black box on its own auxiliary data from the same distribution; it "
+        "knows the noise level. It trains a decoder from embeddings to inputs on that data."
+    )
+
+    def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
+        settings = {**DEFAULTS, **ctx.options(self.name)}
+        gen = ctx.generator(seed)
+        decoder, details = train_decoder(ctx, seed, gen, settings)
+        x_hat = decode(decoder, ctx.observed_embeddings("target", gen))
+        x_true, is_image = ctx.target.x, ctx.target.is_image
+        return SeedOutcome(
+            metrics=reconstruction_metrics(x_true, x_hat, is_image),
+            baseline=mean_guess_baseline(ctx.aux.x, x_true, is_image),
+            examples=reconstruction_examples(x_true, x_hat),
+            details=details,
+        )
+
+
+def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator,
+                  settings: dict) -> tuple[Decoder, dict]:
+    """Adam on the MSE, fresh noise on the aux embeddings every epoch, early stopping on a
+    held-out slice of the aux data; returns the decoder at its best hold-out epoch."""
+    n = len(ctx.aux)
+    order = torch.randperm(n, generator=gen, device=gen.device)
+    n_holdout = max(1, math.ceil(settings["holdout_fraction"] * n))
+    holdout, train = order[:n_holdout], order[n_holdout:]
+    with seeded(seed):
+        decoder = Decoder(ctx.encoder.output_shape, ctx.encoder.input_shape,
+                          ctx.aux.in_unit_range).to(ctx.device)
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=settings["lr"])
+    epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
+    best_mse, best_epoch, best_state = math.inf, 0, None
+    with ctx.progress(total=epochs, desc="decoder") as bar:
+        for epoch in range(1, epochs + 1):
+            z = ctx.observed_embeddings("aux", gen)
+            train_epoch(decoder, optimizer, z[train], ctx.aux.x[train], settings["batch_size"], gen)
+            holdout_mse = float((decode(decoder, z[holdout]) - ctx.aux.x[holdout]).pow(2).mean())
+            bar.update()
+            if holdout_mse < best_mse:
+                best_mse, best_epoch, best_state = holdout_mse, epoch, copy.deepcopy(decoder.state_dict())
+            elif epoch - best_epoch >= settings["patience"]:
+                break
+    decoder.load_state_dict(best_state)
+    return decoder, {"epochs_trained": epoch, "best_epoch": best_epoch, "holdout_mse": best_mse,
+                     "n_train": len(train), "n_holdout": n_holdout}
+
+
+def train_epoch(decoder: nn.Module, optimizer: torch.optim.Optimizer, z: torch.Tensor,
+                x: torch.Tensor, batch_size: int, gen: torch.Generator) -> None:
+    """One shuffled pass; batches of one sample are dropped (batch norm needs two)."""
+    decoder.train()
+    for batch in torch.randperm(len(z), generator=gen, device=gen.device).split(batch_size):
+        if len(batch) < 2:
+            continue
+        optimizer.zero_grad()
+        loss = (decoder(z[batch]) - x[batch]).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+
+
+@torch.no_grad()
+def decode(decoder: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """The decoder's reconstructions in eval mode, in batches."""
+    decoder.eval()
+    return torch.cat([decoder(chunk) for chunk in z.split(DECODE_BATCH)])
