@@ -1,10 +1,12 @@
-"""Exact ||J_f(x)||_F^2 for models with local structure, by colouring the outputs.
+"""Exact ||J_f(x)||_F^2 for models with local structure, by colouring outputs or inputs.
 
 Outputs whose input supports (receptive fields) are disjoint have vector-Jacobian products
 with disjoint supports, so one backward pass with their cotangents summed returns a vector
 whose squared norm is the sum of their squared norms. Colour the outputs so that every colour
 class has pairwise disjoint supports, and the exact trace costs one vjp per colour instead of
-one per output (or per input): the hot loop of dFIL (DESIGN.md section 4).
+one per output (or per input): the hot loop of dFIL (DESIGN.md section 4). Dually, inputs that
+reach disjoint sets of outputs share one forward-mode product (jvp); the side with fewer colours
+is used, as plain auto picks the smaller of d and m.
 
 Supports come from NaN propagation: an output that depends on input k turns NaN when input k
 is NaN, whatever the weights and the point (NaN * 0 is NaN), so a derivative that happens to be
@@ -29,7 +31,8 @@ from torch import Tensor
 from torch.func import vjp, vmap
 
 from splitaudit.estimators.jacobian import (
-    DEFAULT_MEMORY_BYTES, BatchFn, Method, Plan, TraceEstimate, TraceOptions, _squared_norms, rademacher,
+    DEFAULT_MEMORY_BYTES, BatchFn, Method, Plan, TraceEstimate, TraceOptions, _jvp_products, _squared_norms,
+    rademacher,
 )
 
 # The structured method applies only when it needs at most min(d, m) / MIN_GAIN products.
@@ -42,53 +45,67 @@ SIGN_TEST_RTOL = 1e-4
 
 
 @dataclass(frozen=True)
-class OutputColouring:
-    """colour[j] for each flattened output j; outputs of one colour have disjoint supports."""
+class Colouring:
+    """colour[i] for each flattened output (side "outputs": one vjp per colour) or input (side
+    "inputs": one jvp per colour); members of one colour have disjoint supports."""
 
     colour: Tensor
     count: int
+    side: str
 
     def masks(self, colours: Tensor, like: Tensor) -> Tensor:
-        """Cotangents [len(colours), *like.shape[1:]]: 1 on the outputs of each colour, else 0."""
+        """Directions [len(colours), *like.shape[1:]]: 1 on the members of each colour, else 0."""
         hit = self.colour.to(like.device)[None, :] == colours.to(like.device)[:, None]
         return hit.to(like.dtype).view(len(colours), *like.shape[1:])
 
 
 def structured_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> TraceEstimate:
-    """Exact ||J_f(x_i)||_F^2 per sample with one vjp per output colour."""
-    colouring = output_colouring(f, x, plan)
+    """Exact ||J_f(x_i)||_F^2 per sample with one product per colour."""
+    colouring = find_colouring(f, x, plan)
     if colouring is None:
         raise ValueError("the structured method needs local structure (outputs with disjoint input "
                          "supports); this model has none: use forward, reverse or auto")
-    values = coloured_sq_norm(f, x, colouring, plan.directions_per_chunk(len(x), options.memory_bytes))
+    values = coloured_sq_norm(f, x, colouring, plan.directions_per_chunk(len(x), options.memory_bytes)).sum(0)
     return TraceEstimate(values=values, stderr=torch.zeros_like(values), method="structured", exact=True,
                          products=colouring.count)
 
 
 def structured_products(f: BatchFn, x: Tensor, plan: Plan) -> int | None:
-    """vjps per sample of the structured method, or None when f has no useful local structure."""
-    colouring = output_colouring(f, x, plan)
+    """Products per sample of the structured method, or None when f has no useful local structure."""
+    colouring = find_colouring(f, x, plan)
     return None if colouring is None else colouring.count
 
 
 STRUCTURED = Method(structured_trace, structured_products)
 
 
-def coloured_sq_norm(f: BatchFn, x: Tensor, colouring: OutputColouring, per_pass: int) -> Tensor:
-    """sum over colours c of ||J^T 1_c||^2, per sample: vjps vmapped over per_pass colours at a time."""
+def coloured_sq_norm(f: BatchFn, x: Tensor, colouring: Colouring, per_pass: int,
+                     signs: Tensor | None = None) -> Tensor:
+    """[count, N]: ||J^T 1_c||^2 (outputs) or ||J 1_c||^2 (inputs) for each colour c and sample,
+    products vmapped over per_pass colours at a time; `signs` multiplies the directions."""
+    like, products = _products(f, x, colouring.side)
+    norms = []
+    for chunk in _chunks(torch.arange(colouring.count, device=like.device), per_pass):
+        directions = colouring.masks(chunk, like)[:, None]
+        if signs is not None:
+            directions = directions * signs
+        norms.append(_squared_norms(products(directions.expand(-1, *like.shape).contiguous())))
+    return torch.cat(norms).detach()
+
+
+def _products(f: BatchFn, x: Tensor, side: str) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """(a tensor shaped like the directions, directions [k, N, ...] -> products [k, N, ...])."""
+    if side == "inputs":
+        return x, lambda v: _jvp_products(f, x, v)
     out, pullback = vjp(f, x)
-    total = torch.zeros(len(x), dtype=out.dtype, device=out.device)
-    for chunk in _chunks(torch.arange(colouring.count, device=out.device), per_pass):
-        cotangents = colouring.masks(chunk, out)[:, None].expand(-1, *out.shape)
-        total += _squared_norms(vmap(pullback)(cotangents)[0]).sum(0)
-    return total.detach()
+    return out, lambda u: vmap(pullback)(u)[0]
 
 
-_cache: dict[tuple, tuple[Callable[[], object], OutputColouring | None]] = {}
+_cache: dict[tuple, tuple[Callable[[], object], Colouring | None]] = {}
 
 
-def output_colouring(f: BatchFn, x: Tensor, plan: Plan) -> OutputColouring | None:
-    """The colouring of f's outputs for inputs shaped like x[0], computed once per model+shape."""
+def find_colouring(f: BatchFn, x: Tensor, plan: Plan) -> Colouring | None:
+    """f's colouring for inputs shaped like x[0], computed once per model and shape."""
     key = (id(f), tuple(x.shape[1:]))
     hit = _cache.get(key)
     if hit is not None and hit[0]() is f:
@@ -102,8 +119,9 @@ def output_colouring(f: BatchFn, x: Tensor, plan: Plan) -> OutputColouring | Non
     return colouring
 
 
-def detect_colouring(f: BatchFn, x0: Tensor, plan: Plan) -> OutputColouring | None:
-    """Detect supports at x0, colour the outputs greedily and check the colouring, or None."""
+def detect_colouring(f: BatchFn, x0: Tensor, plan: Plan) -> Colouring | None:
+    """Detect supports at x0, colour outputs and inputs greedily, check the side with fewer
+    colours, or None."""
     limit = min(plan.d, plan.m) // MIN_GAIN
     if limit < 1:
         return None
@@ -114,10 +132,12 @@ def detect_colouring(f: BatchFn, x0: Tensor, plan: Plan) -> OutputColouring | No
     supports = input_supports(f, x0, limit, per_pass)
     if supports is None:
         return None
-    colour = greedy_colouring(supports.T, limit)
-    if colour is None:
+    found = [Colouring(colour, int(colour.max()) + 1, side)
+             for side, rows in (("outputs", supports.T), ("inputs", supports))
+             if (colour := greedy_colouring(rows, limit)) is not None]
+    if not found:
         return None
-    colouring = OutputColouring(colour=colour, count=int(colour.max()) + 1)
+    colouring = min(found, key=lambda c: c.count)
     return colouring if sign_test(f, x0, colouring, per_pass) else None
 
 
@@ -128,7 +148,8 @@ def input_supports(f: BatchFn, x0: Tensor, limit: int, per_pass: int) -> Tensor 
     block's. Round two makes NaN, together, inputs whose block sets are disjoint (a greedy
     colouring of the inputs): an output that turns NaN then belongs to exactly one of them.
     An input reaching more than `limit` outputs forces more than `limit` output colours (they
-    all conflict with each other), so detection stops there.
+    all conflict with each other), an output depending on more than `limit` inputs as many
+    input colours: detection stops once both are seen.
     """
     d = x0.numel()
     block_of = torch.arange(d) // BLOCK
@@ -140,9 +161,13 @@ def input_supports(f: BatchFn, x0: Tensor, limit: int, per_pass: int) -> Tensor 
         groups = input_colour[None, :] == colours[:, None]
         inputs, group = groups.T.nonzero(as_tuple=True)
         reach[inputs] = nan_reach(f, x0, groups, per_pass)[group] & superset[inputs]
-        if int(reach[inputs].sum(dim=1).max()) > limit:
+        if min(_max_count(reach[inputs], axis=1), _max_count(reach, axis=0)) > limit:
             return None
     return reach
+
+
+def _max_count(pattern: Tensor, axis: int) -> int:
+    return int(pattern.numpy().sum(axis=axis, dtype=np.int32).max())
 
 
 def nan_reach(f: BatchFn, x0: Tensor, groups: Tensor, per_pass: int) -> Tensor:
@@ -178,21 +203,19 @@ def greedy_colouring(supports: Tensor, limit: int) -> Tensor | None:
     return torch.from_numpy(colour)
 
 
-def sign_test(f: BatchFn, x0: Tensor, colouring: OutputColouring, per_pass: int) -> bool:
-    """Check that each colour class's vjps are orthogonal at x0, as disjoint supports make them.
+def sign_test(f: BatchFn, x0: Tensor, colouring: Colouring, per_pass: int) -> bool:
+    """Check that each colour class's products are orthogonal at x0, as disjoint supports make them.
 
-    ||J^T (s * 1_c)||^2 is the same for all signs s exactly when the cross terms vanish; a
-    dependency the NaN probes missed (an operator that masks NaN) shows up as a difference
-    between all-ones and random signs.
+    ||J^T (s * 1_c)||^2 (or ||J (s * 1_c)||^2) is the same for all signs s exactly when the cross
+    terms vanish; a dependency the NaN probes missed (an operator that masks NaN) shows up as a
+    difference between all-ones and random signs.
     """
-    out, pullback = vjp(f, x0[None])
-    signs = rademacher(out.shape, out, torch.Generator(device=out.device).manual_seed(0))
-    for chunk in _chunks(torch.arange(colouring.count, device=out.device), max(1, per_pass // 2)):
-        ones = colouring.masks(chunk, out)[:, None]
-        plain, signed = _squared_norms(vmap(pullback)(torch.cat([ones, ones * signs]))[0])[:, 0].split(len(chunk))
-        if not torch.allclose(plain, signed, rtol=SIGN_TEST_RTOL, atol=0.0):
-            return False
-    return True
+    x = x0[None]
+    like = x if colouring.side == "inputs" else f(x)
+    signs = rademacher(like.shape, like, torch.Generator(device=like.device).manual_seed(0))
+    plain = coloured_sq_norm(f, x, colouring, per_pass)
+    signed = coloured_sq_norm(f, x, colouring, per_pass, signs)
+    return torch.allclose(plain, signed, rtol=SIGN_TEST_RTOL, atol=0.0)
 
 
 def _chunks(items: Tensor, per_pass: int) -> tuple[Tensor, ...]:

@@ -9,7 +9,7 @@ from torch.func import jacrev
 
 from splitaudit.estimators import jacobian_sq_norm, jacobian_trace, structured
 from splitaudit.estimators.jacobian import measure_plan
-from splitaudit.estimators.structured import BLOCK, greedy_colouring, output_colouring
+from splitaudit.estimators.structured import BLOCK, find_colouring, greedy_colouring
 
 RTOL = 1e-4  # float32 exact methods agree to rounding; 1e-4 leaves room for summation order
 
@@ -31,7 +31,7 @@ def local_conv() -> nn.Module:
 
 
 def colouring(f, x):
-    return output_colouring(f, x, measure_plan(f, x))
+    return find_colouring(f, x, measure_plan(f, x))
 
 
 class Counting(nn.Module):
@@ -57,18 +57,31 @@ def test_exact_on_a_batch_of_a_local_conv_encoder():
 
 
 def test_colouring_is_optimal_and_classes_are_disjoint_on_a_single_conv():
-    # each output sees a 3x3 pixel patch: outputs 3 apart in a direction are disjoint, so the
-    # 3x3 positions x 4 channels that pairwise overlap need 36 colours, and 36 suffice.
+    # each output sees a 3x3 patch of pixels: outputs 3 apart are disjoint, and the 3x3 positions
+    # x 4 channels that pairwise overlap need 36 colours; pixels 3 apart reach disjoint outputs
+    # and the 3x3 pixels x 3 channels that share an output need 27: inputs are coloured, with 27.
     f = frozen(nn.Conv2d(3, 4, 3, padding=1))
     x = torch.rand(2, 3, 8, 8)
     found = colouring(f, x)
-    assert found is not None and found.count == 36
+    assert found is not None and found.side == "inputs" and found.count == 27
     support = jacrev(lambda xi: f(xi[None])[0])(x[0]).reshape(4 * 64, -1) != 0
     for c in range(found.count):
-        members = support[found.colour == c].int()
-        assert members.sum(dim=0).max() <= 1, f"colour {c} has overlapping supports"
+        members = support[:, found.colour == c].int()
+        assert members.sum(dim=1).max() <= 1, f"colour {c} has overlapping supports"
     torch.testing.assert_close(jacobian_sq_norm(f, x, "structured"), jacobian_sq_norm(f, x, "reverse"),
                                rtol=RTOL, atol=0)
+
+
+def test_inputs_are_coloured_when_they_need_fewer_products():
+    # 1x16x16 -> 16x16x16: each pixel reaches 3x3 positions in all 16 channels, so outputs need
+    # 9 x 16 = 144 colours (more than min(d, m) / MIN_GAIN = 64) but inputs only 3 x 3 = 9.
+    f = frozen(nn.Conv2d(1, 16, 3, padding=1))
+    x = torch.rand(3, 1, 16, 16)
+    got = jacobian_trace(f, x, "auto")
+    assert got.method == "structured" and got.products == 9
+    assert colouring(f, x).side == "inputs"
+    torch.testing.assert_close(got.values, jacobian_sq_norm(f, x, "forward"), rtol=RTOL, atol=0)
+    torch.testing.assert_close(got.values, jacobian_sq_norm(f, x, "reverse"), rtol=RTOL, atol=0)
 
 
 def test_colouring_is_computed_once_per_model_and_shape():
@@ -77,7 +90,7 @@ def test_colouring_is_computed_once_per_model_and_shape():
     first = colouring(f, x)
     plan = measure_plan(f, x)
     evaluated = f.samples
-    assert output_colouring(f, torch.rand(5, 3, 32, 32), plan) is first
+    assert find_colouring(f, torch.rand(5, 3, 32, 32), plan) is first
     assert f.samples == evaluated
     assert colouring(f, torch.rand(2, 3, 16, 16)) is not first  # a new shape is detected anew
 
@@ -91,7 +104,7 @@ def test_global_coupling_is_detected_as_unstructured_after_one_pass(model):
     x = torch.rand(2, 3, 16, 16)
     plan = measure_plan(f, x)
     before = f.samples
-    assert output_colouring(f, x, plan) is None
+    assert find_colouring(f, x, plan) is None
     one_pass = plan.directions_per_chunk(1, structured.DEFAULT_MEMORY_BYTES)
     assert f.samples - before <= 1 + x[0].numel() // BLOCK + one_pass  # stopped at round two's first pass
     assert jacobian_trace(f, x, "auto").method in ("forward", "reverse")
