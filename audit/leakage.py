@@ -1,0 +1,255 @@
+"""Fisher-information leakage of an audit: dFIL, the prior term, the bounds and noise calibration.
+
+The wiring between the AuditContext and the pure estimators of paper 004 (splitaudit.estimators):
+it picks the samples, the smoothing and the methods, and turns the estimates into the JSON-ready
+`dfil`, `prior`, `bounds` and `calibration` sections of report.json (DESIGN.md sections 4 and 8).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from splitaudit.context import AuditContext
+from splitaudit.estimators.bounds import (
+    cramer_rao_mse, dfil, sigma_for_unbiased, sigma_for_van_trees, van_trees_mse, van_trees_stderr,
+)
+from splitaudit.estimators.jacobian import TraceEstimate, TraceOptions, jacobian_trace
+from splitaudit.estimators.prior import (
+    QUICK_SCORE_SETTINGS, PriorEstimate, ScoreSettings, estimate_prior, mean_variance,
+)
+
+IMAGE_SMOOTHING = 0.25  # paper 004, A.1: the randomized-smoothing noise that works for [0,1] images
+DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES = 2048, 256
+DFIL_BATCH = 128  # samples per progress step
+MAX_PROBES, QUICK_MAX_PROBES = 256, 64
+LEAKIEST = 5
+VIOLATION_Z = 2.0  # an attack violates the bound when it is below it by this many standard errors
+
+
+@dataclass
+class Measurement:
+    """What the bounds are computed from: Jacobian traces on target samples and the prior term."""
+
+    smoothing: float
+    index: torch.Tensor  # target indices the traces were computed at
+    traces: TraceEstimate
+    prior: PriorEstimate
+    d: int
+    n_target: int
+
+    @property
+    def trace_over_d(self) -> float:
+        """T = E||J||_F^2 / d: dFIL at sigma = 1, the quantity calibration scales."""
+        return float(self.traces.values.double().mean()) / self.d
+
+
+def resolve_smoothing(ctx: AuditContext, smoothing: float | None) -> float:
+    """--smoothing, else 0.25 for [0,1] images (paper 004, A.1) and 0 for other data."""
+    if smoothing is not None:
+        return float(smoothing)
+    return IMAGE_SMOOTHING if ctx.aux.is_image and ctx.aux.in_unit_range else 0.0
+
+
+def measure(ctx: AuditContext, prior: str = "ssm", smoothing: float | None = None) -> Measurement:
+    """Jacobian traces on (smoothed) target samples and J(pi_tau)/d from the aux data."""
+    tau = resolve_smoothing(ctx, smoothing)
+    index = _dfil_sample_index(ctx)
+    traces = _jacobian_traces(ctx, ctx.target.x[index], tau)
+    return Measurement(smoothing=tau, index=index, traces=traces, prior=_prior(ctx, prior, tau),
+                       d=ctx.target.x[0].numel(), n_target=len(ctx.target))
+
+
+def _dfil_sample_index(ctx: AuditContext) -> torch.Tensor:
+    """All target indices, or a seeded random subset when there are more than the cap."""
+    cap = QUICK_DFIL_MAX_SAMPLES if ctx.quick else DFIL_MAX_SAMPLES
+    n = len(ctx.target)
+    if n <= cap:
+        return torch.arange(n, device=ctx.target.x.device)
+    generator = torch.Generator().manual_seed(ctx.seed)
+    return torch.randperm(n, generator=generator)[:cap].sort().values.to(ctx.target.x.device)
+
+
+def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, tau: float) -> TraceEstimate:
+    """||J||_F^2 at x + N(0, tau^2 I) (the smoothed input the bound concerns), in batches.
+
+    Autograd models use the cheapest exact method; black-box models central differences.
+    """
+    if tau > 0:
+        x = x + tau * torch.randn(x.shape, generator=ctx.generator(ctx.seed), device=x.device, dtype=x.dtype)
+    method = "auto" if ctx.encoder.differentiable else "finite-difference"
+    options = TraceOptions(max_probes=QUICK_MAX_PROBES if ctx.quick else MAX_PROBES,
+                           generator=ctx.generator(ctx.seed + 1))
+    parts = []
+    with ctx.progress(total=len(x), desc="dFIL", unit="sample") as bar:
+        for chunk in x.split(DFIL_BATCH):
+            parts.append(jacobian_trace(ctx.encoder, chunk, method, options))
+            bar.update(len(chunk))
+    return TraceEstimate(values=torch.cat([p.values for p in parts]), stderr=torch.cat([p.stderr for p in parts]),
+                         method=parts[0].method, exact=parts[0].exact, products=max(p.products for p in parts),
+                         fd_step=parts[0].fd_step)
+
+
+def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
+    settings = QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings()
+    if method == "gaussian":
+        return estimate_prior(ctx.aux.x, method, tau)
+    with ctx.progress(total=settings.max_epochs, desc=f"prior ({method})", unit="epoch") as bar:
+        return estimate_prior(ctx.aux.x, method, tau, seed=ctx.seed, settings=settings,
+                              on_epoch=lambda: bar.update())
+
+
+# --- report sections --------------------------------------------------------------------------
+
+def assess(ctx: AuditContext, prior: str = "ssm", smoothing: float | None = None,
+           target_mse: float | None = None) -> dict:
+    """The dfil, prior, bounds and calibration sections of report.json."""
+    m = measure(ctx, prior, smoothing)
+    per_sample = dfil(m.traces.values, m.d, ctx.noise_sigma)
+    mean_dfil, mean_se = _mean_dfil(m, per_sample, ctx.noise_sigma)
+    return {
+        "dfil": _dfil_section(ctx, m, per_sample, mean_dfil, mean_se),
+        "prior": _prior_section(m.prior),
+        "bounds": _bounds_section(ctx, m, per_sample, mean_dfil, mean_se),
+        "calibration": _calibration_section(ctx, m, target_mse),
+    }
+
+
+def _mean_dfil(m: Measurement, per_sample: torch.Tensor, sigma: float) -> tuple[float, float]:
+    """E[dFIL] over the samples and its standard error (sampling spread and probe noise)."""
+    mean = float(per_sample.double().mean())
+    if not math.isfinite(mean):
+        return mean, 0.0
+    n = len(per_sample)
+    spread = float(per_sample.double().std()) if n > 1 else 0.0
+    probe = float(m.traces.stderr.double().pow(2).sum().sqrt()) / (n * m.d * sigma**2)
+    return mean, math.hypot(spread / math.sqrt(n), probe)
+
+
+def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, mean: float,
+                  stderr: float) -> dict:
+    order = torch.argsort(per_sample, descending=True)[:LEAKIEST]
+    notes = []
+    if ctx.noise_sigma == 0:
+        notes.append("noise sigma is 0: the encoder is deterministic, so dFIL is infinite wherever its "
+                     "Jacobian is non-zero and the provable bound is 0; the calibration section gives the "
+                     "noise sigma that reaches a target bound")
+    if len(m.index) < m.n_target:
+        notes.append(f"dFIL computed on a seeded random subset of {len(m.index)} of the {m.n_target} target samples")
+    if m.smoothing > 0:
+        notes.append(f"evaluated at the smoothed inputs x + N(0, {m.smoothing:g}^2 I) (randomized smoothing)")
+    if not m.traces.exact:
+        notes.append(f"Jacobian norms estimated with {m.traces.products} random probes per sample "
+                     "(Hutchinson); per_sample_stderr gives their standard errors")
+    if m.traces.fd_step is not None:
+        notes.append(f"black-box model: Jacobians by central finite differences (step {m.traces.fd_step:.3g})")
+    if ctx.encoder.stochastic:
+        notes.append("the encoder is stochastic: dFIL covers only the added Gaussian noise, not the "
+                     "encoder's own randomness (a conservative view of its leakage)")
+    section = {
+        "mean": mean, "median": float(per_sample.median()), "max": float(per_sample.max()),
+        "min": float(per_sample.min()), "stderr": stderr, "method": m.traces.method,
+        "exact": m.traces.exact, "products_per_sample": m.traces.products,
+        "noise_sigma": ctx.noise_sigma, "smoothing": m.smoothing, "trace_over_d": m.trace_over_d,
+        "n_samples": len(m.index), "n_target": m.n_target,
+        "leakiest": [{"index": int(m.index[i]), "dfil": float(per_sample[i])} for i in order.tolist()],
+        "per_sample": per_sample.tolist(), "target_index": m.index.tolist(), "notes": notes,
+    }
+    if not m.traces.exact:
+        section["per_sample_stderr"] = dfil(m.traces.stderr, m.d, ctx.noise_sigma).tolist()
+    return section
+
+
+def _prior_section(p: PriorEstimate) -> dict:
+    return {
+        "method": p.method, "smoothing": p.smoothing, "J_over_d": p.j_over_d, "J_over_d_used": p.j_over_d_used,
+        "stderr": p.stderr, "valid": p.valid, "stam_limit": p.stam_limit, "gaussian_floor": p.gaussian_floor,
+        "notes": list(p.notes), "details": dict(p.details),
+    }
+
+
+def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, mean: float,
+                    stderr: float) -> dict:
+    j = m.prior.j_over_d_used
+    notes = []
+    if m.smoothing > 0:
+        notes.append(f"with smoothing tau = {m.smoothing:g} the bounds concern reconstructing the smoothed input "
+                     f"x + N(0, {m.smoothing:g}^2 I) from its embedding (paper 004, A.1); attack MSEs are "
+                     "measured against clean inputs")
+    if not m.prior.valid:
+        notes.append("the prior estimate failed its sanity check (see prior.notes)")
+    stam = m.prior.stam_limit if m.smoothing > 0 else None
+    return {
+        "cramer_rao_mse": cramer_rao_mse(mean),
+        "cramer_rao_mse_leakiest": cramer_rao_mse(float(per_sample.max())),
+        "van_trees_mse": van_trees_mse(mean, j),
+        "van_trees_stderr": van_trees_stderr(mean, stderr, j, m.prior.stderr),
+        "van_trees_stam_mse": None if stam is None else van_trees_mse(mean, stam),
+        "mean_guess_mse": mean_variance(ctx.aux.x)[0] + m.smoothing**2,
+        "violated_by": [], "notes": notes,
+    }
+
+
+def _calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | None) -> dict:
+    """Noise sigmas for a target bound: --fail-under-mse, else half the mean-guess MSE."""
+    source = "the --fail-under-mse threshold"
+    if target_mse is None:
+        target_mse = 0.5 * mean_variance(ctx.aux.x)[0]
+        source = "default: half the mean-guess MSE (half the aux data's mean per-dimension variance)"
+    van_trees = sigma_for_van_trees(m.trace_over_d, target_mse, m.prior.j_over_d_used)
+    unbiased = sigma_for_unbiased(m.trace_over_d, target_mse)
+    return {
+        "target_mse": target_mse, "target_source": source, "bound": "van-trees",
+        "sigma": van_trees.sigma, "feasible": van_trees.feasible, "reason": van_trees.reason,
+        "sigma_unbiased": unbiased.sigma, "trace_over_d": m.trace_over_d,
+        "J_over_d": m.prior.j_over_d_used, "smoothing": m.smoothing,
+    }
+
+
+# --- after the attacks --------------------------------------------------------------------------
+
+def flag_violations(result: dict) -> None:
+    """List (and mark) every reconstruction attack whose MSE is below the van Trees bound by more
+    than VIOLATION_Z standard errors (attack spread over seeds and the bound's own error)."""
+    bounds = result["bounds"]
+    bound, bound_se = bounds["van_trees_mse"], bounds.get("van_trees_stderr", 0.0)
+    violated = []
+    for name, attack in result.get("attacks", {}).items():
+        if attack.get("status") != "ok" or attack.get("kind") != "reconstruction":
+            continue
+        mse = attack["metrics"]["mse"]
+        spread = attack.get("metrics_std", {}).get("mse", 0.0)
+        margin = VIOLATION_Z * math.hypot(spread if math.isfinite(spread) else 0.0, bound_se)
+        attack["bound_check"] = {"van_trees_mse": bound, "margin": margin, "violated": mse < bound - margin}
+        if mse < bound - margin:
+            violated.append(name)
+    bounds["violated_by"] = violated
+    if violated:
+        bounds.setdefault("notes", []).append(
+            f"{', '.join(violated)} reconstructed below the van Trees bound: the bound's assumptions failed "
+            "(most likely the prior term J was underestimated), so it is not a guarantee here")
+
+
+# --- splitaudit calibrate ---------------------------------------------------------------------
+
+def calibrate(ctx: AuditContext, target_mse: float, prior: str = "ssm", smoothing: float | None = None) -> dict:
+    """The answer of `splitaudit calibrate --json`: the sigma for the van Trees bound (and the
+    unbiased one) to reach target_mse, or why no sigma can."""
+    m = measure(ctx, prior, smoothing)
+    answer = _calibration_section(ctx, m, target_mse)
+    del answer["target_source"]
+    return {**answer, "prior": {"method": m.prior.method, "J_over_d": m.prior.j_over_d,
+                                "valid": m.prior.valid, "notes": list(m.prior.notes)},
+            "dfil_method": m.traces.method, "n_samples": len(m.index)}
+
+
+def describe_calibration(answer: dict) -> str:
+    """One or two lines for people: the sigma, or why none exists."""
+    where = (f" (bound on the smoothed input, tau = {answer['smoothing']:g})" if answer["smoothing"] > 0 else "")
+    if not answer["feasible"]:
+        return (f"no noise sigma reaches a van Trees bound of {answer['target_mse']:.4g}: {answer['reason']}.\n"
+                f"Against unbiased attackers only, sigma = {answer['sigma_unbiased']:.4g} would suffice.")
+    return (f"noise sigma {answer['sigma']:.4g} makes the van Trees bound reach MSE {answer['target_mse']:.4g}"
+            f"{where}, prior {answer['prior']['method']}.\n"
+            f"Against unbiased attackers only (Cramér-Rao), sigma {answer['sigma_unbiased']:.4g} suffices.")

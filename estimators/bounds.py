@@ -1,0 +1,76 @@
+"""dFIL, the Cramér-Rao and van Trees bounds, and the noise that makes a bound reach a target.
+
+Paper 004: dFIL (Eq. 4-5), the unbiased bound (Eq. 3), Corollary 1 (Eq. 6, from the van Trees
+inequality, A.3-A.4). MSE here is per dimension, E||x_hat - x||^2 / d.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def dfil(trace_sq: Tensor, d: int, sigma: float) -> Tensor:
+    """dFIL(x) = ||J(x)||_F^2 / (d sigma^2) for z = f(x) + N(0, sigma^2 I) (Eq. 4-5).
+
+    sigma = 0 (a deterministic encoder) leaks without limit: +inf wherever the Jacobian is
+    non-zero, and 0 where f is locally constant (nothing to learn there), never NaN.
+    """
+    if sigma > 0:
+        return trace_sq / (d * sigma**2)
+    return torch.where(trace_sq > 0, torch.full_like(trace_sq, math.inf), torch.zeros_like(trace_sq))
+
+
+def cramer_rao_mse(dfil_value: Tensor | float) -> Tensor | float:
+    """MSE >= 1/dFIL for any unbiased attacker (Eq. 3); 1/inf = 0, 1/0 = inf."""
+    if isinstance(dfil_value, Tensor):
+        return dfil_value.reciprocal()
+    return math.inf if dfil_value == 0 else 1.0 / dfil_value
+
+
+def van_trees_mse(mean_dfil: float, prior_j_over_d: float) -> float:
+    """E_pi MSE >= 1 / (E_pi[dFIL] + J(pi)/d) for any attacker with prior pi (Eq. 6)."""
+    total = mean_dfil + prior_j_over_d
+    return math.inf if total == 0 else 1.0 / total
+
+
+def van_trees_stderr(mean_dfil: float, mean_dfil_stderr: float, prior_j_over_d: float,
+                     prior_stderr: float) -> float:
+    """Standard error of the van Trees bound by the delta method: |d(1/s)/ds| = 1/s^2."""
+    bound = van_trees_mse(mean_dfil, prior_j_over_d)
+    if not math.isfinite(mean_dfil) or bound == math.inf:
+        return 0.0
+    return bound**2 * math.hypot(mean_dfil_stderr, prior_stderr)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The noise sigma that makes a bound equal target_mse; sigma is None when none can."""
+
+    sigma: float | None
+    feasible: bool
+    reason: str
+
+
+def sigma_for_van_trees(trace_over_d: float, target_mse: float, prior_j_over_d: float) -> Calibration:
+    """sigma = sqrt(T / (1/t - J/d)) with T = E||J||_F^2 / d (solves Eq. 6 = t for sigma).
+
+    Impossible when 1/t <= J/d: the prior alone lets an attacker reach an MSE below t.
+    """
+    if target_mse <= 0:
+        return Calibration(0.0, True, "every bound is >= 0: no noise is needed")
+    slack = 1.0 / target_mse - prior_j_over_d
+    if slack <= 0:
+        return Calibration(None, False, (
+            f"no noise reaches a bound of {target_mse:.4g}: the prior alone (J/d = {prior_j_over_d:.4g}) "
+            f"lets an attacker reach MSE {1 / prior_j_over_d:.4g} without the embeddings"))
+    return Calibration(math.sqrt(trace_over_d / slack), True,
+                       "sigma solves 1/(E||J||_F^2/(d sigma^2) + J/d) = target")
+
+
+def sigma_for_unbiased(trace_over_d: float, target_mse: float) -> Calibration:
+    """sigma = sqrt(t T): the noise at which 1/E[dFIL] = t (Eq. 3 at the mean dFIL)."""
+    return Calibration(math.sqrt(target_mse * trace_over_d), True,
+                       "sigma solves E||J||_F^2/(d sigma^2) = 1/target")
