@@ -99,7 +99,7 @@ def jacobian_trace(f: BatchFn, x: Tensor, method: str = "auto",
     parts = [METHODS[name].compute(f, chunk, options, plan) for chunk in x.split(samples)]
     return TraceEstimate(
         values=torch.cat([p.values for p in parts]), stderr=torch.cat([p.stderr for p in parts]),
-        method=name, exact=parts[0].exact, products=max(p.products for p in parts),
+        method=parts[0].method, exact=parts[0].exact, products=max(p.products for p in parts),
         fd_step=parts[0].fd_step,
     )
 
@@ -192,19 +192,20 @@ def _probe_mean(products: Callable[[Tensor], Tensor], x: Tensor, options: TraceO
                 chunk: int) -> tuple[Tensor, Tensor, int]:
     """Mean and standard error of ||J v||^2 over independent Rademacher probes per sample.
 
-    Probes are added a chunk at a time; the loop stops once every sample's standard error is at
-    most rtol times its mean (after min_probes), or at max_probes.
+    Probes are added in rounds (min_probes first, then doubling the count, at most `chunk` per
+    round); the loop stops once every sample's standard error is at most rtol times its mean,
+    or at max_probes.
     """
     total = torch.zeros(len(x), dtype=torch.float64, device=x.device)
     total_sq = torch.zeros_like(total)
     count = 0
     while count < options.max_probes:
-        n = min(chunk, options.max_probes - count)
+        n = min(chunk, max(options.min_probes - count, count, 1), options.max_probes - count)
         probe = rademacher((n, *x.shape), x, options.generator)
         sq = _squared_norms(products(probe)).double()
         total, total_sq, count = total + sq.sum(0), total_sq + sq.pow(2).sum(0), count + n
         mean, stderr = _mean_stderr(total, total_sq, count)
-        if count >= options.min_probes and bool((stderr <= options.rtol * mean).all()):
+        if bool((stderr <= options.rtol * mean).all()):
             break
     return mean.to(x.dtype), stderr.to(x.dtype), count
 
