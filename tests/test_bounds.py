@@ -1,0 +1,97 @@
+"""dFIL, the Cramér-Rao and van Trees bounds and calibration, against closed forms, and paper
+004's synthetic experiment (Section 3.3.1, Figure 2) with plain solvers as the attacks."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from splitaudit.estimators import jacobian_sq_norm
+from splitaudit.estimators.bounds import (
+    cramer_rao_mse, dfil, sigma_for_unbiased, sigma_for_van_trees, van_trees_mse, van_trees_stderr,
+)
+from splitaudit.estimators.prior import gaussian_prior
+
+
+def orthonormal_columns(m: int, d: int, seed: int) -> torch.Tensor:
+    q, _ = torch.linalg.qr(torch.randn(m, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
+    return q
+
+
+def test_dfil_of_gaussian_data_through_a_linear_encoder_is_the_closed_form():
+    d, m, sigma, s = 10, 25, 0.3, 2.0
+    a = torch.randn(m, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * torch.logspace(0, -1, d, dtype=torch.float64)
+    x = s * torch.randn(200, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    values = dfil(jacobian_sq_norm(lambda v: v @ a.T, x), d, sigma)
+    expected = float(a.pow(2).sum()) / (d * sigma**2)
+    assert torch.allclose(values, torch.full_like(values, expected), rtol=1e-10)
+    assert float(cramer_rao_mse(values).mean()) == pytest.approx(1 / expected, rel=1e-10)
+
+
+def test_sigma_zero_gives_infinite_dfil_and_zero_bounds_without_nan():
+    traces = torch.tensor([4.0, 0.0, 1e-30])
+    values = dfil(traces, d=8, sigma=0.0)
+    assert values.tolist() == [math.inf, 0.0, math.inf]
+    assert cramer_rao_mse(values).tolist() == [0.0, math.inf, 0.0]
+    mean = float(values.mean())
+    assert van_trees_mse(mean, 3.0) == 0.0
+    assert van_trees_stderr(mean, 0.0, 3.0, 0.1) == 0.0
+    assert van_trees_mse(0.0, 0.0) == math.inf  # nothing leaks and nothing is known a priori
+    assert cramer_rao_mse(0.0) == math.inf and cramer_rao_mse(math.inf) == 0.0
+
+
+def test_van_trees_standard_error_is_the_delta_method():
+    bound = van_trees_mse(30.0, 10.0)
+    assert bound == pytest.approx(1 / 40)
+    assert van_trees_stderr(30.0, 3.0, 10.0, 4.0) == pytest.approx(bound**2 * 5.0)
+
+
+@pytest.mark.parametrize("target", [0.005, 0.02, 0.06])
+def test_calibrated_sigmas_reach_the_target(target):
+    trace_over_d, prior = 9.7, 12.0
+    vt = sigma_for_van_trees(trace_over_d, target, prior)
+    assert vt.feasible
+    assert van_trees_mse(trace_over_d / vt.sigma**2, prior) == pytest.approx(target, rel=1e-12)
+    ub = sigma_for_unbiased(trace_over_d, target)
+    assert cramer_rao_mse(trace_over_d / ub.sigma**2) == pytest.approx(target, rel=1e-12)
+    assert vt.sigma > ub.sigma  # the prior helps the attacker: more noise is needed
+
+
+def test_calibration_is_infeasible_when_the_prior_alone_beats_the_target():
+    answer = sigma_for_van_trees(9.7, target_mse=0.1, prior_j_over_d=12.0)  # 1/t = 10 <= J/d = 12
+    assert not answer.feasible and answer.sigma is None
+    assert "prior alone" in answer.reason and "0.08333" in answer.reason
+    assert sigma_for_van_trees(9.7, target_mse=0.0, prior_j_over_d=12.0).sigma == 0.0
+
+
+def test_paper_004_figure_2_unbiased_attack_meets_cramer_rao_and_map_attack_only_van_trees():
+    """x ~ N(0, s^2 I_d), z = A x + N(0, sigma^2 I_m), A = c Q a random projection (Q orthonormal
+    columns). Attack-ub: least squares (unbiased); Attack-b: the MAP estimate under the Gaussian
+    prior fitted to aux data. Swept over sigma as Figure 2 sweeps dFIL."""
+    d, m, s, c, n = 16, 32, 0.5, 2.0, 3000
+    gen = torch.Generator().manual_seed(0)
+    a = c * orthonormal_columns(m, d, seed=1)
+    encoder = lambda v: v @ a.T  # noqa: E731
+    aux = s * torch.randn(n, d, generator=gen, dtype=torch.float64)
+    x = s * torch.randn(n, d, generator=gen, dtype=torch.float64)
+    prior = gaussian_prior(aux, smoothing=0.0)
+    tolerance = 4 * math.sqrt(2 / (n * d))  # 4 standard deviations of a per-dimension MSE estimate
+    broke_cramer_rao = 0
+    for sigma in (0.05, 0.25, 1.0, 4.0):
+        mean_dfil = float(dfil(jacobian_sq_norm(encoder, x), d, sigma).mean())
+        assert mean_dfil == pytest.approx(c**2 / sigma**2, rel=1e-10)
+        cr, vt = cramer_rao_mse(mean_dfil), van_trees_mse(mean_dfil, prior.j_over_d)
+        z = encoder(x) + sigma * torch.randn(n, m, generator=gen, dtype=torch.float64)
+        unbiased = torch.linalg.lstsq(a, z.T).solution.T
+        precision = a.T @ a / sigma**2 + torch.eye(d, dtype=torch.float64) * prior.j_over_d
+        map_estimate = torch.linalg.solve(precision, (z @ a / sigma**2).T).T
+        mse_unbiased = float((unbiased - x).pow(2).mean())
+        mse_map = float((map_estimate - x).pow(2).mean())
+        assert mse_unbiased == pytest.approx(cr, rel=tolerance)  # Bound-ub is tight for Attack-ub
+        assert mse_map >= vt * (1 - tolerance)  # Bound-ours holds for the MAP attack...
+        assert mse_map == pytest.approx(vt, rel=tolerance)  # ...and is tight (Gaussian prior)
+        assert mse_unbiased >= vt * (1 - tolerance)  # both bounds hold for Attack-ub
+        if mse_map < cr * (1 - tolerance):
+            broke_cramer_rao += 1
+    assert broke_cramer_rao >= 2  # Attack-b breaks Bound-ub once the prior matters (large sigma)
