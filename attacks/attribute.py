@@ -28,9 +28,9 @@ from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
-from threadpoolctl import threadpool_limits
 
 from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.kmeans import single_thread_if_small
 from splitaudit.context import AuditContext
 
 VALIDATION_FRACTION = 0.25
@@ -81,16 +81,12 @@ def probes(seed: int, epochs: int) -> dict[str, Pipeline]:
 
 def probe_attack(aux: torch.Tensor, aux_attr: np.ndarray, target: torch.Tensor,
                  target_attr: np.ndarray, seed: int, epochs: int) -> dict:
-    """Fit every probe on part of the aux data, keep the best on the rest, score it on the target.
-
-    Runs single-threaded: on problems this small, extra BLAS threads only fight torch's thread
-    pool for the cores (measured 10-40x slower on 2 busy cores).
-    """
+    """Fit every probe on part of the aux data, keep the best on the rest, score it on the target."""
     features, target_features = as_features(aux), as_features(target)
     fit_x, val_x, fit_a, val_a = train_test_split(features, aux_attr, test_size=VALIDATION_FRACTION,
                                                   random_state=seed, stratify=aux_attr)
     fitted, validation = {}, {}
-    with threadpool_limits(limits=1), warnings.catch_warnings():
+    with single_thread_if_small(features), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # the epoch cap is deliberate
         for name, probe in probes(seed, epochs).items():
             fitted[name] = probe.fit(fit_x, fit_a)

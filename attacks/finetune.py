@@ -34,6 +34,7 @@ TARGET_TRAINING_ERROR = 0.01
 LEARNING_RATE = 1e-3  # Adam with its default parameters (paper 000, app. B)
 BATCH_SIZE = 64
 MLP_HIDDEN = 128
+EVAL_BATCH = 1024
 HEADS = ("linear", "mlp", "top-model")
 
 
@@ -88,21 +89,21 @@ class FineTuneAttack(Attack):
         z_aux = ctx.observed_embeddings("aux", noise)
         z_target = ctx.observed_embeddings("target", noise)
         shots = k_shot_indices(ctx.aux.y, settings.ks, seed)
-        attack, baseline, epochs = {}, {}, {}
+        attack, baseline, epochs, baseline_epochs = {}, {}, {}, {}
         for k, index in shots.items():
             labels = ctx.aux.y[index]
             head = make_head(settings.head, ctx, z_aux[index], labels, seed)
             epochs[k] = train_classifier(head, z_aux[index], labels, settings.epoch_cap, seed)
             attack[k] = accuracy(head, z_target, ctx.target.y)
             scratch = from_scratch_model(settings.head, ctx, ctx.aux.x[index], labels, seed)
-            train_classifier(scratch, ctx.aux.x[index], labels, settings.epoch_cap, seed)
+            baseline_epochs[k] = train_classifier(scratch, ctx.aux.x[index], labels, settings.epoch_cap, seed)
             baseline[k] = accuracy(scratch, ctx.target.x, ctx.target.y)
         largest = max(shots, key=int)
         return SeedOutcome(
             metrics={"accuracy": attack[largest], "accuracy_by_k": attack},
             baseline={"accuracy": baseline[largest], "accuracy_by_k": baseline},
             details={"head": settings.head, "k": [int(k) for k in shots], "epoch_cap": settings.epoch_cap,
-                     "attack_epochs_by_k": epochs},
+                     "attack_epochs_by_k": epochs, "baseline_epochs_by_k": baseline_epochs},
         )
 
 
@@ -180,6 +181,8 @@ def train_classifier(model: nn.Module, inputs: torch.Tensor, labels: torch.Tenso
 
 @torch.no_grad()
 def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
-    """Top-1 accuracy of a classifier (evaluated in eval mode)."""
+    """Top-1 accuracy of a classifier, in eval mode and in batches (the target set may be large)."""
     model.eval()
-    return float((model(inputs).argmax(1) == labels).float().mean())
+    correct = sum(int((model(chunk).argmax(1) == y).sum())
+                  for chunk, y in zip(inputs.split(EVAL_BATCH), labels.split(EVAL_BATCH)))
+    return correct / len(labels)
