@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -138,13 +139,30 @@ def score_matching_prior(x: Tensor, method: str, smoothing: float, seed: int,
     generator = torch.Generator(device=x.device).manual_seed(seed)
     train, heldout = _split(x, settings, generator)
     loss = _ssm_vr_loss if method == "ssm" else _dsm_loss
-    net, info = train_score_net(train, heldout, loss, noise, settings, generator, seed, on_epoch)
-    j, se = _score_energy(net, heldout, noise, settings.eval_draws, generator)
+    with single_cpu_thread(x.device):
+        net, info = train_score_net(train, heldout, loss, noise, settings, generator, seed, on_epoch)
+        j, se = _score_energy(net, heldout, noise, settings.eval_draws, generator)
     d = x[0].numel()
     return PriorEstimate(method=method, smoothing=smoothing, j_over_d=j / d, stderr=se / d,
                          gaussian_floor=1.0 / (variance + noise**2), stam_limit=stam_limit(noise),
                          notes=notes, details={**info, "noise": noise, "n_train": len(train),
                                                "n_heldout": len(heldout)})
+
+
+@contextmanager
+def single_cpu_thread(device: torch.device):
+    """Run torch on one CPU thread (restored afterwards). Score networks are small: their ops are
+    too short to share between threads, and on two busy cores the threads' hand-offs made SSM
+    training on the digits sample 18x slower (250 s against 13.5 s)."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _split(x: Tensor, settings: ScoreSettings, generator: torch.Generator) -> tuple[Tensor, Tensor]:

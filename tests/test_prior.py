@@ -1,0 +1,118 @@
+"""The prior term J(pi)/d: Gaussian fit, sliced and denoising score matching, against closed forms
+(Gaussian data) and a quadrature (a bimodal mixture the Gaussian fit gets badly wrong), and the
+Stam / Gaussian-floor checks."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate
+
+from splitaudit.estimators.prior import (
+    PriorEstimate, ScoreSettings, checked, estimate_prior, gaussian_prior,
+)
+
+FAST = ScoreSettings(max_epochs=40, patience=8, max_samples=2000)
+
+
+def gaussian_data(n: int, d: int, s: float, seed: int = 0) -> torch.Tensor:
+    return s * torch.randn(n, d, generator=torch.Generator().manual_seed(seed))
+
+
+def mixture_data(n: int, d: int, mu: float, seed: int = 0) -> torch.Tensor:
+    """Each coordinate independently +-mu + N(0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    signs = 2 * torch.randint(0, 2, (n, d), generator=gen) - 1
+    return mu * signs + torch.randn(n, d, generator=gen)
+
+
+def mixture_fisher(mu: float, variance: float) -> float:
+    """J/d of 0.5 N(-mu, v) + 0.5 N(mu, v) per coordinate, by quadrature of p'^2 / p."""
+    norm = 1 / math.sqrt(2 * math.pi * variance)
+
+    def density(t):
+        return 0.5 * norm * (np.exp(-(t - mu) ** 2 / (2 * variance)) + np.exp(-(t + mu) ** 2 / (2 * variance)))
+
+    def slope(t):
+        return 0.5 * norm * (-(t - mu) * np.exp(-(t - mu) ** 2 / (2 * variance))
+                             - (t + mu) * np.exp(-(t + mu) ** 2 / (2 * variance))) / variance
+
+    return integrate.quad(lambda t: slope(t) ** 2 / density(t), -mu - 12, mu + 12, limit=200)[0]
+
+
+def test_gaussian_fit_recovers_one_over_the_variance():
+    s = 0.7
+    estimate = estimate_prior(gaussian_data(4000, 16, s), "gaussian", smoothing=0.0)
+    assert estimate.j_over_d == pytest.approx(1 / s**2, rel=0.02)
+    assert estimate.valid and estimate.stam_limit is None
+
+
+def test_gaussian_fit_of_the_smoothed_prior_adds_tau_squared():
+    s, tau = 0.7, 0.25
+    estimate = estimate_prior(gaussian_data(4000, 16, s), "gaussian", smoothing=tau)
+    assert estimate.j_over_d == pytest.approx(1 / (s**2 + tau**2), rel=0.02)
+    assert estimate.stam_limit == pytest.approx(1 / tau**2)
+    assert estimate.j_over_d <= estimate.stam_limit
+
+
+@pytest.mark.parametrize("method", ["ssm", "dsm"])
+def test_score_matching_on_gaussian_data_is_within_25_percent(method):
+    s = 0.5
+    estimate = estimate_prior(gaussian_data(2000, 8, s), method, smoothing=0.0, settings=FAST)
+    assert estimate.j_over_d == pytest.approx(1 / s**2, rel=0.25)
+    assert estimate.details["epochs"] >= 1 and estimate.details["n_heldout"] == 400
+
+
+@pytest.mark.parametrize("method,tau", [("ssm", 0.0), ("ssm", 0.5), ("dsm", 0.5)])
+def test_score_matching_learns_a_bimodal_prior_the_gaussian_fit_misses(method, tau):
+    """J/d of the mixture is ~6x the Gaussian fit's: only a learned score gets it right."""
+    mu = 2.5
+    x = mixture_data(3000, 4, mu)
+    truth = mixture_fisher(mu, 1 + tau**2)
+    estimate = estimate_prior(x, method, smoothing=tau, seed=1)
+    gaussian = gaussian_prior(x, tau).j_over_d
+    assert truth > 4 * gaussian
+    assert estimate.j_over_d == pytest.approx(truth, rel=0.15)
+    assert estimate.valid
+
+
+def test_dsm_without_smoothing_states_its_noise_level():
+    estimate = estimate_prior(gaussian_data(500, 4, 1.0), "dsm", smoothing=0.0, settings=FAST)
+    assert estimate.details["noise"] == pytest.approx(0.1, rel=0.1)
+    assert any("noise level" in note for note in estimate.notes)
+
+
+def test_score_matching_is_reproducible_for_a_seed():
+    x = gaussian_data(600, 4, 1.0)
+    first = estimate_prior(x, "ssm", 0.1, seed=3, settings=FAST).j_over_d
+    assert estimate_prior(x, "ssm", 0.1, seed=3, settings=FAST).j_over_d == first
+
+
+def test_an_estimate_above_stams_limit_is_a_failed_estimate():
+    estimate = checked(PriorEstimate(method="ssm", smoothing=0.25, j_over_d=20.0, stderr=0.1,
+                                     gaussian_floor=7.0, stam_limit=16.0))
+    assert not estimate.valid
+    assert estimate.j_over_d == 20.0 and estimate.j_over_d_used == 16.0  # reported, not silently clipped
+    assert "Stam" in estimate.notes[0]
+
+
+def test_an_estimate_clearly_below_the_gaussian_floor_is_a_failed_estimate():
+    low = checked(PriorEstimate(method="ssm", smoothing=0.0, j_over_d=5.0, stderr=0.1,
+                                gaussian_floor=7.0, stam_limit=None))
+    assert not low.valid and low.j_over_d_used == 7.0 and "floor" in low.notes[0]
+    noisy = checked(PriorEstimate(method="ssm", smoothing=0.0, j_over_d=6.8, stderr=0.1,
+                                  gaussian_floor=7.0, stam_limit=None))
+    assert noisy.valid and noisy.j_over_d_used == 6.8  # within its statistical error
+
+
+def test_a_non_finite_estimate_falls_back_to_stams_limit():
+    estimate = checked(PriorEstimate(method="dsm", smoothing=0.5, j_over_d=math.nan, stderr=math.nan,
+                                     gaussian_floor=1.0, stam_limit=4.0))
+    assert not estimate.valid and estimate.j_over_d_used == 4.0
+
+
+def test_unknown_prior_method_is_rejected():
+    with pytest.raises(ValueError, match="unknown prior method"):
+        estimate_prior(torch.zeros(4, 2), "magic", 0.0)
