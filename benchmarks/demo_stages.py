@@ -1,0 +1,175 @@
+"""Wall time and peak memory of `splitaudit demo`, stage by stage, in one process.
+
+Runs the demo command itself (audit of the bundled digits CNN with every registered attack, then
+the reports), with its stages wrapped in timers: model + data load, leakage (dFIL traces, prior,
+bounds), each attack, the reports. Peak memory per stage is the process's peak resident set
+size while the stage ran (Linux: VmHWM, reset at each stage start; elsewhere the running
+ru_maxrss); --tracemalloc adds the peak of Python and numpy allocations (torch tensors are not
+traced, and tracing slows the run).
+
+    python benchmarks/demo_stages.py [--quick] [--device cpu|cuda|auto] [--threads 2] [--tracemalloc]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import resource
+import sys
+import tempfile
+import time
+import tracemalloc
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from splitaudit import cli, pipeline, reports
+
+HWM = Path("/proc/self/status")
+CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+@dataclass
+class Stage:
+    name: str
+    depth: int
+    seconds: float = 0.0
+    peak_rss: int = 0  # bytes
+    python_peak: int | None = None
+    running_peak: int = field(default=0, repr=False)
+
+
+class StageClock:
+    """Times nested stages and records each one's peak memory."""
+
+    def __init__(self, trace_python: bool) -> None:
+        self.trace_python = trace_python
+        self.stages: list[Stage] = []
+        self.open: list[Stage] = []
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        for outer in self.open:  # peaks so far belong to the enclosing stages before the reset
+            outer.running_peak = max(outer.running_peak, peak_rss())
+        stage = Stage(name, depth=len(self.open))
+        self.stages.append(stage)
+        self.open.append(stage)
+        reset_peak_rss()
+        if self.trace_python:
+            tracemalloc.reset_peak()
+        start = time.perf_counter()
+        try:
+            yield stage
+        finally:
+            stage.seconds = time.perf_counter() - start
+            stage.peak_rss = max(stage.running_peak, peak_rss())
+            if self.trace_python:
+                stage.python_peak = tracemalloc.get_traced_memory()[1]
+            self.open.pop()
+            for outer in self.open:
+                outer.running_peak = max(outer.running_peak, stage.peak_rss)
+
+    def wrap(self, owner, attribute: str, name: str) -> None:
+        """Replace owner.attribute (a function) by a timed call of it, if it exists."""
+        original = getattr(owner, attribute, None)
+        if original is None:
+            return
+
+        def timed(*args, **kwargs):
+            with self.stage(name):
+                return original(*args, **kwargs)
+        setattr(owner, attribute, timed)
+
+
+def peak_rss() -> int:
+    """Peak resident set size since the last reset (Linux), else since the process started."""
+    if HWM.exists():
+        for line in HWM.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def reset_peak_rss() -> None:
+    with contextlib.suppress(OSError):
+        CLEAR_REFS.write_text("5")
+
+
+def instrument(clock: StageClock, results: list[dict]) -> None:
+    """Wrap the demo's stages; attacks are whatever the registry holds."""
+    from splitaudit import leakage
+
+    clock.wrap(pipeline, "prepare_context", "load model + data")
+    clock.wrap(leakage, "assess", "leakage: dFIL, prior, bounds")
+    clock.wrap(leakage, "_jacobian_traces", "Jacobian traces")
+    clock.wrap(leakage, "_prior", "prior J(pi)")
+    clock.wrap(reports, "write_reports", "reports (write)")
+    get_attack, run_audit = pipeline.get_attack, pipeline.run_audit
+
+    def timed_attack(name: str):
+        attack = get_attack(name)
+        run = attack.run
+
+        def timed_run(ctx):
+            with clock.stage(f"attack {name}"):
+                return run(ctx)
+        attack.run = timed_run
+        return attack
+
+    def keep_result(*args, **kwargs):
+        results.append(run_audit(*args, **kwargs))
+        return results[-1]
+    pipeline.get_attack = timed_attack
+    pipeline.run_audit = keep_result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the demo's smoke settings (default: full)")
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="default cpu")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--tracemalloc", action="store_true", help="also trace Python/numpy allocations")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.tracemalloc:
+        tracemalloc.start()
+    clock, results = StageClock(args.tracemalloc), []
+    instrument(clock, results)
+    exit_code = 0
+    with tempfile.TemporaryDirectory() as out, clock.stage("demo (total)"):
+        quiet = io.StringIO()
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            try:
+                cli.demo.callback(out=out, quick=args.quick, device=args.device, debug=True)
+            except SystemExit as stop:  # a failing gate exits 1 after writing every report
+                exit_code = stop.code or 0
+    print(f"splitaudit demo{' --quick' if args.quick else ''} on {args.device}, torch threads "
+          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}, demo exit code {exit_code}")
+    print_stages(clock.stages, results[0] if results else {})
+
+
+def print_stages(stages: list[Stage], result: dict) -> None:
+    attacks = result.get("attacks", {})
+    python = stages[0].python_peak is not None
+    header = f"{'stage':40s} {'seconds':>8s} {'share':>6s} {'peak RSS MiB':>13s}"
+    print(header + (f" {'py peak MiB':>12s}" if python else "") + "  status")
+    total = stages[0].seconds
+    for s in stages[1:] + stages[:1]:
+        name = "  " * max(0, s.depth - 1) + s.name
+        entry = attacks.get(s.name.removeprefix("attack "), {}) if s.name.startswith("attack ") else {}
+        status = entry.get("status", "")
+        if entry.get("reason"):
+            status += f": {entry['reason'][:60]}"
+        line = f"{name:40s} {s.seconds:8.2f} {s.seconds / total:6.1%} {s.peak_rss / 2**20:13.0f}"
+        print(line + (f" {s.python_peak / 2**20:12.1f}" if python else "") + f"  {status}")
+    top = sum(s.seconds for s in stages if s.depth == 1)
+    print(f"{'other (imports, gate, summary)':40s} {total - top:8.2f} {(total - top) / total:6.1%}")
+    if "run" in result:
+        print(f"report.json run.seconds: {result['run']['seconds']:.2f} (run_audit, without writing reports)")
+
+
+if __name__ == "__main__":
+    main()
