@@ -15,7 +15,7 @@ from splitaudit.context import AuditContext
 from splitaudit.estimators.bounds import (
     cramer_rao_mse, dfil, sigma_for_unbiased, sigma_for_van_trees, van_trees_mse, van_trees_stderr,
 )
-from splitaudit.estimators.jacobian import TraceEstimate, TraceOptions, jacobian_trace
+from splitaudit.estimators.jacobian import TraceEstimate, TraceOptions, concatenated, jacobian_trace
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS, PriorEstimate, ScoreSettings, estimate_prior, mean_variance,
 )
@@ -86,9 +86,7 @@ def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, tau: float) -> TraceEst
         for chunk in x.split(DFIL_BATCH):
             parts.append(jacobian_trace(ctx.encoder, chunk, method, options))
             bar.update(len(chunk))
-    return TraceEstimate(values=torch.cat([p.values for p in parts]), stderr=torch.cat([p.stderr for p in parts]),
-                         method=parts[0].method, exact=parts[0].exact, products=max(p.products for p in parts),
-                         fd_step=parts[0].fd_step)
+    return concatenated(parts)
 
 
 def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
@@ -117,9 +115,11 @@ def assess(ctx: AuditContext, prior: str = "ssm", smoothing: float | None = None
 
 
 def _mean_dfil(m: Measurement, per_sample: torch.Tensor, sigma: float) -> tuple[float, float]:
-    """E[dFIL] over the samples and its standard error (sampling spread and probe noise)."""
+    """E[dFIL] over the samples and its standard error (sampling spread and probe noise).
+
+    With sigma = 0 every value is exactly inf (or 0 where f is flat): no error to report."""
     mean = float(per_sample.double().mean())
-    if not math.isfinite(mean):
+    if sigma == 0:
         return mean, 0.0
     n = len(per_sample)
     spread = float(per_sample.double().std()) if n > 1 else 0.0
@@ -129,6 +129,8 @@ def _mean_dfil(m: Measurement, per_sample: torch.Tensor, sigma: float) -> tuple[
 
 def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, mean: float,
                   stderr: float) -> dict:
+    """dFIL's distribution; stderr is that of the mean (over samples, and probes if random);
+    per_sample[i] belongs to target sample target_index[i]."""
     order = torch.argsort(per_sample, descending=True)[:LEAKIEST]
     notes = []
     if ctx.noise_sigma == 0:

@@ -96,7 +96,11 @@ def jacobian_trace(f: BatchFn, x: Tensor, method: str = "auto",
     plan = measure_plan(f, x, differentiable=method != "finite-difference")
     name = choose_method(f, x, plan) if method == "auto" else method
     samples = max(1, options.memory_bytes // (plan.bytes_per_product * MIN_DIRECTIONS_PER_CHUNK))
-    parts = [METHODS[name].compute(f, chunk, options, plan) for chunk in x.split(samples)]
+    return concatenated([METHODS[name].compute(f, chunk, options, plan) for chunk in x.split(samples)])
+
+
+def concatenated(parts: list[TraceEstimate]) -> TraceEstimate:
+    """One estimate from estimates on consecutive batches of samples (same method)."""
     return TraceEstimate(
         values=torch.cat([p.values for p in parts]), stderr=torch.cat([p.stderr for p in parts]),
         method=parts[0].method, exact=parts[0].exact, products=max(p.products for p in parts),

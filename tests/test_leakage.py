@@ -152,3 +152,13 @@ def test_white_box_inversion_of_the_digits_cnn_stays_above_the_van_trees_bound(d
     assert result["attacks"]["optimization"]["status"] == "ok"
     assert result["bounds"]["violated_by"] == []
     assert result["attacks"]["optimization"]["metrics"]["mse"] >= result["bounds"]["van_trees_mse"]
+
+
+def test_a_flat_encoder_leaks_nothing_even_without_noise(digits_ctx):
+    """f constant: dFIL is 0 (not NaN) at sigma = 0, and the bound is the prior's alone."""
+    flat = dataclasses.replace(digits_ctx.encoder, torch_fn=lambda x: 0 * x.flatten(1)[:, :3])
+    result = leakage.assess(dataclasses.replace(digits_ctx, encoder=flat), prior="gaussian")
+    assert result["dfil"]["mean"] == 0.0 and result["dfil"]["stderr"] == 0.0
+    assert result["bounds"]["cramer_rao_mse"] == math.inf
+    assert result["bounds"]["van_trees_mse"] == pytest.approx(1 / result["prior"]["J_over_d_used"])
+    assert result["calibration"]["sigma_unbiased"] == 0.0
