@@ -120,7 +120,9 @@ def checked(estimate: PriorEstimate) -> PriorEstimate:
         estimate.j_over_d_used = floor
         estimate.notes.append(
             f"failed estimate: J/d = {j:.4g} is below the Gaussian floor 1/variance = {floor:.4g}, which "
-            "every prior reaches; the bound uses the floor instead (it may still be too optimistic)")
+            "every prior reaches; the bound uses the floor instead (it may still be too optimistic)"
+            + ("" if estimate.smoothing > 0 else "; score matching is unreliable on data with bounded or "
+               "low-dimensional support: randomized smoothing (--smoothing) stabilises it (paper 004, A.1)"))
     return estimate
 
 
