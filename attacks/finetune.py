@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.kmeans import single_thread_if_small
 from splitaudit.attacks.nets import bottom_architecture, mlp, reinitialized_copy, seeded
 from splitaudit.context import AuditContext
 
@@ -90,14 +91,15 @@ class FineTuneAttack(Attack):
         z_target = ctx.observed_embeddings("target", noise)
         shots = k_shot_indices(ctx.aux.y, settings.ks, seed)
         attack, baseline, epochs, baseline_epochs = {}, {}, {}, {}
-        for k, index in shots.items():
-            labels = ctx.aux.y[index]
-            head = make_head(settings.head, ctx, z_aux[index], labels, seed)
-            epochs[k] = train_classifier(head, z_aux[index], labels, settings.epoch_cap, seed)
-            attack[k] = accuracy(head, z_target, ctx.target.y)
-            scratch = from_scratch_model(settings.head, ctx, ctx.aux.x[index], labels, seed)
-            baseline_epochs[k] = train_classifier(scratch, ctx.aux.x[index], labels, settings.epoch_cap, seed)
-            baseline[k] = accuracy(scratch, ctx.target.x, ctx.target.y)
+        with single_thread_if_small(ctx.target.x.numel()):
+            for k, index in shots.items():
+                labels = ctx.aux.y[index]
+                head = make_head(settings.head, ctx, z_aux[index], labels, seed)
+                epochs[k] = train_classifier(head, z_aux[index], labels, settings.epoch_cap, seed)
+                attack[k] = accuracy(head, z_target, ctx.target.y)
+                scratch = from_scratch_model(settings.head, ctx, ctx.aux.x[index], labels, seed)
+                baseline_epochs[k] = train_classifier(scratch, ctx.aux.x[index], labels, settings.epoch_cap, seed)
+                baseline[k] = accuracy(scratch, ctx.target.x, ctx.target.y)
         largest = max(shots, key=int)
         return SeedOutcome(
             metrics={"accuracy": attack[largest], "accuracy_by_k": attack},
