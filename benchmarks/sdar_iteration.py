@@ -22,12 +22,13 @@ import time
 import torch
 import torch.nn as nn
 
-from splitaudit.attacks.sdar import BATCH_SIZE, FULL, SDARNets, sdar_iteration
+from splitaudit.attacks.sdar import FULL, SDARNets, sdar_iteration
 from splitaudit.context import AuditContext
 from splitaudit.data import Dataset
 from splitaudit.models import Encoder, resolve_device
 
 PAPER_SECONDS_PER_ITERATION = 0.17  # paper 003, A100 80GB, TensorFlow
+PAPER_BATCH = 128  # paper 003, App. B-B (the attack's own default batch is smaller)
 INPUT_SHAPE = (3, 32, 32)
 CLASSES = 10
 SAMPLES = 2048  # per part; timing does not depend on it
@@ -88,11 +89,11 @@ def seconds_per_iteration(ctx: AuditContext, iterations: int, warmup: int) -> fl
     observed = ctx.observed_embeddings("target", ctx.generator(0))
     gen = ctx.generator(1)
     for _ in range(warmup):
-        sdar_iteration(ctx, nets, observed, gen)
+        sdar_iteration(ctx, nets, observed, gen, PAPER_BATCH)
     synchronize(ctx.device)
     start = time.perf_counter()
     for _ in range(iterations):
-        sdar_iteration(ctx, nets, observed, gen)
+        sdar_iteration(ctx, nets, observed, gen, PAPER_BATCH)
     synchronize(ctx.device)
     return (time.perf_counter() - start) / iterations
 
@@ -118,7 +119,8 @@ def main() -> None:
     seconds = seconds_per_iteration(ctx, args.iterations, args.warmup)
     bottom_params = sum(p.numel() for p in ctx.encoder.torch_fn.parameters())
     print(f"ResNet-20 split level {SPLIT_LEVEL}: input {INPUT_SHAPE}, embedding {ctx.encoder.output_shape}, "
-          f"bottom model {bottom_params:,} parameters (Table I: 124,912 counting BN's moving statistics); batch {BATCH_SIZE}")
+          f"bottom model {bottom_params:,} parameters (Table I: 124,912 counting BN's moving "
+          f"statistics); batch {PAPER_BATCH}")
     print(f"device: {device.type} ({name})")
     print(f"SDAR: {seconds:.4f} s per iteration over {args.iterations} iterations "
           f"(after {args.warmup} warm-up)")
