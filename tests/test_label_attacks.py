@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import make_context, sample
 from splitaudit.attacks import get_attack
@@ -153,13 +154,20 @@ def test_finetune_top_model_head_is_skipped_without_a_top_model(cancer_ctx):
     assert result["status"] == "skipped" and "--top-model" in result["reason"]
 
 
+def test_attacks_restore_the_thread_count(cancer_ctx):
+    before = torch.get_num_threads()
+    ctx = dataclasses.replace(cancer_ctx, attack_options={"fine-tune": {"k": [5]}})
+    for name in LABEL_ATTACKS:
+        ok(get_attack(name).run(ctx))
+        assert torch.get_num_threads() == before
+
+
 def test_finetune_rejects_an_unknown_head(cancer_ctx):
     ctx = dataclasses.replace(cancer_ctx, attack_options={"fine-tune": {"head": "forest"}})
     result = get_attack("fine-tune").run(ctx)
     assert result["status"] == "failed" and "forest" in result["reason"]
 
 
-@pytest.mark.slow
 def test_cli_fills_report_json_with_the_three_attacks(tmp_path):
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as exit_info:
