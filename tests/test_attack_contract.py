@@ -47,8 +47,19 @@ def test_attack_runs_fills_metrics_and_is_reproducible(name, digits_ctx):
     assert first["primary_metric"] in first["baseline"]
     assert math.isfinite(first["advantage"]) and first["seconds"] > 0
     json.dumps(first)  # report.json must be able to hold it
-    assert first["metrics"] == pytest.approx(second["metrics"], rel=1e-5, abs=1e-6), \
+    assert flat(first["metrics"]) == pytest.approx(flat(second["metrics"]), rel=1e-5, abs=1e-6), \
         "same seed, same result"
+
+
+def flat(metrics: dict, prefix: str = "") -> dict:
+    """Nested metric dicts (e.g. accuracy_by_k) as one flat dict, for approximate comparison."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)
