@@ -20,7 +20,7 @@ from splitaudit.attacks.reconstruction import (
 )
 from splitaudit.context import AuditContext
 
-DEFAULTS = {"epochs": 40, "quick_epochs": 15, "lr": 3e-3, "batch_size": 64,
+DEFAULTS = {"epochs": 30, "quick_epochs": 15, "lr": 5e-3, "batch_size": 64,
             "patience": 8, "holdout_fraction": 0.1}
 DECODE_BATCH = 512
 
