@@ -19,8 +19,9 @@ from splitaudit.attacks.reconstruction import (
     mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
 )
 from splitaudit.context import AuditContext
+from splitaudit.estimators.prior import single_cpu_thread
 
-DEFAULTS = {"epochs": 30, "quick_epochs": 15, "lr": 5e-3, "batch_size": 64,
+DEFAULTS = {"epochs": 25, "quick_epochs": 15, "lr": 5e-3, "batch_size": 64,
             "patience": 8, "holdout_fraction": 0.1}
 DECODE_BATCH = 512
 
@@ -46,8 +47,9 @@ class DecoderAttack(Attack):
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         settings = {**DEFAULTS, **ctx.options(self.name)}
         gen = ctx.generator(seed)
-        decoder, details = train_decoder(ctx, seed, gen, settings)
-        x_hat = decode(decoder, ctx.observed_embeddings("target", gen))
+        with single_cpu_thread(ctx.device):  # small networks: extra CPU threads only wait on each other
+            decoder, details = train_decoder(ctx, seed, gen, settings)
+            x_hat = decode(decoder, ctx.observed_embeddings("target", gen))
         x_true, is_image = ctx.target.x, ctx.target.is_image
         return SeedOutcome(
             metrics=reconstruction_metrics(x_true, x_hat, is_image),

@@ -22,6 +22,7 @@ from splitaudit.attacks.reconstruction import (
     data_range, mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
 )
 from splitaudit.context import AuditContext
+from splitaudit.estimators.prior import single_cpu_thread
 from splitaudit.models import Encoder
 
 DEFAULTS = {"steps": 200, "quick_steps": 100, "samples": 128, "quick_samples": 64,
@@ -59,7 +60,8 @@ class OptimizationAttack(Attack):
         z = ctx.observed_embeddings("target", gen)[index]
         x_true, is_image = ctx.target.x[index], ctx.target.is_image
         steps = settings["quick_steps"] if ctx.quick else settings["steps"]
-        x_unbiased, x_map = invert_both(ctx, z, settings["prior"], steps, settings["lr"])
+        with single_cpu_thread(ctx.device):  # small batches: extra CPU threads only wait on each other
+            x_unbiased, x_map = invert_both(ctx, z, settings["prior"], steps, settings["lr"])
         unbiased = reconstruction_metrics(x_true, x_unbiased, is_image)
         posterior = reconstruction_metrics(x_true, x_map, is_image)
         best, x_best = (posterior, x_map) if posterior["mse"] < unbiased["mse"] else (unbiased, x_unbiased)
