@@ -187,7 +187,7 @@ def test_map_beats_unbiased_without_noise_when_the_encoder_is_not_injective():
     result = get_attack("optimization").run(make_context("digits_mlp.onnx", "digits.npz"))
     metrics = result["metrics"]
     assert result["details"]["map_weight"] > 0
-    assert metrics["mse_map"] < 0.8 * metrics["mse_unbiased"]  # measured ~0.65x
+    assert metrics["mse_map"] < 0.8 * metrics["mse_unbiased"]  # measured 0.70x (quick)
     assert metrics["mse"] == metrics["mse_map"]
 
 
