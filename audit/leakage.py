@@ -131,7 +131,8 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
                   stderr: float) -> dict:
     """dFIL's distribution; stderr is that of the mean (over samples, and probes if random);
     per_sample[i] belongs to target sample target_index[i]."""
-    order = torch.argsort(per_sample, descending=True)[:LEAKIEST]
+    # Ranked by ||J||_F^2, which orders dFIL for any sigma and still ranks samples at sigma = 0.
+    order = torch.argsort(m.traces.values, descending=True)[:LEAKIEST]
     notes = []
     if ctx.noise_sigma == 0:
         notes.append("noise sigma is 0: the encoder is deterministic, so dFIL is infinite wherever its "
@@ -155,7 +156,8 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
         "exact": m.traces.exact, "products_per_sample": m.traces.products,
         "noise_sigma": ctx.noise_sigma, "smoothing": m.smoothing, "trace_over_d": m.trace_over_d,
         "n_samples": len(m.index), "n_target": m.n_target,
-        "leakiest": [{"index": int(m.index[i]), "dfil": float(per_sample[i])} for i in order.tolist()],
+        "leakiest": [{"index": int(m.index[i]), "dfil": float(per_sample[i]),
+                      "jacobian_sq_norm": float(m.traces.values[i])} for i in order.tolist()],
         "per_sample": per_sample.tolist(), "target_index": m.index.tolist(), "notes": notes,
     }
     if not m.traces.exact:

@@ -45,6 +45,7 @@ DFIL_LABELS = {"mean": "mean dFIL", "median": "median dFIL", "max": "max dFIL", 
 PRIOR_LABELS = {"method": "prior estimator", "smoothing": "randomized smoothing τ", "J_over_d": "prior term J(π)/d",
                 "stam_limit": "Stam limit 1/τ²", "validity": "validity", "valid": "estimate valid"}
 SHAPE_KEYS = {"input_shape", "output_shape", "sample_shape"}
+MAX_LIST_FACT = 16  # longer lists (per-sample values, indices) are charts or tables, not facts
 NOT_FACTS = {"per_sample", "notes", "leakiest", "leakiest_samples", "warnings"}
 
 
@@ -115,6 +116,7 @@ class ReportView:
     title: str
     subtitle: str
     passed: bool
+    verdict_class: str
     headline: str
     reasons: list[str]
     alerts: list[str]
@@ -141,6 +143,7 @@ def build_view(result: dict, with_figures: bool = True) -> ReportView:
         title="splitaudit leakage report",
         subtitle=subtitle(result),
         passed=bool(_gate(result).get("passed", False)),
+        verdict_class=verdict_class(result),
         headline=headline(result),
         reasons=[str(r) for r in _gate(result).get("reasons") or []],
         alerts=_alerts(result, attacks),
@@ -210,11 +213,28 @@ def _failed_checks(result: dict) -> list[dict]:
     return [c for c in _gate(result).get("checks") or [] if isinstance(c, dict) and not c.get("passed")]
 
 
+THRESHOLD_KEYS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage")
+
+
+def thresholds_set(result: dict) -> bool:
+    """Whether any pass/fail threshold was asked for (otherwise "passed" only means "complete")."""
+    return any(is_number(_gate(result).get(key)) for key in THRESHOLD_KEYS)
+
+
+def verdict_class(result: dict) -> str:
+    """pass / fail, or neutral for a complete audit that had no thresholds to meet."""
+    if not _gate(result).get("passed"):
+        return "fail"
+    return "pass" if thresholds_set(result) else "neutral"
+
+
 def headline(result: dict) -> str:
     gate = _gate(result)
     if not gate:
         return "NO VERDICT: the result has no gate section"
     if gate.get("passed"):
+        if not thresholds_set(result):
+            return "AUDIT COMPLETE: no pass/fail thresholds were set; read the findings below"
         return "PASSED: every gate check passed"
     kinds = [CHECK_FAILURES.get(str(c.get("name", "")).split(":")[0], str(c.get("name"))) for c in _failed_checks(result)]
     return "FAILED: " + ("; ".join(dict.fromkeys(kinds)) or "the gate did not pass")
@@ -362,7 +382,8 @@ def _facts(section: dict, labels: dict[str, str]) -> Table | None:
         value = section[key]
         if key in NOT_FACTS or isinstance(value, dict) or value is None or value == "":
             continue
-        if isinstance(value, list) and (not value or isinstance(value[0], (dict, list))):
+        if isinstance(value, list) and (not value or len(value) > MAX_LIST_FACT
+                                        or isinstance(value[0], (dict, list))):
             continue
         rows.append([labels.get(key, key.replace("_", " ")), shape(value) if key in SHAPE_KEYS else text(value)])
     return Table(["", ""], rows) if rows else None
@@ -409,7 +430,7 @@ def _bounds_table(bounds: dict) -> Table | None:
                      "data distribution", "1 / (mean dFIL + J(π)/d)"])
     if "cramer_rao_mse" in bounds:
         rows.append(["Cramér-Rao", number(bounds["cramer_rao_mse"]), "unbiased attackers (no prior knowledge)",
-                     "mean over samples of 1 / dFIL"])
+                     "1 / mean dFIL"])
     return Table(["bound", "MSE at least", "holds against", "formula"], rows) if rows else None
 
 

@@ -284,3 +284,17 @@ def test_render_and_compare_commands(tmp_path, capsys):
                   "--out", str(tmp_path / "cmp"), "--format", "md"])
     assert exc.value.code == 0 and [p.name for p in (tmp_path / "cmp").glob("*.md")] == ["comparison.md"]
     assert "comparison.md" in capsys.readouterr().out
+
+
+def test_a_complete_audit_without_thresholds_is_not_called_passed():
+    """With no gate thresholds, "passed" only means "complete": the banner must not claim more."""
+    from splitaudit.gate import evaluate_gate
+    from splitaudit.reports.view import build_view
+
+    result = fixture("image_audit")
+    gated = build_view(result, with_figures=False)
+    assert gated.verdict_class == "pass" and gated.headline.startswith("PASSED")
+    result["gate"] = evaluate_gate(result)  # the same audit with no thresholds asked for
+    plain = build_view(result, with_figures=False)
+    assert plain.passed and plain.verdict_class == "neutral"
+    assert plain.headline.startswith("AUDIT COMPLETE") and "PASSED" not in plain.headline
