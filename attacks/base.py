@@ -38,6 +38,7 @@ class Attack(ABC):
     primary_metric: ClassVar[str]
     needs: ClassVar[frozenset[str]] = frozenset()
     assumptions: ClassVar[str] = ""  # what the attacker is assumed to hold, for the report
+    advantage_basis: ClassVar[str] = ""  # how `advantage` is taken, when not at the headline metric
 
     @abstractmethod
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
@@ -64,6 +65,8 @@ class Attack(ABC):
         """The result entry for report.json (never raises for a failure inside the attack)."""
         entry: dict[str, Any] = {"kind": self.kind, "assumptions": self.assumptions,
                                  "primary_metric": self.primary_metric}
+        if self.advantage_basis:
+            entry["advantage_basis"] = self.advantage_basis
         reason = self.missing(ctx)
         if reason:
             return {**entry, "status": "skipped", "reason": reason}

@@ -78,6 +78,13 @@ class FineTuneAttack(Attack):
         "raw inputs."
     )
 
+    advantage_basis = "the largest gain over the k values tried (the bottom model helps most with few labels)"
+
+    def advantage(self, metrics: dict, baseline: dict) -> float:
+        """The largest accuracy gain over the k sweep: the bottom model helps most with few
+        labels (paper 000), and a gate on the advantage must see that worst case."""
+        return max(metrics["accuracy_by_k"][k] - baseline["accuracy_by_k"][k] for k in metrics["accuracy_by_k"])
+
     def missing(self, ctx: AuditContext) -> str | None:
         reason = super().missing(ctx)
         if reason is None and ctx.options(self.name).get("head") == "top-model" and ctx.top_model is None:

@@ -454,8 +454,9 @@ def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Att
     if not _ok(attack):
         return view
     view.metrics = _metrics_table(name, attack)
+    basis = f" Taken as {attack['advantage_basis']}." if attack.get("advantage_basis") else ""
     view.advantage = (f"Advantage {mean_std(attack.get('advantage'), attack.get('advantage_std'))}: "
-                      f"{advantage_words(view.kind, attack.get('advantage'))}.")
+                      f"{advantage_words(view.kind, attack.get('advantage'))}.{basis}")
     seeds = attack.get("seeds") or []
     view.runs = {0: "", 1: "one seed, so no spread"}.get(len(seeds), f"mean ± std over {len(seeds)} seeds")
     if is_finite(attack.get("seconds")):
