@@ -30,7 +30,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from splitaudit.attacks.base import Attack, SeedOutcome
-from splitaudit.attacks.kmeans import single_thread_if_small
+from splitaudit.threads import threads_for
 from splitaudit.context import AuditContext
 
 VALIDATION_FRACTION = 0.25
@@ -86,7 +86,7 @@ def probe_attack(aux: torch.Tensor, aux_attr: np.ndarray, target: torch.Tensor,
     fit_x, val_x, fit_a, val_a = train_test_split(features, aux_attr, test_size=VALIDATION_FRACTION,
                                                   random_state=seed, stratify=aux_attr)
     fitted, validation = {}, {}
-    with single_thread_if_small(features.size), warnings.catch_warnings():
+    with threads_for(features.size), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # the epoch cap is deliberate
         for name, probe in probes(seed, epochs).items():
             fitted[name] = probe.fit(fit_x, fit_a)

@@ -19,7 +19,7 @@ from splitaudit.attacks.reconstruction import (
     mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
 )
 from splitaudit.context import AuditContext
-from splitaudit.estimators.prior import single_cpu_thread
+from splitaudit.threads import threads_for
 
 DEFAULTS = {"epochs": 25, "quick_epochs": 15, "lr": 5e-3, "batch_size": 64,
             "patience": 8, "holdout_fraction": 0.1}
@@ -47,7 +47,7 @@ class DecoderAttack(Attack):
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         settings = {**DEFAULTS, **ctx.options(self.name)}
         gen = ctx.generator(seed)
-        with single_cpu_thread(ctx.device):  # small networks: extra CPU threads only wait on each other
+        with threads_for(ctx.aux.x.numel(), ctx.device):
             decoder, details = train_decoder(ctx, seed, gen, settings)
             x_hat = decode(decoder, ctx.observed_embeddings("target", gen))
         x_true, is_image = ctx.target.x, ctx.target.is_image

@@ -23,9 +23,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome
-from splitaudit.attacks.kmeans import single_thread_if_small
 from splitaudit.attacks.nets import bottom_architecture, mlp, reinitialized_copy, seeded
 from splitaudit.context import AuditContext
+from splitaudit.threads import threads_for
 
 DEFAULT_KS = (1, 5, 10, 40)
 QUICK_KS = (1, 10)
@@ -98,7 +98,7 @@ class FineTuneAttack(Attack):
         z_target = ctx.observed_embeddings("target", noise)
         shots = k_shot_indices(ctx.aux.y, settings.ks, seed)
         attack, baseline, epochs, baseline_epochs = {}, {}, {}, {}
-        with single_thread_if_small(ctx.target.x.numel()):
+        with threads_for(ctx.target.x.numel(), ctx.device):
             for k, index in shots.items():
                 labels = ctx.aux.y[index]
                 head = make_head(settings.head, ctx, z_aux[index], labels, seed)

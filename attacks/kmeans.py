@@ -13,22 +13,18 @@ Example::
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
-
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-from threadpoolctl import threadpool_limits
 
 from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.context import AuditContext
+from splitaudit.threads import threads_for
 
 N_INIT = 10  # paper 000, app. B.0.3: scikit-learn's k-means with 10 initialisations
 MAX_ITER = 300  # scikit-learn's default, which the paper used; explicit so results do not move with it
-SMALL_PROBLEM = 1_000_000  # data values below which attacks run single-threaded (see below)
 
 
 class KMeansAttack(Attack):
@@ -57,7 +53,7 @@ class KMeansAttack(Attack):
 def cluster_scores(features: torch.Tensor, labels: np.ndarray, n_clusters: int, seed: int) -> dict[str, float]:
     """k-means on flattened features; accuracy under the best assignment, NMI and ARI."""
     points = features.detach().flatten(1).cpu().numpy().astype(np.float64)
-    with single_thread_if_small(points.size):
+    with threads_for(points.size):
         clusters = KMeans(n_clusters=n_clusters, n_init=N_INIT, max_iter=MAX_ITER,
                           random_state=seed).fit_predict(points)
     return {
@@ -65,23 +61,6 @@ def cluster_scores(features: torch.Tensor, labels: np.ndarray, n_clusters: int, 
         "nmi": float(normalized_mutual_info_score(labels, clusters)),
         "ari": float(adjusted_rand_score(labels, clusters)),
     }
-
-
-@contextmanager
-def single_thread_if_small(values: int) -> Iterator[None]:
-    """One thread for torch and for scikit-learn's OpenMP/BLAS pools while working on fewer than
-    SMALL_PROBLEM data values: there, extra threads gain nothing and wait on each other whenever
-    the cores are busy (measured 10-40x slower on 2 shared cores). Restored afterwards."""
-    if values >= SMALL_PROBLEM:
-        yield
-        return
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with threadpool_limits(limits=1):
-            yield
-    finally:
-        torch.set_num_threads(torch_threads)
 
 
 def best_assignment_accuracy(clusters: np.ndarray, labels: np.ndarray) -> float:

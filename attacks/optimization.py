@@ -24,8 +24,8 @@ from splitaudit.attacks.reconstruction import (
     data_range, mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
 )
 from splitaudit.context import AuditContext
-from splitaudit.estimators.prior import single_cpu_thread
 from splitaudit.models import Encoder
+from splitaudit.threads import threads_for
 
 DEFAULTS = {"steps": 200, "quick_steps": 100, "samples": 128, "quick_samples": 64,
             "lr": 0.1, "prior": "gaussian"}
@@ -64,7 +64,7 @@ class OptimizationAttack(Attack):
         x_true, is_image = ctx.target.x[index], ctx.target.is_image
         steps = settings["quick_steps"] if ctx.quick else settings["steps"]
         weight = map_weight(ctx)
-        with single_cpu_thread(ctx.device):  # small batches: extra CPU threads only wait on each other
+        with threads_for(ctx.aux.x.numel(), ctx.device):
             x_unbiased, x_map = invert_both(ctx, z, settings["prior"], weight, steps, settings["lr"])
         unbiased = reconstruction_metrics(x_true, x_unbiased, is_image)
         posterior = reconstruction_metrics(x_true, x_map, is_image)

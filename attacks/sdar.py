@@ -35,7 +35,7 @@ from splitaudit.attacks.nets import Decoder, bottom_architecture, mlp, seeded
 from splitaudit.attacks.reconstruction import (mean_guess_baseline, reconstruction_examples,
                                                reconstruction_metrics)
 from splitaudit.context import AuditContext
-from splitaudit.estimators.prior import single_cpu_thread
+from splitaudit.threads import threads_for
 
 # Paper 003, Appendix B-C "Hyperparameters" and Table VII (vanilla SL, all datasets).
 LAMBDA1 = 0.02  # weight of d1's adversarial loss in the simulator's loss (Eq. 3)
@@ -130,7 +130,7 @@ def sdar_reconstruct(ctx: AuditContext, observed: torch.Tensor, seed: int, itera
     """
     # Dropout draws from the global RNG (seeded: reproducible runs). The networks are small: on
     # CPU one thread avoids the threads' hand-offs that slow small ops down on busy cores.
-    with seeded(seed), single_cpu_thread(ctx.device):
+    with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
         nets = SDARNets.build(ctx, seed, regularizers)
         gen = ctx.generator(seed + TRAINING_STREAM)
         with ctx.progress(total=iterations, desc=f"sdar (seed {seed})") as bar:

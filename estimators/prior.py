@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import copy
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn as nn
 from torch import Tensor
+
+from splitaudit.threads import threads_for
 
 PRIOR_METHODS = ("ssm", "dsm", "gaussian")
 DSM_NOISE_FRACTION = 0.1  # dsm without smoothing: noise level as a fraction of the data's std
@@ -141,7 +142,7 @@ def score_matching_prior(x: Tensor, method: str, smoothing: float, seed: int,
     generator = torch.Generator(device=x.device).manual_seed(seed)
     train, heldout = _split(x, settings, generator)
     loss = _ssm_vr_loss if method == "ssm" else _dsm_loss
-    with single_cpu_thread(x.device):
+    with threads_for(x.numel(), x.device):
         net, info = train_score_net(train, heldout, loss, noise, settings, generator, seed, on_epoch)
         j, se = _score_energy(net, heldout, noise, settings.eval_draws, generator)
     d = x[0].numel()
@@ -149,22 +150,6 @@ def score_matching_prior(x: Tensor, method: str, smoothing: float, seed: int,
                          gaussian_floor=1.0 / (variance + noise**2), stam_limit=stam_limit(noise),
                          notes=notes, details={**info, "noise": noise, "n_train": len(train),
                                                "n_heldout": len(heldout)})
-
-
-@contextmanager
-def single_cpu_thread(device: torch.device):
-    """Run torch on one CPU thread (restored afterwards). Score networks are small: their ops are
-    too short to share between threads, and on two busy cores the threads' hand-offs made SSM
-    training on the digits sample 18x slower (250 s against 13.5 s)."""
-    if device.type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _split(x: Tensor, settings: ScoreSettings, generator: torch.Generator) -> tuple[Tensor, Tensor]:
