@@ -262,7 +262,7 @@ def _alerts(result: dict, attacks: dict[str, dict]) -> list[str]:
     violated = _section(result, "bounds").get("violated_by") or []
     if violated:
         alerts.append(f"The provable bound is not trustworthy: {text(violated)} reconstructed inputs better than "
-                      "it allows, so the prior estimate is too optimistic.")
+                      f"it allows, so its assumptions do not hold here ({_violation_causes(result)}).")
     if _section(result, "run").get("quick"):
         alerts.append("Quick smoke run (fewer seeds, epochs and probes): the numbers are indicative only.")
     return alerts
@@ -327,6 +327,21 @@ def _strongest(attacks: dict[str, dict]) -> Item:
     return Item("Strongest attack", words, "bad" if attack["advantage"] > 0 else "good")
 
 
+def _violation_causes(result: dict) -> str:
+    """The likely reasons an attack beats the van Trees bound, for the reader."""
+    smoothing = _section(result, "prior").get("smoothing")
+    causes = ["the prior estimate may be too optimistic"]
+    if is_finite(smoothing) and smoothing > 0:
+        causes.insert(0, f"the bound covers inputs smoothed with noise τ = {number(smoothing)} while the attacks "
+                         "reconstruct the clean inputs, so it applies only if the client smooths its inputs")
+    return "; ".join(causes)
+
+
+def _smoothing_condition(calibration: dict) -> str:
+    smoothing = calibration.get("smoothing")
+    return f", for inputs smoothed with noise τ = {number(smoothing)}" if is_finite(smoothing) and smoothing > 0 else ""
+
+
 def _recommended_noise(calibration: dict, current: Any) -> Item:
     target = number(calibration.get("target_mse"))
     sigma = calibration.get("sigma")
@@ -336,7 +351,7 @@ def _recommended_noise(calibration: dict, current: Any) -> Item:
         return Item("Recommended noise", f"No amount of embedding noise can guarantee MSE ≥ {target}: {reason}.",
                     "warn")
     words = (f"Gaussian noise with σ = {number(sigma)} on the embeddings guarantees MSE ≥ {target} "
-             f"against any attacker{now}.")
+             f"against any attacker{_smoothing_condition(calibration)}{now}.")
     if is_finite(calibration.get("sigma_unbiased")):
         words += f" Against unbiased attackers only, σ = {number(calibration['sigma_unbiased'])} would suffice."
     return Item("Recommended noise", words, "info")

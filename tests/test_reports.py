@@ -298,3 +298,17 @@ def test_a_complete_audit_without_thresholds_is_not_called_passed():
     plain = build_view(result, with_figures=False)
     assert plain.passed and plain.verdict_class == "neutral"
     assert plain.headline.startswith("AUDIT COMPLETE") and "PASSED" not in plain.headline
+
+
+def test_smoothed_bounds_state_their_condition_wherever_they_promise_something():
+    """With randomized smoothing the bound covers smoothed inputs only (paper 004, A.1): the
+    recommendation must say so, and a violation must name that cause before blaming the prior."""
+    from splitaudit.reports.view import build_view
+
+    result = fixture("blackbox_audit")
+    result["prior"]["smoothing"] = result["calibration"]["smoothing"] = 0.25
+    view = build_view(result, with_figures=False)
+    noise = next(item.text for item in view.summary if item.label == "Recommended noise")
+    assert "for inputs smoothed with noise τ = 0.25" in noise
+    alert = next(a for a in view.alerts if a.startswith("The provable bound is not trustworthy"))
+    assert "applies only if the client smooths its inputs" in alert
