@@ -97,9 +97,10 @@ class SDARAttack(Attack):
     d1 itself learns (without g, seed 0: it separates f~(x_aux) from the targets at 98%
     accuracy within 100 steps and still at 97% after 1500), but the simulator's pull towards
     it, weighted by lambda1 = 0.02, is too weak to move f~ in 300 steps; the paper runs 20k.
-    Removing d2 does cost about 15% (0.0376/0.0374/0.0453 with g), but not through its adversarial term (weight 1e-5, learning rate 1e-8): running the decoder
-    on target embeddings in training mode also moves its batch-norm running statistics towards
-    them, and doing only that without d2 recovers the full MSE (0.0348/0.0318/0.0369).
+    Removing d2 does cost about 15% (0.0376/0.0374/0.0453 with g), but not through its
+    adversarial term (weight 1e-5, learning rate 1e-8): running the decoder on target embeddings
+    in training mode also moves its batch-norm running statistics towards them, and doing only
+    that without d2 recovers the full MSE (0.0348/0.0318/0.0369).
 
     Example: `splitaudit run model.onnx --aux data.npz --top-model top.pt --attacks sdar`.
     """
