@@ -209,6 +209,16 @@ CHECK_FAILURES = {"audit-complete": "the audit is incomplete", "fail-under-mse":
                   "max-advantage": "an attack's advantage is above the cap"}
 
 
+def _failure_kind(check: dict) -> str:
+    """What a failed check means in a few words; a bound that meets its threshold yet failed was
+    beaten by an attack, so it is untrustworthy rather than too low."""
+    name = str(check.get("name", "")).split(":")[0]
+    value, threshold = check.get("value"), check.get("threshold")
+    if name == "fail-under-mse" and is_number(value) and is_number(threshold) and value >= threshold:
+        return "the provable bound cannot be trusted"
+    return CHECK_FAILURES.get(name, name)
+
+
 def _failed_checks(result: dict) -> list[dict]:
     return [c for c in _gate(result).get("checks") or [] if isinstance(c, dict) and not c.get("passed")]
 
@@ -236,7 +246,7 @@ def headline(result: dict) -> str:
         if not thresholds_set(result):
             return "AUDIT COMPLETE: no pass/fail thresholds were set; read the findings below"
         return "PASSED: every gate check passed"
-    kinds = [CHECK_FAILURES.get(str(c.get("name", "")).split(":")[0], str(c.get("name"))) for c in _failed_checks(result)]
+    kinds = [_failure_kind(c) for c in _failed_checks(result)]
     return "FAILED: " + ("; ".join(dict.fromkeys(kinds)) or "the gate did not pass")
 
 

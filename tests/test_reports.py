@@ -312,3 +312,17 @@ def test_smoothed_bounds_state_their_condition_wherever_they_promise_something()
     assert "for inputs smoothed with noise τ = 0.25" in noise
     alert = next(a for a in view.alerts if a.startswith("The provable bound is not trustworthy"))
     assert "applies only if the client smooths its inputs" in alert
+
+
+def test_a_bound_beaten_by_an_attack_is_called_untrustworthy_not_too_low():
+    from splitaudit.gate import evaluate_gate
+    from splitaudit.reports.view import build_view
+
+    result = fixture("blackbox_audit")
+    bound = result["bounds"]["van_trees_mse"]
+    assert result["bounds"]["violated_by"]
+    result["gate"] = evaluate_gate(result, fail_under_mse=bound / 2)  # the bound clears the threshold
+    assert build_view(result, with_figures=False).headline == "FAILED: the provable bound cannot be trusted"
+    result["gate"] = evaluate_gate({**result, "bounds": {**result["bounds"], "violated_by": []}},
+                                   fail_under_mse=bound * 2)
+    assert build_view(result, with_figures=False).headline == "FAILED: the provable bound is too low"
