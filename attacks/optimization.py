@@ -24,6 +24,7 @@ from splitaudit.attacks.reconstruction import (
     data_range, mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
 )
 from splitaudit.context import AuditContext
+from splitaudit.data import in_unit_range
 from splitaudit.models import Encoder
 from splitaudit.threads import threads_for
 
@@ -101,7 +102,7 @@ def invert(encoder: Encoder, z: torch.Tensor, aux_x: torch.Tensor, prior: str,
     Iterates are clamped to [0, 1] when the aux data lies there (projected gradient descent).
     """
     neg_log_prior = fit_prior(aux_x, prior)
-    unit_range = bool(aux_x.min() >= 0 and aux_x.max() <= 1)
+    unit_range = in_unit_range(aux_x)
     x = aux_x.mean(dim=0, keepdim=True).expand(len(z), *aux_x.shape[1:]).clone().requires_grad_(True)
     optimizer = torch.optim.Adam([x], lr=lr * data_range(aux_x))
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from pytorch_msssim import ssim
 
+from splitaudit.data import in_unit_range
+
 SSIM_MAX_WINDOW = 11  # the usual Gaussian window (sigma 1.5); smaller images get a smaller odd one
 MIN_MSE_FOR_PSNR = 1e-10  # a perfect reconstruction reports 100 dB for range 1 instead of infinity
 EXAMPLE_DECIMALS = 4
@@ -23,9 +25,9 @@ def per_sample_mse(x_true: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
 
 def data_range(x_true: torch.Tensor) -> float:
     """1 for data in [0, 1] (pixels); otherwise the target's value range (max - min), or 1 if constant."""
-    low, high = float(x_true.min()), float(x_true.max())
-    if low >= 0 and high <= 1:
+    if in_unit_range(x_true):
         return 1.0
+    low, high = float(x_true.min()), float(x_true.max())
     return high - low if high > low else 1.0
 
 

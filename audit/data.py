@@ -41,7 +41,7 @@ class Dataset:
 
     @property
     def in_unit_range(self) -> bool:
-        return bool(self.x.min() >= 0 and self.x.max() <= 1)
+        return in_unit_range(self.x)
 
     @property
     def num_classes(self) -> int | None:
@@ -54,6 +54,11 @@ class Dataset:
     def to(self, device) -> "Dataset":
         move = (lambda t: None if t is None else t.to(device))
         return replace(self, x=self.x.to(device), y=move(self.y), attr=move(self.attr))
+
+
+def in_unit_range(x: torch.Tensor) -> bool:
+    """Whether every value lies in [0, 1] (pixel-like data: decoders squash and attacks clamp there)."""
+    return bool(x.min() >= 0 and x.max() <= 1)
 
 
 def load_dataset(path: str | Path, input_shape: tuple[int, ...] | None = None,
