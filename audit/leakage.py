@@ -230,9 +230,21 @@ def flag_violations(result: dict) -> None:
             violated.append(name)
     bounds["violated_by"] = violated
     if violated:
+        causes = violation_causes(result["prior"]["smoothing"])
+        bounds["violation_causes"] = causes
         bounds.setdefault("notes", []).append(
             f"{', '.join(violated)} reconstructed below the van Trees bound: the bound's assumptions failed "
-            "(most likely the prior term J was underestimated), so it is not a guarantee here")
+            f"({'; '.join(causes)}), so it is not a guarantee here")
+
+
+def violation_causes(smoothing: float) -> list[str]:
+    """Why an attack can beat the van Trees bound, likeliest first."""
+    causes = ["the prior term J may be underestimated (score matching struggles with data near a "
+              "low-dimensional manifold)"]
+    if smoothing > 0:
+        causes.insert(0, f"the bound covers inputs smoothed with noise tau = {smoothing:g} (paper 004, A.1) while "
+                         "the attacks reconstruct the clean inputs, so it applies only if the client smooths its inputs")
+    return causes
 
 
 # --- splitaudit calibrate ---------------------------------------------------------------------

@@ -271,8 +271,9 @@ def _alerts(result: dict, attacks: dict[str, dict]) -> list[str]:
               if a.get("status") == "failed"]
     violated = _section(result, "bounds").get("violated_by") or []
     if violated:
+        causes = _section(result, "bounds").get("violation_causes") or []
         alerts.append(f"The provable bound is not trustworthy: {text(violated)} reconstructed inputs better than "
-                      f"it allows, so its assumptions do not hold here ({_violation_causes(result)}).")
+                      "it allows, so its assumptions do not hold here" + (f" ({'; '.join(causes)})." if causes else "."))
     if _section(result, "run").get("quick"):
         alerts.append("Quick smoke run (fewer seeds, epochs and probes): the numbers are indicative only.")
     return alerts
@@ -335,16 +336,6 @@ def _strongest(attacks: dict[str, dict]) -> Item:
              f"against {number(base)} for its baseline; "
              f"{advantage_words(attack.get('kind', ''), attack['advantage'])}.")
     return Item("Strongest attack", words, "bad" if attack["advantage"] > 0 else "good")
-
-
-def _violation_causes(result: dict) -> str:
-    """The likely reasons an attack beats the van Trees bound, for the reader."""
-    smoothing = _section(result, "prior").get("smoothing")
-    causes = ["the prior estimate may be too optimistic"]
-    if is_finite(smoothing) and smoothing > 0:
-        causes.insert(0, f"the bound covers inputs smoothed with noise τ = {number(smoothing)} while the attacks "
-                         "reconstruct the clean inputs, so it applies only if the client smooths its inputs")
-    return "; ".join(causes)
 
 
 def _smoothing_condition(calibration: dict) -> str:

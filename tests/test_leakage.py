@@ -116,6 +116,7 @@ def attack(kind: str, mse: float, std: float = 0.0, status: str = "ok") -> dict:
 def test_flag_violations_lists_reconstructions_below_the_bound_beyond_their_error():
     result = {
         "bounds": {"van_trees_mse": 0.02, "van_trees_stderr": 0.001, "violated_by": [], "notes": []},
+        "prior": {"smoothing": 0.25},
         "attacks": {
             "decoder": attack("reconstruction", 0.01),  # below by 10 standard errors
             "sdar": attack("reconstruction", 0.019, std=0.002),  # below, within the error
@@ -131,6 +132,9 @@ def test_flag_violations_lists_reconstructions_below_the_bound_beyond_their_erro
     assert result["attacks"]["sdar"]["bound_check"]["margin"] == pytest.approx(2 * math.hypot(0.002, 0.001))
     assert "bound_check" not in result["attacks"]["kmeans"]
     assert "assumptions failed" in result["bounds"]["notes"][-1]
+    # With smoothing the likeliest cause is that the bound covers smoothed inputs (paper 004, A.1).
+    causes = result["bounds"]["violation_causes"]
+    assert "smoothed with noise tau = 0.25" in causes[0] and "prior term J" in causes[1]
 
 
 def test_a_zero_bound_is_never_violated():

@@ -303,10 +303,12 @@ def test_a_complete_audit_without_thresholds_is_not_called_passed():
 def test_smoothed_bounds_state_their_condition_wherever_they_promise_something():
     """With randomized smoothing the bound covers smoothed inputs only (paper 004, A.1): the
     recommendation must say so, and a violation must name that cause before blaming the prior."""
+    from splitaudit.leakage import flag_violations
     from splitaudit.reports.view import build_view
 
     result = fixture("blackbox_audit")
     result["prior"]["smoothing"] = result["calibration"]["smoothing"] = 0.25
+    flag_violations(result)
     view = build_view(result, with_figures=False)
     noise = next(item.text for item in view.summary if item.label == "Recommended noise")
     assert "for inputs smoothed with noise τ = 0.25" in noise
