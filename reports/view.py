@@ -280,7 +280,8 @@ def _alerts(result: dict, attacks: dict[str, dict]) -> list[str]:
 
 
 def _summary(result: dict, attacks: dict[str, dict]) -> list[Item]:
-    items = [Item("Verdict", _verdict_text(result), "good" if _gate(result).get("passed") else "bad")]
+    tone = {"pass": "good", "fail": "bad"}.get(verdict_class(result), "info")
+    items = [Item("Verdict", _verdict_text(result), tone)]
     items.append(_protection(result, attacks))
     items.append(_strongest(attacks))
     calibration = _section(result, "calibration")

@@ -298,6 +298,7 @@ def test_a_complete_audit_without_thresholds_is_not_called_passed():
     plain = build_view(result, with_figures=False)
     assert plain.passed and plain.verdict_class == "neutral"
     assert plain.headline.startswith("AUDIT COMPLETE") and "PASSED" not in plain.headline
+    assert plain.summary[0].label == "Verdict" and plain.summary[0].tone == "info"
 
 
 def test_smoothed_bounds_state_their_condition_wherever_they_promise_something():
