@@ -39,6 +39,7 @@ class Attack(ABC):
     needs: ClassVar[frozenset[str]] = frozenset()
     assumptions: ClassVar[str] = ""  # what the attacker is assumed to hold, for the report
     advantage_basis: ClassVar[str] = ""  # how `advantage` is taken, when not at the headline metric
+    option_names: ClassVar[frozenset[str]] = frozenset()  # the keys its [attack.NAME] table takes
 
     @abstractmethod
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:

@@ -29,7 +29,7 @@ DECODE_BATCH = 512
 class DecoderAttack(Attack):
     """Learned inversion with query access: decoder trained on (f(x_aux) + noise, x_aux).
 
-    Options (`[attack.decoder]`): epochs (quick_epochs under --quick), lr, batch_size,
+    Options (`[attack.decoder]`): epochs (a cap; quick_epochs under --quick), lr, batch_size,
     patience (epochs without a better hold-out MSE before stopping), holdout_fraction.
     Example: `splitaudit run model.onnx --aux data.npz --attacks decoder`.
     """

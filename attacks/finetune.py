@@ -50,9 +50,6 @@ class FineTuneSettings:
     @classmethod
     def from_context(cls, ctx: AuditContext) -> "FineTuneSettings":
         options = ctx.options(FineTuneAttack.name)
-        unknown = set(options) - {"head", "k", "epochs"}
-        if unknown:
-            raise ValueError(f"unknown fine-tune options {sorted(unknown)}; use head, k, epochs")
         head = str(options.get("head", "linear"))
         if head not in HEADS:
             raise ValueError(f"fine-tune head must be one of {', '.join(HEADS)}, got {head!r}")
@@ -71,6 +68,7 @@ class FineTuneAttack(Attack):
     kind = "label"
     primary_metric = "accuracy"
     needs = frozenset({"labels"})
+    option_names = frozenset({"head", "k", "epochs"})
     assumptions = (
         "The attacker holds the trained bottom model (frozen) and k labelled samples per class from "
         "the same domain, and trains a fresh top model on their embeddings (model completion, "

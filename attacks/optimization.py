@@ -48,6 +48,7 @@ class OptimizationAttack(Attack):
     kind = "reconstruction"
     primary_metric = "mse"
     needs = frozenset({"gradients"})
+    option_names = frozenset(DEFAULTS)
     assumptions = (
         "White-box: the attacker knows the bottom model's weights (it can differentiate f) and "
         "the noise level, observes the target embeddings, and fits its prior and starting "

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from splitaudit import __version__
-from splitaudit.attacks import ATTACK_NAMES, get_attack
+from splitaudit.attacks import ATTACK_NAMES, check_attack_options, get_attack
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.data import Dataset, load_dataset, split_dataset
@@ -79,6 +79,7 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     clock = time.perf_counter()
     options.validate()
     names = select_attacks(options.attacks)
+    check_attack_options(options.attack_options)
     torch.manual_seed(options.seed)
     ctx = prepare_context(options, progress)
     from splitaudit import leakage
