@@ -85,7 +85,7 @@ def synthetic_context(device: torch.device) -> AuditContext:
 
 
 def seconds_per_iteration(ctx: AuditContext, iterations: int, warmup: int) -> float:
-    nets = SDARNets.build(ctx, seed=0, regularizers=FULL)
+    nets = SDARNets.build(ctx, seed=0, regularizers=FULL, known_labels=ctx.target.y)  # vanilla SL
     observed = ctx.observed_embeddings("target", ctx.generator(0))
     gen = ctx.generator(1)
     for _ in range(warmup):
