@@ -15,6 +15,8 @@ from splitaudit.reports.formatting import (
     advantage_words, is_finite, is_number, mean_std, number, shape, signed, text,
 )
 
+# An attack without query access -> the attack with query access it is compared with (issue 5).
+QUERY_ACCESS_REFERENCE = {"sdar": "decoder"}
 ATTACK_TITLES = {
     "fine-tune": "Model completion (fine-tune)",
     "kmeans": "Clustering (k-means)",
@@ -92,6 +94,7 @@ class AttackView:
     examples: Table | None = None
     details: Table | None = None
     beats_bound: bool = False
+    comparison: str = ""
 
 
 @dataclass
@@ -487,8 +490,23 @@ def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Att
                               [[str(e.get("label", "")), number(e.get("index")), number(e.get("mse"))]
                                for e in examples])
     view.details = _facts(attack.get("details") or {}, {})
+    view.comparison = _query_access_note(name, attack, result)
     view.beats_bound = name in (_section(result, "bounds").get("violated_by") or [])
     return view
+
+
+def _query_access_note(name: str, attack: dict, result: dict) -> str:
+    """For an attack without query access, what the query-access attack on the same data gets."""
+    reference = QUERY_ACCESS_REFERENCE.get(name)
+    other = _attacks(result).get(reference) if reference else None
+    if not (other and _ok(other)):
+        return ""
+    ours, theirs = (attack.get("metrics") or {}).get("mse"), (other.get("metrics") or {}).get("mse")
+    if not (is_finite(ours) and is_finite(theirs) and theirs > 0):
+        return ""
+    return (f"What query access is worth: the {reference} attack, which can run the bottom model, "
+            f"reaches MSE {number(theirs)}; this attack, which cannot, {number(ours)} "
+            f"({ours / theirs:.2g}x the error).")
 
 
 def _metrics_table(name: str, attack: dict) -> Table | None:
