@@ -115,6 +115,9 @@ class SDARAttack(Attack):
     with d1, 0.112 without (4x). With g, g already ties f~ to f and d1 adds 10-15% (1500
     iterations: 0.0168 vs 0.0185; 4000 iterations with predicted labels: 0.011 vs 0.014).
     Neither shows at 300 iterations: d1's pull, weighted by lambda1 = 0.02, needs time.
+    On small tabular data SDAR is unstable (breast_cancer, 285 aux rows, binary label, with g,
+    seed 0: target MSE 0.013 at 600 iterations, 0.059 at 2000, mean guess 0.021): g barely
+    constrains f~ and d1 does not keep it on f's embeddings; paper 003 evaluates images only.
     Removing d2 costs about 15% (300 iterations, predicted labels: 0.0376/0.0374/0.0453 against
     0.0318/0.0331/0.0392, seeds 0-2), but not through its adversarial term (weight 1e-5,
     learning rate 1e-8): running the decoder on target embeddings in training mode also moves
