@@ -102,11 +102,10 @@ class SDARAttack(Attack):
     """SDAR (paper 003): simulator + decoder, each regularised by a discriminator.
 
     Options (`[attack.sdar]`): `iterations` (default 2000 with g, 3000 without, quick 150),
-    `batch_size` (32),
-    `labels` ("true": the server holds the targets' labels, as in vanilla SL; "predicted": it
-    labels them with g or its own head); `ablation = true` also runs the variants without d1
-    and without d2 (same seed, so the same initial networks) and reports their MSE as
-    `mse_no_d1` and `mse_no_d2`.
+    `batch_size` (32), `labels` ("true": the server holds the targets' labels, as in vanilla
+    SL; "predicted": it labels them with g or its own head); `ablation = true` also runs the
+    variants without d1 and without d2 (same seed, so the same initial networks) and reports
+    their MSE as `mse_no_d1` and `mse_no_d2`.
 
     What the ablation shows (digits CNN, test contexts, the targets' labels; paper 003 reports
     about 3x on CIFAR-10). Without g, d1 is all that ties f~ to f: the decoder fits f~'s
