@@ -1,0 +1,71 @@
+"""SDAR's target MSE against training iterations, with and without d1 (the paper's ablation).
+
+Reproduces the learning curves behind SDAR's default iteration counts and the ablation test
+(attacks/sdar.py, tests/test_sdar.py): on a bundled sample model, trains the attack from the
+same seed with every regulariser and without d1, and prints the MSE of its reconstructions of
+the target data every `--every` iterations, beside the mean-guess baseline. The target MSE is
+what the attacker cannot see; this script is a measurement, not part of the attack.
+
+    python benchmarks/sdar_curve.py                          # digits CNN without g, 3000 iterations
+    python benchmarks/sdar_curve.py --top-model --iterations 2000 --seed 1
+    python benchmarks/sdar_curve.py --model breast_cancer_mlp --top-model
+"""
+from __future__ import annotations
+
+import argparse
+from importlib.resources import files
+
+from splitaudit.attacks.nets import seeded
+from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
+from splitaudit.attacks.sdar import ABLATIONS, FULL, TRAINING_STREAM, SDARNets, sdar_iteration
+from splitaudit.config import AuditOptions
+from splitaudit.pipeline import prepare_context
+from splitaudit.threads import threads_for
+
+DATA = {"breast_cancer_mlp": "breast_cancer.npz"}  # every other sample model uses digits.npz
+VARIANTS = {"full": FULL, "no d1": ABLATIONS["mse_no_d1"]}
+
+
+def curve(ctx, regularizers, seed: int, iterations: int, every: int) -> list[float]:
+    """Target MSE every `every` iterations of one SDAR run (the attack's own training step)."""
+    observed = ctx.observed_embeddings("target", ctx.generator(seed))
+    target = ctx.target
+    mses = []
+    with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
+        nets = SDARNets.build(ctx, seed, regularizers, target.y)
+        gen = ctx.generator(seed + TRAINING_STREAM)
+        for i in range(1, iterations + 1):
+            sdar_iteration(ctx, nets, observed, gen, 32)
+            if i % every == 0:
+                x_hat, _ = nets.decode(observed)
+                nets.decoder.train()
+                mses.append(reconstruction_metrics(target.x, x_hat, target.is_image)["mse"])
+    return mses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="digits_cnn", help="a bundled sample model's name")
+    parser.add_argument("--top-model", action="store_true", help="give the attacker the model's g")
+    parser.add_argument("--iterations", type=int, default=3000)
+    parser.add_argument("--every", type=int, default=250)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    samples = files("splitaudit.sample_models")
+    options = AuditOptions(model=str(samples / f"{args.model}.onnx"),
+                           aux=str(samples / DATA.get(args.model, "digits.npz")),
+                           top_model=str(samples / f"{args.model}_top.pt") if args.top_model else None,
+                           seed=0, quick=True).validate()
+    ctx = prepare_context(options)
+    baseline = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
+    print(f"{args.model}, {'with' if args.top_model else 'without'} g, seed {args.seed}, targets' labels, "
+          f"batch 32; mean-guess MSE {baseline:.4f}")
+    curves = {name: curve(ctx, regs, args.seed, args.iterations, args.every) for name, regs in VARIANTS.items()}
+    print(f"{'iteration':>9}  " + "  ".join(f"{name:>8}" for name in curves) + "  no d1 / full")
+    for row, step in enumerate(range(args.every, args.iterations + 1, args.every)):
+        full, no_d1 = curves["full"][row], curves["no d1"][row]
+        print(f"{step:>9}  {full:8.4f}  {no_d1:8.4f}  {no_d1 / full:12.2f}")
+
+
+if __name__ == "__main__":
+    main()
