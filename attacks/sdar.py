@@ -27,6 +27,7 @@ embeddings by their noise alone), and the decoder learns to decode noisy embeddi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -179,12 +180,15 @@ def default_iterations(ctx: AuditContext) -> int:
 
 
 def sdar_reconstruct(ctx: AuditContext, observed: torch.Tensor, known_labels: torch.Tensor | None,
-                     seed: int, iterations: int, batch_size: int,
-                     regularizers: Regularizers) -> tuple[torch.Tensor, torch.Tensor]:
+                     seed: int, iterations: int, batch_size: int, regularizers: Regularizers,
+                     after_iteration: Callable[[int, "SDARNets"], None] | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Train SDAR's networks for `iterations`; decode the observed target embeddings.
 
     `known_labels` are the targets' labels when the server holds them, else None (predicted).
-    Returns the reconstructions and the labels they were decoded with.
+    `after_iteration(i, nets)`, when given, runs after iteration i (benchmarks/sdar_curve.py
+    measures the learning curve with it). Returns the reconstructions and the labels they were
+    decoded with.
     """
     # Dropout draws from the global RNG (seeded: reproducible runs). The networks are small: on
     # CPU one thread avoids the threads' hand-offs that slow small ops down on busy cores.
@@ -192,8 +196,10 @@ def sdar_reconstruct(ctx: AuditContext, observed: torch.Tensor, known_labels: to
         nets = SDARNets.build(ctx, seed, regularizers, known_labels)
         gen = ctx.generator(seed + TRAINING_STREAM)
         with ctx.progress(total=iterations, desc=f"sdar (seed {seed})") as bar:
-            for _ in range(iterations):
+            for i in range(1, iterations + 1):
                 sdar_iteration(ctx, nets, observed, gen, batch_size)
+                if after_iteration is not None:
+                    after_iteration(i, nets)
                 bar.update(1)
         return nets.decode(observed)
 

@@ -15,31 +15,28 @@ from __future__ import annotations
 import argparse
 from importlib.resources import files
 
-from splitaudit.attacks.nets import seeded
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
-from splitaudit.attacks.sdar import ABLATIONS, FULL, TRAINING_STREAM, SDARNets, sdar_iteration
+from splitaudit.attacks.sdar import ABLATIONS, BATCH_SIZE, FULL, SDARNets, sdar_reconstruct
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
-from splitaudit.threads import threads_for
 
 DATA = {"breast_cancer_mlp": "breast_cancer.npz"}  # every other sample model uses digits.npz
 VARIANTS = {"full": FULL, "no d1": ABLATIONS["mse_no_d1"]}
 
 
 def curve(ctx, regularizers, seed: int, iterations: int, every: int) -> list[float]:
-    """Target MSE every `every` iterations of one SDAR run (the attack's own training step)."""
+    """Target MSE every `every` iterations of one SDAR run (the attack's own training)."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     target = ctx.target
     mses = []
-    with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
-        nets = SDARNets.build(ctx, seed, regularizers, target.y)
-        gen = ctx.generator(seed + TRAINING_STREAM)
-        for i in range(1, iterations + 1):
-            sdar_iteration(ctx, nets, observed, gen, 32)
-            if i % every == 0:
-                x_hat, _ = nets.decode(observed)
-                nets.decoder.train()
-                mses.append(reconstruction_metrics(target.x, x_hat, target.is_image)["mse"])
+
+    def measure(i: int, nets: SDARNets) -> None:
+        if i % every == 0:
+            x_hat, _ = nets.decode(observed)
+            nets.decoder.train()
+            mses.append(reconstruction_metrics(target.x, x_hat, target.is_image)["mse"])
+
+    sdar_reconstruct(ctx, observed, target.y, seed, iterations, BATCH_SIZE, regularizers, measure)
     return mses
 
 
@@ -59,7 +56,7 @@ def main() -> None:
     ctx = prepare_context(options)
     baseline = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
     print(f"{args.model}, {'with' if args.top_model else 'without'} g, seed {args.seed}, targets' labels, "
-          f"batch 32; mean-guess MSE {baseline:.4f}")
+          f"batch {BATCH_SIZE}; mean-guess MSE {baseline:.4f}")
     curves = {name: curve(ctx, regs, args.seed, args.iterations, args.every) for name, regs in VARIANTS.items()}
     print(f"{'iteration':>9}  " + "  ".join(f"{name:>8}" for name in curves) + "  no d1 / full")
     for row, step in enumerate(range(args.every, args.iterations + 1, args.every)):
