@@ -6,6 +6,7 @@ model runs black-box through onnxruntime (forward passes only, no gradients).
 """
 from __future__ import annotations
 
+import importlib.machinery
 import sys
 import types
 import warnings
@@ -254,6 +255,7 @@ def _import_torchvision_or_stub() -> None:
 
     for name in ("torchvision", "torchvision.ops", "torchvision.io"):
         stub = types.ModuleType(name)
+        stub.__spec__ = importlib.machinery.ModuleSpec(name, None)  # find_spec() callers (torch.onnx) need one
         stub.__getattr__ = unavailable
         stub.__path__ = []
         sys.modules[name] = stub
