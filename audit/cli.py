@@ -103,7 +103,7 @@ def cli() -> None:
 @click.option("--attack-option", "attack_option", multiple=True, metavar="NAME.KEY=VALUE",
               help="An attack setting, e.g. sdar.ablation=true (repeatable).")
 @click.option("--out", help="Output folder (default ./splitaudit-report).")
-@click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json (default all).")
+@click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json,sarif (default html,md,json).")
 @click.option("--fail-under-mse", type=float, help="Gate: fail when the van Trees bound MSE is below T.")
 @click.option("--fail-under-attack-mse", type=float, help="Gate: fail when any reconstruction attack's MSE is below T.")
 @click.option("--max-advantage", type=float, help="Gate: fail when any attack's advantage over its baseline exceeds A.")
@@ -129,16 +129,16 @@ def demo(out: str, quick: bool, device: str, debug: bool) -> None:
 
 
 def _audit_and_report(options: AuditOptions) -> None:
-    from splitaudit.pipeline import run_audit
-    from splitaudit.reports import terminal_summary, write_junit, write_reports
+    from splitaudit.api import run as run_api
+    from splitaudit.reports import terminal_summary, write_junit
 
-    result = run_audit(options, progress=cli_progress)
-    written = write_reports(result, Path(options.out), options.formats)
+    outcome = run_api(options, progress=cli_progress)
+    written = outcome.write(options.out, options.formats)
     if options.junit:
-        written.append(write_junit(result, Path(options.junit)))
-    click.echo(terminal_summary(result))
+        written.append(write_junit(outcome.data, Path(options.junit)))
+    click.echo(terminal_summary(outcome.data))
     click.echo("wrote " + ", ".join(str(p) for p in written))
-    if not result["gate"]["passed"]:
+    if not outcome.passed:
         raise SystemExit(EXIT_GATE_FAILED)
 
 
@@ -191,6 +191,14 @@ def compare(before: str, after: str, formats: list[str], out: str, debug: bool) 
     _check_formats(formats)
     written = write_comparison(load_result(Path(before)), load_result(Path(after)), Path(out), formats)
     click.echo("wrote " + ", ".join(str(p) for p in written))
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of report.json (what every output is rendered from)."""
+    from splitaudit.result import SCHEMA_FILE
+
+    click.echo(files("splitaudit").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"), nl=False)
 
 
 def _check_formats(formats: list[str]) -> None:

@@ -13,14 +13,14 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 PRIORS = ("ssm", "dsm", "gaussian")
-FORMATS = ("html", "md", "json")
+FORMATS = ("html", "md", "json", "sarif")
 
 
 @dataclass
 class AuditOptions:
     """Everything `splitaudit run` can be told. Field names match the TOML keys."""
 
-    model: str = ""
+    model: str = ""  # the Python API may pass an nn.Module here, and Datasets as aux/target
     aux: str = ""
     target: str | None = None
     attacks: list[str] = field(default_factory=lambda: ["all"])
@@ -34,7 +34,7 @@ class AuditOptions:
     attr_column: str | None = None
     target_fraction: float = 0.5
     out: str = "splitaudit-report"
-    formats: list[str] = field(default_factory=lambda: list(FORMATS))
+    formats: list[str] = field(default_factory=lambda: ["html", "md", "json"])  # sarif on request
     fail_under_mse: float | None = None
     fail_under_attack_mse: float | None = None
     max_advantage: float | None = None

@@ -61,9 +61,12 @@ def in_unit_range(x: torch.Tensor) -> bool:
     return bool(x.min() >= 0 and x.max() <= 1)
 
 
-def load_dataset(path: str | Path, input_shape: tuple[int, ...] | None = None,
+def load_dataset(path: "str | Path | Dataset", input_shape: tuple[int, ...] | None = None,
                  label_column: str | None = None, attr_column: str | None = None) -> Dataset:
-    """Load .npz, CSV or an image folder; reshape/resize to input_shape when it is known."""
+    """Load .npz, CSV or an image folder; reshape/resize to input_shape when it is known.
+    A Dataset already in memory (the Python API) gets the same checks."""
+    if isinstance(path, Dataset):
+        return _validated(path, input_shape)
     path = Path(path)
     if not path.exists():
         raise InputError(f"data path not found: {path}")
@@ -211,3 +214,14 @@ def split_dataset(data: Dataset, target_fraction: float, seed: int) -> tuple[Dat
     if n_target < 1 or n_target >= len(data):
         raise InputError(f"{data.source} has {len(data)} samples: too few to split into aux and target parts")
     return data.subset(perm[n_target:]), data.subset(perm[:n_target])
+
+
+def dataset_from_arrays(x, y=None, attr=None, source: str = "<in-memory arrays>") -> Dataset:
+    """Arrays or tensors (the Python API) as a Dataset, with labels mapped as the file loaders map them."""
+    x = np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x)
+    if not np.issubdtype(x.dtype, np.number) or x.ndim < 2:
+        raise InputError(f"{source}: x must be a numeric array of samples (N, ...), got {x.dtype} of shape {x.shape}")
+    as_numpy = (lambda v: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)
+    labels, names = _labels(as_numpy(y), "y", len(x), Path(source))
+    attrs, _ = _labels(as_numpy(attr), "attr", len(x), Path(source))
+    return Dataset(x=torch.as_tensor(x, dtype=torch.float32), y=labels, attr=attrs, class_names=names, source=source)

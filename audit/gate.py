@@ -1,4 +1,7 @@
-"""The CI gate: turn a finished result into pass/fail checks with reasons (no I/O)."""
+"""The CI gate: turn a finished result into pass/fail checks with reasons (no I/O).
+
+Each check records its cause (splitaudit.result.CheckCause) and severity here, once: the
+reports, SARIF and JUnit outputs read them and never re-decide a verdict."""
 from __future__ import annotations
 
 import math
@@ -23,16 +26,18 @@ def evaluate_gate(result: dict, fail_under_mse: float | None = None,
     }
 
 
-def _check(name: str, passed: bool, message: str, value=None, threshold=None) -> dict:
-    return {"name": name, "passed": bool(passed), "value": value, "threshold": threshold, "message": message}
+def _check(name: str, passed: bool, cause: str, message: str, value=None, threshold=None) -> dict:
+    """A failed check is an error (it fails the gate); a passed one has no severity."""
+    return {"name": name, "passed": bool(passed), "value": value, "threshold": threshold, "message": message,
+            "cause": cause, "severity": "none" if passed else "error"}
 
 
 def _completeness(result: dict) -> dict:
     """A failed attack makes the audit incomplete: it must not pass as if it were whole."""
     failed = [name for name, a in result.get("attacks", {}).items() if a.get("status") == "failed"]
     if failed:
-        return _check("audit-complete", False, "audit incomplete: attack(s) failed: " + ", ".join(failed))
-    return _check("audit-complete", True, "every selected attack ran or was skipped with a reason")
+        return _check("audit-complete", False, "incomplete", "audit incomplete: attack(s) failed: " + ", ".join(failed))
+    return _check("audit-complete", True, "complete", "every selected attack ran or was skipped with a reason")
 
 
 def _bound_check(result: dict, threshold: float) -> dict:
@@ -40,15 +45,15 @@ def _bound_check(result: dict, threshold: float) -> dict:
     bound = bounds.get("van_trees_mse")
     violated = bounds.get("violated_by") or []
     if not isinstance(bound, (int, float)) or math.isnan(bound):
-        return _check("fail-under-mse", False, "no van Trees bound was computed, so the bound gate cannot "
+        return _check("fail-under-mse", False, "bound-missing", "no van Trees bound was computed, so the bound gate cannot "
                       "pass", None, threshold)
     if violated:
-        return _check("fail-under-mse", False, "the van Trees bound is not trustworthy: attack(s) "
+        return _check("fail-under-mse", False, "bound-untrusted", "the van Trees bound is not trustworthy: attack(s) "
                       f"{', '.join(violated)} beat it", bound, threshold)
     if bound < threshold:
-        return _check("fail-under-mse", False, f"van Trees bound MSE {bound:.4g} is below the threshold "
+        return _check("fail-under-mse", False, "bound-too-low", f"van Trees bound MSE {bound:.4g} is below the threshold "
                       f"{threshold:.4g} (short by {threshold - bound:.4g})", bound, threshold)
-    return _check("fail-under-mse", True, f"van Trees bound MSE {bound:.4g} >= {threshold:.4g}", bound, threshold)
+    return _check("fail-under-mse", True, "bound-met", f"van Trees bound MSE {bound:.4g} >= {threshold:.4g}", bound, threshold)
 
 
 def _attack_mse_check(result: dict, threshold: float) -> dict:
@@ -56,14 +61,14 @@ def _attack_mse_check(result: dict, threshold: float) -> dict:
                 if a.get("status") == "ok" and a.get("kind") == "reconstruction"
                 and not math.isnan(a.get("metrics", {}).get("mse", math.nan))}
     if not measured:
-        return _check("fail-under-attack-mse", False, "no reconstruction attack ran, so the attack-MSE "
+        return _check("fail-under-attack-mse", False, "no-reconstruction-attack", "no reconstruction attack ran, so the attack-MSE "
                       "floor cannot be checked", None, threshold)
     name = min(measured, key=measured.get)
     best = measured[name]
     if best < threshold:
-        return _check("fail-under-attack-mse", False, f"{name} reconstructs with MSE {best:.4g}, below the "
+        return _check("fail-under-attack-mse", False, "attack-mse-too-low", f"{name} reconstructs with MSE {best:.4g}, below the "
                       f"floor {threshold:.4g} (by {threshold - best:.4g})", best, threshold)
-    return _check("fail-under-attack-mse", True, f"best reconstruction MSE {best:.4g} ({name}) >= {threshold:.4g}",
+    return _check("fail-under-attack-mse", True, "attack-mse-met", f"best reconstruction MSE {best:.4g} ({name}) >= {threshold:.4g}",
                   best, threshold)
 
 
@@ -75,5 +80,6 @@ def _advantage_checks(result: dict, cap: float) -> list[dict]:
         adv = attack["advantage"]
         message = (f"{name} advantage {adv:.4g} {'<=' if adv <= cap else 'exceeds'} the cap {cap:.4g}"
                    + ("" if adv <= cap else f" (by {adv - cap:.4g})"))
-        checks.append(_check(f"max-advantage:{name}", adv <= cap, message, adv, cap))
+        cause = "advantage-within-cap" if adv <= cap else "advantage-too-high"
+        checks.append(_check(f"max-advantage:{name}", adv <= cap, cause, message, adv, cap))
     return checks

@@ -11,6 +11,7 @@ import sys
 import types
 import warnings
 import zipfile
+from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -36,6 +37,10 @@ NON_SMOOTH_TORCHSCRIPT = {
     "clamp", "clamp_", "abs", "max", "min", "sign", "floor", "ceil", "round", "max_pool1d",
     "max_pool2d", "max_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "hardsigmoid",
     "hardswish", "argmax", "argmin", "topk", "threshold",
+}
+NON_SMOOTH_MODULES = {
+    "ReLU", "ReLU6", "LeakyReLU", "PReLU", "RReLU", "Hardtanh", "Hardsigmoid", "Hardswish", "Threshold",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
 }
 
 
@@ -126,8 +131,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def open_model(path: str | Path, device: torch.device) -> RawModel:
-    """Open a model file; raise InputError with a one-line reason when it cannot be used."""
+def open_model(path: str | Path | nn.Module, device: torch.device) -> RawModel:
+    """Open a model file (or take an in-memory module); raise InputError with a one-line reason
+    when it cannot be used."""
+    if isinstance(path, nn.Module):
+        return wrap_module(path, device)
     path = Path(path)
     if not path.exists():
         raise InputError(f"model file not found: {path}")
@@ -136,6 +144,16 @@ def open_model(path: str | Path, device: torch.device) -> RawModel:
     if detect_format(path) == "torchscript":
         return _open_torchscript(path, device)
     return _open_onnx(path, device)
+
+
+def wrap_module(module: nn.Module, device: torch.device) -> RawModel:
+    """An in-memory torch module (the Python API), copied so that the caller's module is left as it was."""
+    copy = deepcopy(module).to(device).eval()
+    for p in copy.parameters():
+        p.requires_grad_(False)
+    layers = {type(m).__name__ for m in copy.modules()}
+    return RawModel(path=Path(f"<in-memory {type(module).__name__}>"), format="torch", declared_input_shape=None,
+                    fixed_batch=None, torch_module=copy, non_smooth_ops=sorted(layers & NON_SMOOTH_MODULES))
 
 
 def detect_format(path: Path) -> str:

@@ -20,8 +20,7 @@ from splitaudit.data import Dataset, load_dataset, split_dataset
 from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
 from splitaudit.models import open_model, prepare_encoder, resolve_device
-
-SCHEMA_VERSION = 1
+from splitaudit.result import SCHEMA_VERSION
 PARITY_BATCH = 64
 
 
@@ -119,10 +118,15 @@ def describe_run(ctx: AuditContext, options: AuditOptions, started: datetime) ->
 
 def describe_data(ctx: AuditContext, options: AuditOptions) -> dict:
     return {
-        "aux_path": options.aux, "target_path": options.target,
+        "aux_path": source_name(options.aux), "target_path": source_name(options.target),
         "n_aux": len(ctx.aux), "n_target": len(ctx.target),
         "classes": ctx.num_classes, "class_names": ctx.aux.class_names,
         "has_labels": ctx.aux.y is not None, "has_attr": ctx.aux.attr is not None,
         "is_image": ctx.aux.is_image, "in_unit_range": ctx.aux.in_unit_range,
         "sample_shape": list(ctx.aux.sample_shape),
     }
+
+
+def source_name(value) -> str | None:
+    """A data path as given, or the source of in-memory data (the Python API)."""
+    return value if value is None or isinstance(value, str) else str(getattr(value, "source", value))

@@ -48,7 +48,7 @@ PRIOR_LABELS = {"method": "prior estimator", "smoothing": "randomized smoothing 
                 "stam_limit": "Stam limit 1/τ²", "validity": "validity", "valid": "estimate valid"}
 SHAPE_KEYS = {"input_shape", "output_shape", "sample_shape"}
 MAX_LIST_FACT = 16  # longer lists (per-sample values, indices) are charts or tables, not facts
-NOT_FACTS = {"per_sample", "notes", "leakiest", "leakiest_samples", "warnings"}
+NOT_FACTS = {"per_sample", "notes", "leakiest", "warnings"}
 
 
 @dataclass
@@ -108,6 +108,7 @@ class BoundsView:
     notes: list[str]
     chart: Figure | None
     violated_by: list[str]
+    violation_causes: list[str] = field(default_factory=list)  # as the leakage stage recorded them
 
     def is_empty(self) -> bool:
         return not any([self.bounds, self.dfil, self.dfil_chart, self.dfil_note, self.leakiest, self.prior,
@@ -207,19 +208,17 @@ def subtitle(result: dict) -> str:
     return " · ".join(parts)
 
 
-CHECK_FAILURES = {"audit-complete": "the audit is incomplete", "fail-under-mse": "the provable bound is too low",
-                  "fail-under-attack-mse": "an attack reconstructs too well",
-                  "max-advantage": "an attack's advantage is above the cap"}
+CAUSE_WORDS = {"incomplete": "the audit is incomplete", "bound-too-low": "the provable bound is too low",
+               "bound-untrusted": "the provable bound cannot be trusted",
+               "bound-missing": "no provable bound was computed",
+               "attack-mse-too-low": "an attack reconstructs too well",
+               "no-reconstruction-attack": "no reconstruction attack ran",
+               "advantage-too-high": "an attack's advantage is above the cap"}
 
 
 def _failure_kind(check: dict) -> str:
-    """What a failed check means in a few words; a bound that meets its threshold yet failed was
-    beaten by an attack, so it is untrustworthy rather than too low."""
-    name = str(check.get("name", "")).split(":")[0]
-    value, threshold = check.get("value"), check.get("threshold")
-    if name == "fail-under-mse" and is_number(value) and is_number(threshold) and value >= threshold:
-        return "the provable bound cannot be trusted"
-    return CHECK_FAILURES.get(name, name)
+    """A failed check's cause, as the gate recorded it, in a few words."""
+    return CAUSE_WORDS.get(check["cause"], str(check.get("message", "")))
 
 
 def _failed_checks(result: dict) -> list[dict]:
@@ -437,9 +436,10 @@ def _bounds(result: dict, figures: Figures) -> BoundsView:
                 + (" (σ = 0: a noiseless encoder)." if result.get("noise_sigma") == 0 else "."))
     return BoundsView(
         bounds=_bounds_table(bounds), dfil=_facts(dfil, DFIL_LABELS), dfil_chart=chart, dfil_note=note,
-        leakiest=_records(dfil.get("leakiest") or dfil.get("leakiest_samples") or bounds.get("leakiest")),
+        leakiest=_records(dfil.get("leakiest")),
         prior=_facts(prior, PRIOR_LABELS), notes=_notes(dfil, prior, bounds),
         chart=_bounds_chart(result, figures), violated_by=[str(v) for v in bounds.get("violated_by") or []],
+        violation_causes=[str(c) for c in bounds.get("violation_causes") or []],
     )
 
 

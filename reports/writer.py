@@ -14,8 +14,7 @@ from tabulate import tabulate
 
 from splitaudit.errors import InputError
 from splitaudit.reports.view import Figure, Table, build_view
-
-SCHEMA_VERSION = 1
+from splitaudit.result import SCHEMA_VERSION, first_error
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 
@@ -43,16 +42,27 @@ def from_strict_json(value):
 
 
 def load_result(path: Path) -> dict:
-    """Read a report.json written by splitaudit, checking its schema version."""
+    """Read a report.json written by splitaudit; InputError names the first place it breaks the schema."""
     try:
-        result = from_strict_json(json.loads(Path(path).read_text()))
+        stored = json.loads(Path(path).read_text())
     except FileNotFoundError as exc:
         raise InputError(f"report not found: {path}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path} is not a splitaudit report.json (invalid JSON: {exc})") from exc
-    if not isinstance(result, dict) or result.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(f"{path} is not a splitaudit report.json of schema version {SCHEMA_VERSION}")
-    return result
+    return checked_result(stored, str(path))
+
+
+def checked_result(stored, source: str) -> dict:
+    """A report.json document (as stored) checked against the schema, with its numbers restored."""
+    if not isinstance(stored, dict) or "schema_version" not in stored:
+        raise InputError(f"{source} is not a splitaudit report.json (no schema_version)")
+    if stored["schema_version"] != SCHEMA_VERSION:
+        raise InputError(f"{source} is a report of schema version {stored['schema_version']!r}; this splitaudit "
+                         f"reads version {SCHEMA_VERSION} (rerun the audit, or render it with the version that wrote it)")
+    error = first_error(stored)
+    if error:
+        raise InputError(f"{source}: {error}")
+    return from_strict_json(stored)
 
 
 def markdown_text(value) -> Markup:
@@ -123,15 +133,39 @@ def render_pages(view, out_dir: Path, formats: list[str], stem: str) -> list[Pat
     return written
 
 
+def render_html(result: dict) -> str:
+    """The self-contained HTML report as a string (figures inline)."""
+    view = build_view(result)
+    inline_figures(view.figures)
+    return html_environment().get_template("report.html.j2").render(v=view)
+
+
+def render_summary_html(result: dict) -> str:
+    """A short HTML fragment (verdict, summary, attacks table) for notebooks; no figures."""
+    return html_environment().get_template("summary.html.j2").render(v=build_view(result, with_figures=False))
+
+
 def write_json(data: dict, path: Path) -> Path:
     path.write_text(json.dumps(to_strict_json(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return path
 
 
+def write_result_json(result: dict, path: Path) -> Path:
+    """report.json, checked against the schema first: a result that breaks it is a bug, never written."""
+    error = first_error(to_strict_json(result))
+    if error:
+        raise RuntimeError(f"the result breaks the report.json schema at {error}")
+    return write_json(result, path)
+
+
 def write_reports(result: dict, out_dir: Path, formats: list[str]) -> list[Path]:
-    """Write report.json / report.html / report.md into out_dir; returns the paths written."""
+    """Write report.json / .html / .md / .sarif (as asked) into out_dir; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [write_json(result, out_dir / "report.json")] if "json" in formats else []
+    written = [write_result_json(result, out_dir / "report.json")] if "json" in formats else []
     if "html" in formats or "md" in formats:
         written += render_pages(build_view(result), out_dir, formats, "report")
+    if "sarif" in formats:
+        from splitaudit.reports.sarif import write_sarif
+
+        written.append(write_sarif(result, out_dir / "report.sarif"))
     return written

@@ -1,0 +1,129 @@
+"""The Python API: `splitaudit.audit(model, aux, ...)` for notebooks and scripts.
+
+It takes an in-memory torch module or a model file, and arrays, tensors or data paths, runs the
+same pipeline as `splitaudit run` (the CLI calls `run` below), and returns an `AuditResult`:
+the report.json content with ways to render and save it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from splitaudit.config import AuditOptions
+from splitaudit.errors import InputError
+
+DEFAULT_FORMATS = ("html", "md", "json")
+
+
+class AuditResult:
+    """A finished audit: `.data` is the result (report.json's content, a splitaudit.result.Result)."""
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+
+    @property
+    def passed(self) -> bool:
+        """Whether every gate check passed (as the gate decided it)."""
+        return bool(self.data["gate"]["passed"])
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def to_json(self) -> str:
+        """report.json's text: strict JSON, non-finite numbers as "inf"/"-inf"/"nan"."""
+        from splitaudit.reports.writer import to_strict_json
+
+        return json.dumps(to_strict_json(self.data), indent=2, allow_nan=False)
+
+    def to_html(self) -> str:
+        """The full self-contained HTML report, as `splitaudit run` writes it."""
+        from splitaudit.reports.writer import render_html
+
+        return render_html(self.data)
+
+    def write(self, out_dir: str | Path, formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS) -> list[Path]:
+        """Write report.json/.html/.md (and .sarif when asked) into out_dir; returns the paths."""
+        from splitaudit.reports import write_reports
+
+        return write_reports(self.data, Path(out_dir), list(formats))
+
+    def _repr_html_(self) -> str:
+        """The verdict, summary and attacks table, for Jupyter."""
+        from splitaudit.reports.writer import render_summary_html
+
+        return render_summary_html(self.data)
+
+    def __repr__(self) -> str:
+        from splitaudit.reports.view import headline
+
+        return f"<AuditResult {self.data['model']['path']}: {headline(self.data)}>"
+
+
+def audit(model: Any, aux: Any, target: Any = None, attacks: str | list[str] = "all", noise_sigma: float = 0.0,
+          *, top_model: Any = None, prior: str = "ssm", smoothing: float | None = None,
+          input_shape: list[int] | None = None, normalize: list[float] | None = None,
+          label_column: str | None = None, attr_column: str | None = None, target_fraction: float = 0.5,
+          fail_under_mse: float | None = None, fail_under_attack_mse: float | None = None,
+          max_advantage: float | None = None, attack_options: dict[str, dict] | None = None,
+          seed: int = 0, device: str = "auto", quick: bool = False, progress: bool = False) -> AuditResult:
+    """Audit a bottom model and return the result.
+
+    model: a torch.nn.Module (copied, left unchanged) or a .onnx / TorchScript file.
+    aux, target: an array or tensor of samples, a tuple (x, y) or (x, y, attr), a dict with
+    keys x, y, attr, or a path (.npz, .csv, image folder). Without target, aux is split 50/50.
+    attacks: "all", "none", a comma string or a list of names. The keywords are `splitaudit run`'s
+    options. Bad input raises splitaudit.errors.InputError.
+    """
+    options = AuditOptions(
+        model=_model_source(model), aux=_data_source(aux, "aux"), target=_data_source(target, "target"),
+        attacks=attacks.split(",") if isinstance(attacks, str) else list(attacks), noise_sigma=noise_sigma,
+        prior=prior, smoothing=smoothing, top_model=None if top_model is None else _model_source(top_model),
+        input_shape=input_shape, normalize=normalize, label_column=label_column, attr_column=attr_column,
+        target_fraction=target_fraction, fail_under_mse=fail_under_mse, fail_under_attack_mse=fail_under_attack_mse,
+        max_advantage=max_advantage, attack_options=attack_options or {}, seed=seed, device=device, quick=quick)
+    return run(options, progress=_stderr_progress if progress else None)
+
+
+def run(options: AuditOptions, progress: Callable | None = None) -> AuditResult:
+    """Run the audit that `options` describe (the CLI's and audit()'s one code path)."""
+    from splitaudit.context import silent_progress
+    from splitaudit.pipeline import run_audit
+
+    return AuditResult(run_audit(options, progress=progress or silent_progress))
+
+
+def _stderr_progress(**kwargs):
+    from tqdm import tqdm
+
+    return tqdm(leave=False, **kwargs)
+
+
+def _model_source(model: Any) -> Any:
+    """A path as a string; a torch module as it is (opened by splitaudit.models.open_model)."""
+    if isinstance(model, (str, Path)):
+        return str(model)
+    import torch.nn as nn
+
+    if isinstance(model, nn.Module):
+        return model
+    raise InputError(f"model must be a torch.nn.Module or a path to a .onnx/TorchScript file, got {type(model).__name__}")
+
+
+def _data_source(data: Any, name: str) -> Any:
+    """A path as a string; arrays, tensors, (x, y[, attr]) or {x, y, attr} as an in-memory Dataset."""
+    if data is None or isinstance(data, (str, Path)):
+        return None if data is None else str(data)
+    from splitaudit.data import dataset_from_arrays
+
+    source = f"<in-memory {name}>"
+    if isinstance(data, dict):
+        unknown = set(data) - {"x", "y", "attr"}
+        if "x" not in data or unknown:
+            raise InputError(f"{name} as a dict takes keys x, y, attr (x required); got {sorted(data)}")
+        return dataset_from_arrays(data["x"], data.get("y"), data.get("attr"), source)
+    if isinstance(data, tuple):
+        if not 1 <= len(data) <= 3:
+            raise InputError(f"{name} as a tuple is (x,), (x, y) or (x, y, attr); got {len(data)} items")
+        return dataset_from_arrays(*data, source=source)
+    return dataset_from_arrays(data, source=source)

@@ -1,0 +1,343 @@
+"""The result object (report.json): its shape per section, its version, and its JSON Schema.
+
+Producers (pipeline, leakage, attacks, gate) keep building plain dicts; the TypedDicts below
+say what those dicts hold, and `json_schema()` turns them into the JSON Schema that every
+report.json written must satisfy (`splitaudit schema` prints it). A float field may also hold
+the strings "inf", "-inf" or "nan": that is how report.json stores non-finite numbers.
+
+To add a key: add it to the section's TypedDict (`NotRequired[...]` when not every run writes
+it), run `python -m splitaudit.result > audit/report.schema.json`, and let the test on real
+pipeline output prove that the producer writes it.
+"""
+
+import json
+import sys
+import types
+from functools import lru_cache
+from importlib.resources import files
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # pragma: no cover - exercised on Python 3.10 only (typing.TypedDict ignores NotRequired there)
+    from typing_extensions import NotRequired, TypedDict
+
+SCHEMA_VERSION = 2
+SCHEMA_FILE = "report.schema.json"
+NON_FINITE_PATTERN = "^(inf|-inf|nan)$"
+
+
+class Tool(TypedDict):
+    """The program that wrote the report."""
+
+    name: str
+    version: str
+
+
+class Run(TypedDict):
+    """When, where and how the audit ran."""
+
+    started: str
+    seconds: float | None
+    device: str
+    seed: int
+    quick: bool
+    seeds: list[int]
+    python: str
+    torch: str
+
+
+class Model(TypedDict):
+    """The audited bottom model as loaded and checked on real inputs."""
+
+    path: str
+    format: str
+    input_shape: list[int]
+    output_shape: list[int]
+    gradient_mode: Literal["autograd", "finite-difference"]
+    parity_max_abs_err: float | None
+    stochastic: bool
+    warnings: list[str]
+    providers: list[str]
+
+
+class Data(TypedDict):
+    """The auxiliary (attacker's) and target (victims') data."""
+
+    aux_path: str
+    target_path: str | None
+    n_aux: int
+    n_target: int
+    classes: int | None
+    class_names: list[str] | None
+    has_labels: bool
+    has_attr: bool
+    is_image: bool
+    in_unit_range: bool
+    sample_shape: list[int]
+
+
+class LeakySample(TypedDict):
+    """A target sample whose embedding carries the most Fisher information."""
+
+    index: int
+    dfil: float
+    jacobian_sq_norm: float
+
+
+class Dfil(TypedDict):
+    """Fisher information leakage per input dimension (Maeng et al., NeurIPS 2023)."""
+
+    mean: float
+    median: float
+    max: float
+    min: float
+    stderr: float
+    method: str
+    exact: bool
+    products_per_sample: int
+    noise_sigma: float
+    smoothing: float
+    trace_over_d: float
+    n_samples: int
+    n_target: int
+    leakiest: list[LeakySample]
+    per_sample: list[float]
+    per_sample_stderr: NotRequired[list[float]]
+    target_index: list[int]
+    notes: list[str]
+
+
+class Prior(TypedDict):
+    """The prior term J(pi)/d of the van Trees bound and its sanity checks."""
+
+    method: Literal["ssm", "dsm", "gaussian"]
+    smoothing: float
+    J_over_d: float
+    J_over_d_used: float
+    stderr: float
+    valid: bool
+    stam_limit: float | None
+    gaussian_floor: float | None
+    notes: list[str]
+    details: dict[str, Any]
+
+
+class Bounds(TypedDict):
+    """Lower bounds on any attacker's reconstruction MSE per input dimension."""
+
+    cramer_rao_mse: float
+    cramer_rao_mse_leakiest: float
+    van_trees_mse: float
+    van_trees_stderr: float
+    van_trees_stam_mse: float | None
+    mean_guess_mse: float
+    violated_by: list[str]
+    violation_causes: NotRequired[list[str]]
+    notes: list[str]
+
+
+class Calibration(TypedDict):
+    """The noise sigma that makes the van Trees bound reach a target MSE."""
+
+    target_mse: float
+    target_source: str
+    bound: Literal["van-trees"]
+    sigma: float | None
+    feasible: bool
+    reason: str
+    sigma_unbiased: float | None
+    trace_over_d: float
+    J_over_d: float
+    smoothing: float
+
+
+class BoundCheck(TypedDict):
+    """A reconstruction attack's MSE against the van Trees bound."""
+
+    van_trees_mse: float
+    margin: float
+    violated: bool
+
+
+Metrics = dict[str, Union[float, dict[str, float]]]
+
+
+class Attack(TypedDict):
+    """One attack's entry: skipped or failed with a reason, or ok with its numbers over seeds."""
+
+    kind: Literal["label", "reconstruction"]
+    assumptions: str
+    primary_metric: str
+    advantage_basis: NotRequired[str]
+    status: Literal["ok", "skipped", "failed"]
+    reason: str
+    metrics: NotRequired[Metrics]
+    metrics_std: NotRequired[Metrics]
+    baseline: NotRequired[Metrics]
+    baseline_std: NotRequired[Metrics]
+    advantage: NotRequired[float]
+    advantage_std: NotRequired[float]
+    seeds: NotRequired[list[int]]
+    seconds: NotRequired[float]
+    examples: NotRequired[list[dict[str, Any]]]
+    details: NotRequired[dict[str, Any]]
+    bound_check: NotRequired[BoundCheck]
+
+
+CheckCause = Literal[
+    "complete", "incomplete", "bound-met", "bound-missing", "bound-untrusted", "bound-too-low",
+    "attack-mse-met", "no-reconstruction-attack", "attack-mse-too-low", "advantage-within-cap",
+    "advantage-too-high",
+]
+Severity = Literal["none", "note", "warning", "error"]
+
+
+class GateCheck(TypedDict):
+    """One pass/fail check, decided once by the gate: why it passed or failed, and how much it matters."""
+
+    name: str
+    passed: bool
+    value: float | None
+    threshold: float | None
+    message: str
+    cause: CheckCause
+    severity: Severity
+
+
+class Gate(TypedDict):
+    """The CI gate: the thresholds asked for and each check's verdict."""
+
+    fail_under_mse: float | None
+    fail_under_attack_mse: float | None
+    max_advantage: float | None
+    passed: bool
+    reasons: list[str]
+    checks: list[GateCheck]
+
+
+class Result(TypedDict):
+    """A splitaudit report: everything the HTML, Markdown, SARIF and terminal outputs show."""
+
+    schema_version: Literal[SCHEMA_VERSION]
+    tool: Tool
+    run: Run
+    model: Model
+    data: Data
+    noise_sigma: float
+    dfil: Dfil
+    prior: Prior
+    bounds: Bounds
+    calibration: Calibration
+    attacks: dict[str, Attack]
+    gate: Gate
+
+
+# --- JSON Schema ---------------------------------------------------------------------------
+# A small generator over the typing constructs used above (about 40 lines) instead of a
+# library such as pydantic: it encodes report.json's non-finite numbers as one flat
+# {"type": [...], "pattern": ...} rule, so that a wrong value gets a one-level error.
+
+def json_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of report.json, generated from `Result`."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": f"splitaudit report.json, schema_version {SCHEMA_VERSION}", **_schema_of(Result)}
+
+
+def _schema_of(tp: Any) -> dict:
+    if tp is Any:
+        return {}
+    if _is_typed_dict(tp):
+        return _object_schema(tp)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin is list:
+        return {"type": "array", "items": _schema_of(args[0])}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _schema_of(args[1])}
+    if origin in (Union, types.UnionType):
+        return _union_schema(args)
+    return _scalar_schema(tp)
+
+
+def _scalar_schema(tp: Any) -> dict:
+    if tp is float:  # a number, or a non-finite one stored as a string
+        return {"type": ["number", "string"], "pattern": NON_FINITE_PATTERN}
+    names = {bool: "boolean", int: "integer", str: "string", type(None): "null"}
+    if tp not in names:
+        raise TypeError(f"no JSON Schema for {tp!r}")
+    return {"type": names[tp]}
+
+
+def _union_schema(args: tuple) -> dict:
+    """X | None stays flat for scalars (one error message); other unions become anyOf."""
+    parts = [_schema_of(a) for a in args]
+    if all(set(p) <= {"type", "pattern"} for p in parts):
+        merged: list[str] = []
+        for p in parts:
+            merged += [t for t in ([p["type"]] if isinstance(p["type"], str) else p["type"]) if t not in merged]
+        patterns = {p["pattern"] for p in parts if "pattern" in p}
+        return {"type": merged, **({"pattern": patterns.pop()} if len(patterns) == 1 else {})}
+    return {"anyOf": parts}
+
+
+def _object_schema(td: type) -> dict:
+    hints = get_type_hints(td, include_extras=True)
+    properties = {key: _schema_of(_strip_not_required(tp)) for key, tp in hints.items()}
+    schema = {"type": "object", "properties": properties, "required": sorted(td.__required_keys__),
+              "additionalProperties": False}
+    return {"description": " ".join((td.__doc__ or "").split()), **schema} if td.__doc__ else schema
+
+
+def _strip_not_required(tp: Any) -> Any:
+    return get_args(tp)[0] if get_origin(tp) is NotRequired else tp
+
+
+def _is_typed_dict(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
+
+
+@lru_cache(maxsize=1)
+def shipped_schema() -> dict:
+    """The schema file installed with the package (a test keeps it equal to json_schema())."""
+    return json.loads(files("splitaudit").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+# --- validation ---------------------------------------------------------------------------
+
+def first_error(document: Any) -> str | None:
+    """The first place where a report.json document (as stored: strict JSON) breaks the schema,
+    as "/json/pointer: what was expected", or None when it is valid."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    error = best_match(Draft202012Validator(shipped_schema()).iter_errors(document))
+    if error is None:
+        return None
+    pointer = "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in error.absolute_path)
+    return f"{pointer}: {_expected(error)}"
+
+
+def _expected(error) -> str:
+    """A short reason in the reader's words, not the validator's."""
+    value = error.validator_value
+    if error.validator == "type":
+        wanted = [value] if isinstance(value, str) else list(value)
+        if "pattern" in error.schema:  # a number field: its strings are only "inf", "-inf", "nan"
+            wanted.remove("string")
+        return "expected " + " or ".join(wanted)
+    if error.validator == "pattern":
+        return f"expected number, got {error.instance!r}"
+    if error.validator == "enum":
+        return "expected one of " + ", ".join(json.dumps(v) for v in value)
+    if error.validator == "required":
+        return error.message.replace("is a required property", "is missing")
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return "unexpected key " + ", ".join(repr(k) for k in extra)
+    return error.message
+
+
+if __name__ == "__main__":  # python -m splitaudit.result > audit/report.schema.json
+    print(json.dumps(json_schema(), indent=1))
