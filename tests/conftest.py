@@ -33,3 +33,14 @@ def digits_ctx():
 @pytest.fixture(scope="session")
 def cancer_ctx():
     return make_context("breast_cancer_mlp.onnx", "breast_cancer.npz")
+
+
+@pytest.fixture(scope="session")
+def real_audit():
+    """One quick real audit through the Python API, shared by the report, schema and SARIF tests so that
+    the reports are tested on what the pipeline writes. The digits CNN at sigma 0.5 with thresholds:
+    the optimization attack beats the smoothed van Trees bound, so violations and failed checks are real."""
+    import splitaudit
+
+    return splitaudit.audit(sample("digits_cnn.pt"), sample("digits.npz"), attacks="kmeans,attribute,optimization",
+                            noise_sigma=0.5, prior="gaussian", quick=True, fail_under_mse=0.01, max_advantage=0.5)

@@ -8,6 +8,7 @@ import pytest
 from conftest import sample
 from splitaudit.cli import main
 from splitaudit.reports import load_result
+from splitaudit.result import SCHEMA_VERSION
 
 MODELS = [("digits_cnn", "digits.npz"), ("digits_cnn_peloss", "digits.npz"),
           ("digits_mlp", "digits.npz"), ("breast_cancer_mlp", "breast_cancer.npz")]
@@ -25,7 +26,7 @@ def test_demo_writes_a_complete_report(tmp_path):
     assert cli(["demo", "--quick", "--out", str(out)]) == 0
     assert {p.name for p in out.iterdir()} >= {"report.json", "report.html", "report.md"}
     result = json.loads((out / "report.json").read_text())  # strict JSON, any parser reads it
-    assert result["schema_version"] == 1 and result["run"]["quick"] is True
+    assert result["schema_version"] == SCHEMA_VERSION and result["run"]["quick"] is True
     assert result["model"]["format"] == "onnx" and result["model"]["gradient_mode"] == "autograd"
     assert all(a["status"] == "ok" for a in result["attacks"].values()), \
         {n: a.get("reason") for n, a in result["attacks"].items()}
