@@ -160,3 +160,20 @@ def test_exit_2_on_bad_usage_with_one_line_and_no_traceback(fake_audit, argv, ca
     err = capsys.readouterr().err
     assert err.startswith("splitaudit: error: ") and len(err.strip().splitlines()) == 1
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name, thresholds, check_name, cause", [
+    ("image_audit", {}, "audit-complete", "complete"),
+    ("failed_attack_audit", {}, "audit-complete", "incomplete"),
+    ("image_audit", {"fail_under_mse": 0.1}, "fail-under-mse", "bound-too-low"),
+    ("image_audit", {"fail_under_mse": 0.05}, "fail-under-mse", "bound-met"),
+    ("blackbox_audit", {"fail_under_mse": 0.001}, "fail-under-mse", "bound-untrusted"),
+    ("image_audit", {"fail_under_attack_mse": 0.08}, "fail-under-attack-mse", "attack-mse-too-low"),
+    ("image_audit", {"fail_under_attack_mse": 0.07}, "fail-under-attack-mse", "attack-mse-met"),
+    ("image_audit", {"max_advantage": 0.01}, "max-advantage:decoder", "advantage-too-high"),
+])
+def test_each_check_records_its_cause_and_severity(name, thresholds, check_name, cause):
+    """The gate decides once; reports and SARIF read `cause` and `severity` (error when failed)."""
+    found = check(evaluate_gate(fixture(name), **thresholds), check_name)
+    assert found["cause"] == cause
+    assert found["severity"] == ("none" if found["passed"] else "error")

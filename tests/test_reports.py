@@ -1,4 +1,5 @@
-"""Reports rendered from saved result fixtures (no pipeline run): content, escaping, structure."""
+"""Reports rendered from the session's real audit ("real") and from saved fixtures for the cases a
+quick run cannot produce (black-box model, hostile strings, a crashed attack): content, escaping, structure."""
 from __future__ import annotations
 
 import math
@@ -15,7 +16,7 @@ from splitaudit.errors import InputError
 from splitaudit.reports import load_result, terminal_summary, write_comparison, write_junit, write_reports
 
 FIXTURES = Path(__file__).parent / "fixtures"
-NAMES = ["image_audit", "sigma0_audit", "blackbox_audit", "tabular_audit", "failed_attack_audit"]
+NAMES = ["real", "image_audit", "sigma0_audit", "blackbox_audit", "tabular_audit", "failed_attack_audit"]
 XSS = "<img src=x onerror=alert(1)>"
 
 
@@ -87,14 +88,15 @@ def empty_markdown_sections(md: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory):
+def pages(tmp_path_factory, real_audit):
     """Each fixture rendered once for the whole module: name -> (folder, paths written)."""
     cache = {}
 
     def render_once(name: str) -> tuple[Path, list[Path]]:
         if name not in cache:
             out = tmp_path_factory.mktemp(name)
-            cache[name] = out, write_reports(fixture(name), out, ["html", "md", "json"])
+            result = real_audit.data if name == "real" else fixture(name)
+            cache[name] = out, write_reports(result, out, ["html", "md", "json"])
         return cache[name]
     return render_once
 
