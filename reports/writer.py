@@ -44,12 +44,13 @@ def from_strict_json(value):
 def load_result(path: Path) -> dict:
     """Read a report.json written by splitaudit; InputError names the first place it breaks the schema."""
     try:
-        stored = json.loads(Path(path).read_text())
+        return checked_result(json.loads(Path(path).read_text(encoding="utf-8")), str(path))
     except FileNotFoundError as exc:
         raise InputError(f"report not found: {path}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path} is not a splitaudit report.json (invalid JSON: {exc})") from exc
-    return checked_result(stored, str(path))
+    except RecursionError as exc:
+        raise InputError(f"{path} is not a splitaudit report.json (nested too deeply)") from exc
 
 
 def checked_result(stored, source: str) -> dict:

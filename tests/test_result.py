@@ -146,3 +146,17 @@ def test_leakiest_samples_table_shows_what_the_pipeline_writes(real_audit, tmp_p
     view = build_view(real_audit.data, with_figures=False)
     assert view.bounds.leakiest.headers == ["index", "dfil", "jacobian sq norm"]
     assert [row[0] for row in view.bounds.leakiest.rows] == [str(s["index"]) for s in leakiest]
+
+
+def test_hostile_files_are_input_errors(real_audit, tmp_path):
+    from splitaudit.errors import InputError
+
+    stored = json.loads(real_audit.to_json())
+    cases = {"list.json": "[1, 2]", "latin1.json": b"\xff\xfe{}", "deep.json": None}
+    stored["attacks"]["kmeans"]["details"]["nest"] = "@"
+    cases["deep.json"] = json.dumps(stored).replace('"@"', "[" * 5000 + "]" * 5000)
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        with pytest.raises(InputError, match="is not a splitaudit report.json"):
+            load_result(path)
