@@ -21,6 +21,7 @@ from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
 from splitaudit.models import open_model, prepare_encoder, resolve_device
 from splitaudit.result import SCHEMA_VERSION
+
 PARITY_BATCH = 64
 
 

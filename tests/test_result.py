@@ -160,3 +160,12 @@ def test_hostile_files_are_input_errors(real_audit, tmp_path):
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
         with pytest.raises(InputError, match="is not a splitaudit report.json"):
             load_result(path)
+
+
+def test_every_failing_cause_has_words_for_the_headline():
+    from typing import get_args
+
+    from splitaudit.result import CheckCause
+
+    passing = {"complete", "bound-met", "attack-mse-met", "advantage-within-cap"}
+    assert set(CAUSE_WORDS) == set(get_args(CheckCause)) - passing
