@@ -163,7 +163,7 @@ def test_map_attack_on_a_linear_gaussian_model_is_the_posterior_mean(tmp_path):
     ctx, layer = linear_context(tmp_path, x, out_features=4, noise_sigma=sigma)  # not injective
     aux = ctx.aux.x
     z = ctx.observed_embeddings("target", ctx.generator(0))[:16]
-    x_map = invert(ctx.encoder, z, aux, "gaussian", torch.full((16,), sigma ** 2), steps=600, lr=0.05)
+    x_map = invert(ctx.encoder, z, aux, "gaussian", torch.full((16,), sigma ** 2, device=z.device), steps=600, lr=0.05)
     a, b = layer.weight.detach().double(), layer.bias.detach().double()
     mu, v = aux.double().mean(0), torch.diag(aux.double().var(0))
     gain = v @ a.T @ torch.linalg.inv(a @ v @ a.T + sigma ** 2 * torch.eye(4, dtype=torch.float64))
