@@ -1,7 +1,8 @@
 """The `splitaudit` command line: parses, delegates, prints. It computes nothing itself.
 
 Exit codes: 0 audit done and every gate passed; 1 a gate failed (reports still written);
-2 bad usage or input (one line on stderr; --debug shows the traceback); 3 internal error.
+2 bad usage or input (one line on stderr; --debug shows the traceback); 3 internal error;
+130 interrupted (SIGINT, Ctrl-C).
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from tqdm import tqdm
 from splitaudit import __version__
 from splitaudit.config import FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
 from splitaudit.errors import InputError
+from splitaudit.safety import display_path, display_text, displayable
 
-EXIT_GATE_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 1, 2, 3
+EXIT_GATE_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
 def _comma_list(convert):
@@ -54,6 +56,7 @@ def model_data_options(func):
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      help="TOML file with the same options; command-line flags win."),
         click.option("--debug", is_flag=True, help="Show tracebacks for errors."),
+        click.option("--output-name", help="Which output of a multi-output ONNX model is the embedding (default: the first)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -131,13 +134,17 @@ def demo(out: str, quick: bool, device: str, debug: bool) -> None:
 def _audit_and_report(options: AuditOptions) -> None:
     from splitaudit.api import run as run_api
     from splitaudit.reports import terminal_summary, write_junit
+    from splitaudit.reports.writer import claim_output_folder, output_lock
 
-    outcome = run_api(options, progress=cli_progress)
-    written = outcome.write(options.out, options.formats)
     if options.junit:
-        written.append(write_junit(outcome.data, Path(options.junit)))
-    click.echo(terminal_summary(outcome.data))
-    click.echo("wrote " + ", ".join(str(p) for p in written))
+        claim_output_folder(Path(options.junit).parent)
+    with output_lock(claim_output_folder(options.out)):  # checked before any computation
+        outcome = run_api(options, progress=cli_progress)
+        written = outcome.write(options.out, options.formats)
+        if options.junit:
+            written.append(write_junit(outcome.data, Path(options.junit)))
+    click.echo(terminal_summary(displayable(outcome.data)))
+    _echo_written(written)
     if not outcome.passed:
         raise SystemExit(EXIT_GATE_FAILED)
 
@@ -149,16 +156,17 @@ def _audit_and_report(options: AuditOptions) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> None:
     """The noise sigma that makes MODEL's provable bound reach --target-mse."""
-    if not target_mse > 0:
-        raise InputError(f"--target-mse must be > 0, got {target_mse}")
+    if not 0 < target_mse < float("inf"):
+        raise InputError(f"--target-mse must be > 0 and finite, got {target_mse}")
     from splitaudit import leakage
     from splitaudit.pipeline import prepare_context
+    from splitaudit.reports.writer import to_strict_json
 
     options = build_options(model, {**given_flags(flags), "attacks": ["none"]})
     ctx = prepare_context(options, progress=cli_progress)
     answer = leakage.calibrate(ctx, target_mse, prior=options.prior, smoothing=options.smoothing)
     if as_json:
-        click.echo(json.dumps(answer, indent=2))
+        click.echo(json.dumps(to_strict_json(answer), indent=2, allow_nan=False))
     else:
         click.echo(leakage.describe_calibration(answer))
 
@@ -171,11 +179,14 @@ def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> N
 def render(report: str, formats: list[str], out: str | None, debug: bool) -> None:
     """Re-render a saved report.json as HTML and/or Markdown."""
     from splitaudit.reports import load_result, write_reports
+    from splitaudit.reports.writer import claim_output_folder, output_lock
 
     _check_formats(formats)
     result = load_result(Path(report))
-    written = write_reports(result, Path(out) if out else Path(report).parent, formats)
-    click.echo("wrote " + ", ".join(str(p) for p in written))
+    out_dir = claim_output_folder(Path(report).parent if out is None else out)
+    with output_lock(out_dir):
+        written = write_reports(result, out_dir, formats)
+    _echo_written(written)
 
 
 @cli.command()
@@ -187,10 +198,17 @@ def render(report: str, formats: list[str], out: str | None, debug: bool) -> Non
 def compare(before: str, after: str, formats: list[str], out: str, debug: bool) -> None:
     """Render two saved audits side by side (e.g. before and after a defence)."""
     from splitaudit.reports import load_result, write_comparison
+    from splitaudit.reports.writer import claim_output_folder, output_lock
 
     _check_formats(formats)
-    written = write_comparison(load_result(Path(before)), load_result(Path(after)), Path(out), formats)
-    click.echo("wrote " + ", ".join(str(p) for p in written))
+    results = load_result(Path(before)), load_result(Path(after))
+    with output_lock(claim_output_folder(out)) as out_dir:
+        written = write_comparison(*results, out_dir, formats)
+    _echo_written(written)
+
+
+def _echo_written(paths: list[Path]) -> None:
+    click.echo("wrote " + ", ".join(display_path(p) for p in paths))
 
 
 @cli.command()
@@ -213,15 +231,15 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args
     try:
         code = cli.main(args=args, prog_name="splitaudit", standalone_mode=False)
-    except click.exceptions.Abort:
-        _fail("aborted", 130)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _fail("interrupted (SIGINT); reports of this run are incomplete or absent", EXIT_INTERRUPTED)
     except click.ClickException as exc:
         _fail(exc.format_message(), EXIT_BAD_INPUT)
     except InputError as exc:
         if debug:
             traceback.print_exc()
         _fail(str(exc), EXIT_BAD_INPUT)
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
         raise
     except Exception as exc:
         if debug:
@@ -231,5 +249,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"splitaudit: error: {message.splitlines()[0] if message else 'failed'}", err=True)
+    line = display_text(next((t for t in message.splitlines() if t.strip()), "failed"))
+    click.echo(f"splitaudit: error: {line}", err=True)
     raise SystemExit(code)

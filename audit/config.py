@@ -1,6 +1,7 @@
 """Run options: one dataclass, filled from a TOML file and then from command-line flags."""
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -14,6 +15,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 PRIORS = ("ssm", "dsm", "gaussian")
 FORMATS = ("html", "md", "json", "sarif")
+MAX_SCALE = 1e12  # --noise-sigma/--smoothing above this overflow float32 when squared or added
+MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, seed+1, ...
 
 
 @dataclass
@@ -43,9 +46,12 @@ class AuditOptions:
     device: str = "auto"
     quick: bool = False
     attack_options: dict[str, dict] = field(default_factory=dict)
+    output_name: str | None = None  # which output of a multi-output ONNX model is the embedding
 
     def validate(self) -> "AuditOptions":
         """Raise InputError for values that no audit can use."""
+        check_option_types(self)
+        check_finite_options(self)
         if self.noise_sigma < 0:
             raise InputError(f"--noise-sigma must be >= 0, got {self.noise_sigma}")
         if self.smoothing is not None and self.smoothing < 0:
@@ -61,7 +67,53 @@ class AuditOptions:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise InputError(f"--seed must lie in [0, {MAX_SEED}] (32-bit seeds), got {self.seed}")
+        if not str(self.out).strip():
+            raise InputError("--out is empty; name an output folder")
         return self
+
+
+# What each option may hold, by its annotation (TOML gives any type; flags are already typed).
+OPTION_TYPES = {
+    "str": (str,), "str | None": (str, type(None)), "float": (int, float), "float | None": (int, float, type(None)),
+    "int": (int,), "bool": (bool,), "list[str]": (list,), "list[int] | None": (list, type(None)),
+    "list[float] | None": (list, type(None)), "dict[str, dict]": (dict,),
+}
+ITEM_TYPES = {"list[str]": (str,), "list[int] | None": (int,), "list[float] | None": (int, float)}
+
+
+def check_option_types(options: AuditOptions) -> None:
+    """Raise InputError for a value of the wrong type (e.g. noise_sigma = "0.1" in a config file)."""
+    for f in (f for f in fields(options) if f.type in OPTION_TYPES):
+        value, allowed = getattr(options, f.name), OPTION_TYPES[f.type]
+        items = value if isinstance(value, list) and f.type in ITEM_TYPES else []
+        wrong_item = next((v for v in items if isinstance(v, bool) or not isinstance(v, ITEM_TYPES[f.type])), None)
+        bad_bool = isinstance(value, bool) and bool not in allowed
+        if not isinstance(value, allowed) or bad_bool or wrong_item is not None:
+            shown = wrong_item if wrong_item is not None else value
+            raise InputError(f"option {f.name} must be {f.type.replace(' | None', '')}, got "
+                             f"{type(shown).__name__} {shown!r:.60}")
+    for attack, table in options.attack_options.items():
+        if not isinstance(table, dict):
+            raise InputError(f"attack options for {attack!r} must be a table of KEY = VALUE, got {table!r:.60}")
+
+
+def check_finite_options(options: AuditOptions) -> None:
+    """nan passes every `<` check unnoticed (a gate "bound 0 >= nan" would pass): refuse non-finite
+    numbers, and magnitudes that overflow float32 arithmetic, before anything is computed."""
+    numbers = {name: getattr(options, name) for name in
+               ("noise_sigma", "smoothing", "target_fraction", "fail_under_mse", "fail_under_attack_mse",
+                "max_advantage")}
+    numbers.update({f"normalize[{i}]": v for i, v in enumerate(options.normalize or [])})
+    for name, value in numbers.items():
+        if value is not None and not math.isfinite(value):
+            raise InputError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    for name in ("noise_sigma", "smoothing"):
+        value = getattr(options, name)
+        if value is not None and value > MAX_SCALE:
+            raise InputError(f"--{name.replace('_', '-')} {value:g} is above the limit {MAX_SCALE:g} "
+                             "(larger values overflow float32 arithmetic)")
 
 
 def load_config(path: str | Path) -> dict:

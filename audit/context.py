@@ -12,6 +12,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from splitaudit.data import Dataset
+from splitaudit.errors import InputError
 from splitaudit.models import Encoder
 
 FULL_SEEDS = 3
@@ -64,11 +65,12 @@ class AuditContext:
         return torch.Generator(device=self.device).manual_seed(seed)
 
     def clean_embeddings(self, part: str) -> torch.Tensor:
-        """f(x) for a data part, computed once (a stochastic encoder gets a fresh draw each call)."""
+        """f(x) for a data part, computed once (a stochastic encoder gets a fresh draw each call);
+        every embedding is checked to be finite, so NaN never reaches an attack or a bound."""
         if self.encoder.stochastic:
-            return self.encoder.embed(self.part(part).x)
+            return _finite_embeddings(self.encoder.embed(self.part(part).x), part)
         if part not in self._clean:
-            self._clean[part] = self.encoder.embed(self.part(part).x)
+            self._clean[part] = _finite_embeddings(self.encoder.embed(self.part(part).x), part)
         return self._clean[part]
 
     def add_noise(self, z: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -81,3 +83,12 @@ class AuditContext:
     def observed_embeddings(self, part: str, generator: torch.Generator) -> torch.Tensor:
         """The embeddings an attacker observes for a data part: f(x) plus fresh noise."""
         return self.add_noise(self.clean_embeddings(part), generator)
+
+
+def _finite_embeddings(z: torch.Tensor, part: str) -> torch.Tensor:
+    """z, or InputError naming the first sample whose embedding is NaN or infinite."""
+    bad = ~torch.isfinite(z.flatten(1)).all(dim=1)
+    if bad.any():
+        raise InputError(f"the model returns NaN or infinite embeddings for {int(bad.sum())} of {len(z)} "
+                         f"{part} samples (first: sample {int(bad.nonzero()[0])} of the {part} part)")
+    return z

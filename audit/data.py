@@ -14,7 +14,11 @@ import numpy as np
 import torch
 
 from splitaudit.errors import InputError
+from splitaudit.safety import describe_bytes, display_path, memory_limit_bytes, require_regular_file
 
+MIN_PART_SAMPLES = 4  # attacks and estimators need a few samples in each of the aux and target parts
+MAX_COMPRESSION_RATIO = 500  # deflate peaks near 1032:1 on constant bytes; real data is far below
+REAL_KINDS = "biuf"  # numpy dtype kinds an input may hold: bool, integers, floats (no complex)
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
@@ -73,7 +77,7 @@ def load_dataset(path: "str | Path | Dataset", input_shape: tuple[int, ...] | No
     if path.is_dir():
         data = _load_folder(path, input_shape, label_column, attr_column)
     else:
-        data = _load_file(path, label_column, attr_column)
+        data = _load_file(require_regular_file(path, "data file"), label_column, attr_column)
     return _validated(data, input_shape)
 
 
@@ -95,23 +99,60 @@ def _load_folder(path: Path, input_shape, label_column, attr_column) -> Dataset:
     tables = [p for p in entries if p.suffix.lower() in {".npz", ".csv", ".tsv"}]
     if len(tables) != 1:
         raise InputError(f"data folder {path} must hold class subfolders of images, or exactly one .npz/.csv file (found {len(tables)})")
-    return _load_file(tables[0], label_column, attr_column)
+    return _load_file(require_regular_file(tables[0], "data file"), label_column, attr_column)
 
 
 def _load_npz(path: Path) -> Dataset:
+    if not zipfile.is_zipfile(path):
+        raise InputError(f"{display_path(path)} is not an .npz file (not a zip archive); save it with numpy.savez")
+    check_npz_sizes(path)
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise InputError(f"cannot read {path} as .npz ({exc}); it must hold numeric arrays, no pickled objects") from exc
+        reason = "it holds object arrays, which splitaudit never unpickles" if "pickle" in str(exc) else exc
+        raise InputError(f"cannot read {display_path(path)} as .npz ({reason}); it must hold numeric arrays") from exc
     if "x" not in arrays:
         raise InputError(f"{path} has no array 'x' (found: {', '.join(arrays) or 'nothing'})")
     x = arrays["x"]
-    if not np.issubdtype(x.dtype, np.number):
-        raise InputError(f"{path}: 'x' must be numeric, got {x.dtype}")
+    if x.dtype.kind not in REAL_KINDS:
+        raise InputError(f"{path}: 'x' must hold real numbers (bool, integer or float), got {x.dtype}")
     y, names = _labels(arrays.get("y"), "y", len(x), path)
     attr, _ = _labels(arrays.get("attr"), "attr", len(x), path)
     return Dataset(x=torch.as_tensor(x, dtype=torch.float32), y=y, attr=attr, class_names=names, source=str(path))
+
+
+def check_npz_sizes(path: Path, limit: int | None = None) -> None:
+    """Refuse an .npz whose members declare more than `limit` bytes in total (zip headers and .npy
+    headers both), or that expand more than MAX_COMPRESSION_RATIO times: a zip bomb must fail on
+    its declared sizes, before a byte of it is decompressed."""
+    limit = memory_limit_bytes() if limit is None else limit
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            declared = sum(m.file_size for m in members)
+            compressed = sum(m.compress_size for m in members)
+            arrays = sum(_npy_declared_bytes(archive, m) for m in members)
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise InputError(f"cannot read {display_path(path)} as .npz ({exc})") from exc
+    if max(declared, arrays) > limit:
+        raise InputError(f"{display_path(path)} declares {describe_bytes(max(declared, arrays))} of arrays; "
+                         f"splitaudit loads at most {describe_bytes(limit)} (a quarter of this machine's memory)")
+    if declared > 64 * 1024**2 and declared > MAX_COMPRESSION_RATIO * max(compressed, 1):
+        raise InputError(f"{display_path(path)} expands {declared / max(compressed, 1):.0f} times (over "
+                         f"{MAX_COMPRESSION_RATIO}): a zip bomb, or data too repetitive to audit")
+
+
+def _npy_declared_bytes(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> int:
+    """The array size an .npy member's header declares (shape x itemsize), reading the header only."""
+    with archive.open(member) as handle:
+        try:
+            version = np.lib.format.read_magic(handle)
+            shape, _, dtype = (np.lib.format.read_array_header_1_0(handle) if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0(handle))
+        except ValueError:
+            return 0  # not an .npy member: np.load reports it
+    return int(np.prod(shape, dtype=object)) * dtype.itemsize
 
 
 def _load_csv(path: Path, label_column: str | None, attr_column: str | None) -> Dataset:
@@ -120,6 +161,10 @@ def _load_csv(path: Path, label_column: str | None, attr_column: str | None) -> 
     if len(rows) < 2:
         raise InputError(f"{path} has no data rows (a header line and at least one row are needed)")
     header, body = [h.strip() for h in rows[0]], rows[1:]
+    duplicates = sorted({h for h in header if header.count(h) > 1})
+    if duplicates:
+        raise InputError(f"{path} has duplicate column names ({', '.join(repr(d) for d in duplicates)}); "
+                         "every column needs its own name")
     for name, flag in ((label_column, "--label-column"), (attr_column, "--attr-column")):
         if name is not None and name not in header:
             raise InputError(f"{flag} {name!r} is not a column of {path} (columns: {', '.join(header)})")
@@ -147,8 +192,13 @@ def _labels(values, name, n: int, path: Path) -> tuple[torch.Tensor | None, list
     values = np.asarray(values)
     if values.shape != (n,):
         raise InputError(f"{path}: {name!r} must hold one value per sample ({n}), got shape {values.shape}")
+    if values.dtype.kind not in REAL_KINDS + "US":
+        raise InputError(f"{path}: {name!r} must hold integer or text class labels, got {values.dtype}")
     if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
         raise InputError(f"{path}: {name!r} holds NaN or infinite values")
+    if values.dtype.kind == "f" and not np.all(values == np.round(values)):
+        raise InputError(f"{path}: {name!r} holds non-integer numbers (e.g. {values[values != np.round(values)][0]:g}); "
+                         "labels and attributes are classes: integers or text")
     names, codes = np.unique(values, return_inverse=True)
     return torch.as_tensor(codes, dtype=torch.long), [str(v) for v in names]
 
@@ -159,7 +209,7 @@ def _load_image_folder(path: Path, input_shape) -> Dataset:
 
     classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
     files = [(f, c) for c, name in enumerate(classes) for f in sorted((path / name).rglob("*"))
-             if f.suffix.lower() in IMAGE_SUFFIXES]
+             if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()]  # no FIFOs or devices
     if not files:
         raise InputError(f"no images found in {path}: expected class_name/*.png or *.jpg, or one .npz/.csv file")
     channels, size = _image_geometry(input_shape, files[0][0])
@@ -192,10 +242,13 @@ def _image_geometry(input_shape, first_image: Path) -> tuple[int, tuple[int, int
 
 
 def _validated(data: Dataset, input_shape) -> Dataset:
-    if len(data) == 0:
-        raise InputError(f"{data.source} holds no samples")
+    if len(data) < MIN_PART_SAMPLES:
+        raise InputError(f"{data.source} holds {len(data)} samples; an audit needs at least {MIN_PART_SAMPLES}")
     if not torch.isfinite(data.x).all():
         raise InputError(f"{data.source} holds NaN or infinite values in 'x'; clean or impute them first")
+    if len(data) > 1 and bool((data.x == data.x[:1]).all()):
+        raise InputError(f"{data.source}: every sample of 'x' is the same (constant data): nothing to "
+                         "reconstruct or classify")
     if input_shape is None or data.sample_shape == tuple(input_shape):
         return data
     if data.x[0].numel() == int(np.prod(input_shape)):
@@ -211,8 +264,9 @@ def split_dataset(data: Dataset, target_fraction: float, seed: int) -> tuple[Dat
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(data), generator=gen)
     n_target = int(round(target_fraction * len(data)))
-    if n_target < 1 or n_target >= len(data):
-        raise InputError(f"{data.source} has {len(data)} samples: too few to split into aux and target parts")
+    if min(n_target, len(data) - n_target) < MIN_PART_SAMPLES:
+        raise InputError(f"{data.source} has {len(data)} samples: too few to split into aux and target parts "
+                         f"of at least {MIN_PART_SAMPLES} samples each")
     return data.subset(perm[n_target:]), data.subset(perm[:n_target])
 
 

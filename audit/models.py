@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import sys
+import threading
 import types
 import warnings
 import zipfile
@@ -21,10 +22,16 @@ import torch
 import torch.nn as nn
 
 from splitaudit.errors import InputError
+from splitaudit.safety import describe_bytes, display_path, memory_limit_bytes, require_regular_file
 
 TORCHSCRIPT_SUFFIXES = {".pt", ".pth", ".ts", ".jit", ".torchscript"}
 PARITY_RTOL = 1e-4
 DEFAULT_BATCH = 256
+MODEL_CHECK_SECONDS = 300  # loading checks (conversion, parity, first passes) must end within this
+BATCH_CHECK_SAMPLES = 4  # samples run alone to check that no output depends on the rest of the batch
+BATCH_DEPENDENCE_RTOL = 1e-4
+ONNX_FLOAT_TYPES = {"tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"}
+ONNX_ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
 
 # Operators whose derivative jumps: dFIL is then only defined almost everywhere (paper 004).
 NON_SMOOTH_ONNX = {
@@ -57,6 +64,8 @@ class RawModel:
     conversion_error: str | None = None
     non_smooth_ops: list[str] = field(default_factory=list)
     providers: list[str] = field(default_factory=list)
+    output_name: str | None = None  # the ONNX output audited as the embedding
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -131,19 +140,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def open_model(path: str | Path | nn.Module, device: torch.device) -> RawModel:
+def open_model(path: str | Path | nn.Module, device: torch.device, output_name: str | None = None) -> RawModel:
     """Open a model file (or take an in-memory module); raise InputError with a one-line reason
     when it cannot be used."""
     if isinstance(path, nn.Module):
+        if output_name is not None:
+            raise InputError("--output-name selects an output of an ONNX model, not of a torch module")
         return wrap_module(path, device)
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"model file not found: {path}")
-    if not path.is_file():
-        raise InputError(f"model path is not a file: {path}")
+    path = require_regular_file(path, "model file")
     if detect_format(path) == "torchscript":
+        if output_name is not None:
+            raise InputError("--output-name selects an output of an ONNX model; TorchScript models have one")
         return _open_torchscript(path, device)
-    return _open_onnx(path, device)
+    return _open_onnx(path, device, output_name)
 
 
 def wrap_module(module: nn.Module, device: torch.device) -> RawModel:
@@ -181,7 +190,7 @@ def _open_torchscript(path: Path, device: torch.device) -> RawModel:
                     torch_module=module, non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT))
 
 
-def _open_onnx(path: Path, device: torch.device) -> RawModel:
+def _open_onnx(path: Path, device: torch.device, output_name: str | None = None) -> RawModel:
     import onnx
 
     try:
@@ -194,13 +203,60 @@ def _open_onnx(path: Path, device: torch.device) -> RawModel:
     graph_inputs = _graph_inputs(proto)
     if len(graph_inputs) != 1:
         raise InputError(f"{path} has {len(graph_inputs)} inputs; splitaudit audits bottom models with one input")
+    check_onnx_declared_sizes(proto, path)
+    output_name, notes = select_onnx_output(proto, path, output_name)
     batch, shape = _onnx_input_shape(graph_inputs[0])
     session, providers = _ort_session(path, device)
     module, error = _convert_onnx(proto, device)
     ops = {node.op_type for node in proto.graph.node}
     return RawModel(path=path, format="onnx", declared_input_shape=shape, fixed_batch=batch,
                     torch_module=module, session=session, conversion_error=error,
-                    non_smooth_ops=sorted(ops & NON_SMOOTH_ONNX), providers=providers)
+                    non_smooth_ops=sorted(ops & NON_SMOOTH_ONNX), providers=providers,
+                    output_name=output_name, notes=notes)
+
+
+def check_onnx_declared_sizes(proto, path: Path, limit: int | None = None) -> None:
+    """Refuse a graph whose weights or statically known tensors (after shape inference with
+    constant propagation, e.g. a ConstantOfShape of a huge constant shape) exceed `limit` bytes:
+    running it would allocate or loop over that many elements before any check could end."""
+    import onnx
+
+    limit = memory_limit_bytes() if limit is None else limit
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception:  # inference is best effort: weights are still checked below
+        inferred = proto
+    weights = sum(_elements(init.dims) * ONNX_ITEM_BYTES.get(init.data_type, 8) for init in proto.graph.initializer)
+    if weights > limit:
+        raise InputError(f"{display_path(path)} declares {describe_bytes(weights)} of weights; splitaudit loads at "
+                         f"most {describe_bytes(limit)} (a quarter of this machine's memory)")
+    for info in (*inferred.graph.value_info, *inferred.graph.output):
+        tensor = info.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        if dims and None not in dims and _elements(dims) * ONNX_ITEM_BYTES.get(tensor.elem_type, 8) > limit:
+            raise InputError(f"{display_path(path)}: tensor {info.name!r} declares shape {dims} "
+                             f"({describe_bytes(_elements(dims) * 4)}), over the {describe_bytes(limit)} a "
+                             "model may allocate here (a quarter of this machine's memory)")
+
+
+def _elements(dims) -> int:
+    return int(np.prod([int(d) for d in dims], dtype=object)) if len(dims) else 1
+
+
+def select_onnx_output(proto, path: Path, wanted: str | None) -> tuple[str, list[str]]:
+    """The output audited as the embedding: --output-name, else the only one, else the first (said
+    in a note). The others are dropped from the graph, so conversion builds the chosen one alone."""
+    names = [o.name for o in proto.graph.output]
+    if wanted is not None and wanted not in names:
+        raise InputError(f"--output-name {wanted!r} is not an output of {display_path(path)} "
+                         f"(outputs: {', '.join(names)})")
+    chosen = wanted or names[0]
+    notes = [] if wanted or len(names) == 1 else [
+        f"the model has {len(names)} outputs ({', '.join(names)}); auditing the first, {chosen!r} "
+        "(choose another with --output-name)"]
+    for output in [o for o in proto.graph.output if o.name != chosen]:
+        proto.graph.output.remove(output)
+    return chosen, notes
 
 
 def _graph_inputs(proto) -> list:
@@ -286,7 +342,7 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     """
     device = sample.device
     mean, std = _normalization(normalize, tuple(sample.shape[1:]), device)
-    notes: list[str] = []
+    notes: list[str] = list(raw.notes)
     blackbox = _blackbox_fn(raw, mean, std)
     torch_fn = Normalized(raw.torch_module, mean, std).eval() if raw.torch_module is not None else None
     parity = None
@@ -302,9 +358,13 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
             f"the model cannot run on inputs of shape {tuple(sample.shape[1:])}: {_first_line(exc)}; "
             "check --input-shape and the data"
         ) from exc
-    if not torch.isfinite(first).all():
-        raise InputError("the model returns NaN or infinite embeddings on the data")
+    check_embeddings(first, len(sample))
     stochastic = _differs(first, second)
+    if not stochastic:
+        check_batch_independence(reference, sample, first, raw.fixed_batch)
+    else:
+        notes.append("stochastic encoder: whether a sample's embedding depends on the rest of its batch "
+                     "could not be checked")
     if stochastic:
         notes.append("stochastic encoder: repeated forward passes differ; attacks see fresh samples")
     if raw.non_smooth_ops:
@@ -354,13 +414,88 @@ def _blackbox_fn(raw: RawModel, mean: torch.Tensor, std: torch.Tensor) -> Callab
         return run_module
     session = raw.session
     meta = session.get_inputs()[0]
+    check_onnx_output_type(session, raw.output_name)
     dtype = np.float64 if meta.type == "tensor(double)" else np.float16 if meta.type == "tensor(float16)" else np.float32
 
     def run_onnx(x: torch.Tensor) -> torch.Tensor:
         feed = ((x.detach() - mean) / std).cpu().numpy().astype(dtype)
-        out = session.run(None, {meta.name: feed})[0]
+        out = session.run([raw.output_name], {meta.name: feed})[0]
         return torch.from_numpy(np.asarray(out, dtype=np.float32)).to(x.device)
     return run_onnx
+
+
+def check_onnx_output_type(session, name: str | None) -> None:
+    """Embeddings must be floating point: an integer output (argmax, a quantised code) has no
+    gradient and no Fisher information to bound."""
+    output = next(o for o in session.get_outputs() if name is None or o.name == name)
+    if output.type not in ONNX_FLOAT_TYPES:
+        raise InputError(f"the model's output {output.name!r} is {output.type}; a bottom model must output "
+                         "floating-point embeddings")
+
+
+def check_embeddings(z: torch.Tensor, n: int, what: str = "the model") -> None:
+    """One floating-point, finite embedding per input sample, or InputError saying what is wrong."""
+    if not isinstance(z, torch.Tensor):
+        raise InputError(f"{what} returns {type(z).__name__}, not one tensor; export a model with one output")
+    if not z.is_floating_point():
+        raise InputError(f"{what} returns {z.dtype} values; it must output floating-point embeddings")
+    if z.dim() < 2 or z.shape[0] != n:
+        raise InputError(f"{what} returns shape {tuple(z.shape)} for {n} inputs; it must return one "
+                         "embedding per input (shape (batch, ...))")
+    if not torch.isfinite(z).all():
+        raise InputError(f"{what} returns NaN or infinite values on the data")
+
+
+def check_batch_independence(fn: Callable, sample: torch.Tensor, batch: torch.Tensor, fixed_batch: int | None) -> None:
+    """Each sample's embedding must not depend on the other samples in its batch (BatchNorm in
+    training mode, batch statistics, attention across the batch): dFIL differentiates each sample
+    alone, so a batch-mixing model would get a bound that does not describe it. Refused."""
+    with torch.no_grad():
+        for i in range(min(BATCH_CHECK_SAMPLES, len(sample))):
+            alone = _in_batches(fn, sample[i:i + 1], fixed_batch)
+            change = float((alone[0] - batch[i]).abs().max())
+            scale = max(1.0, float(batch[i].abs().max()))
+            if not change <= BATCH_DEPENDENCE_RTOL * scale:
+                raise InputError(
+                    f"the model's output for a sample depends on the other samples in its batch (sample {i} "
+                    f"alone vs in a batch of {len(sample)} differs by {change:.3g}): BatchNorm in training mode "
+                    "or batch mixing; export it in eval mode (model.eval()) so that samples are independent")
+
+
+def check_top_model(module: nn.Module, embeddings: torch.Tensor) -> None:
+    """The top model g gets the same checks as the bottom model: it runs on the embeddings and
+    returns one finite, floating-point output per sample (attacks that train on g's output
+    would otherwise report numbers computed from NaN)."""
+    try:
+        with torch.no_grad():
+            out = module(embeddings)
+    except Exception as exc:
+        raise InputError(f"--top-model cannot run on the embeddings of shape {tuple(embeddings.shape[1:])}: "
+                         f"{_first_line(exc)}") from exc
+    check_embeddings(out, len(embeddings), "--top-model")
+
+
+def within_time_limit(fn: Callable, *args, seconds: float | None = None, what: str = "the model checks"):
+    """fn(*args) in a worker thread, or InputError when it has not finished after `seconds` (a
+    hostile graph can loop over 10^13 elements inside one native call, which no signal interrupts).
+    The abandoned thread is a daemon: it cannot keep the process alive."""
+    seconds = MODEL_CHECK_SECONDS if seconds is None else seconds
+    outcome: dict = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+    worker = threading.Thread(target=work, name="splitaudit-model-check", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise InputError(f"{what} did not finish within {seconds:g} s (the limit for loading checks); the model "
+                         "is too slow or allocates too much for an audit")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _in_batches(fn: Callable, x: torch.Tensor, fixed_batch: int | None) -> torch.Tensor:

@@ -19,7 +19,7 @@ from splitaudit.context import AuditContext, silent_progress
 from splitaudit.data import Dataset, load_dataset, split_dataset
 from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
-from splitaudit.models import open_model, prepare_encoder, resolve_device
+from splitaudit.models import check_top_model, open_model, prepare_encoder, resolve_device, within_time_limit
 from splitaudit.result import SCHEMA_VERSION
 
 PARITY_BATCH = 64
@@ -52,7 +52,7 @@ def prepare_context(options: AuditOptions, progress: Callable[..., tqdm] = silen
 
 def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> AuditContext:
     device = resolve_device(options.device)
-    raw = open_model(options.model, device)
+    raw = within_time_limit(open_model, options.model, device, options.output_name, what="loading the model")
     shape = tuple(options.input_shape) if options.input_shape else raw.declared_input_shape
     loaded = _load(options.aux, shape, options)
     if options.target:
@@ -60,13 +60,18 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> Au
     else:
         aux, target = split_dataset(loaded, options.target_fraction, options.seed)
     aux, target = aux.to(device), target.to(device)
-    encoder = prepare_encoder(raw, aux.x[:PARITY_BATCH], options.normalize)
+    encoder = within_time_limit(prepare_encoder, raw, aux.x[:PARITY_BATCH], options.normalize)
     top = open_model(options.top_model, device).torch_module if options.top_model else None
     if options.top_model and top is None:
         raise InputError(f"--top-model {options.top_model} cannot be converted to a torch module")
-    return AuditContext(encoder=encoder, aux=aux, target=target, noise_sigma=options.noise_sigma,
-                        seed=options.seed, quick=options.quick, top_model=top,
-                        attack_options=options.attack_options, progress=progress)
+    if top is not None:
+        within_time_limit(check_top_model, top, encoder.embed(aux.x[:PARITY_BATCH]), what="checking --top-model")
+    ctx = AuditContext(encoder=encoder, aux=aux, target=target, noise_sigma=options.noise_sigma,
+                       seed=options.seed, quick=options.quick, top_model=top,
+                       attack_options=options.attack_options, progress=progress)
+    for part in ("aux", "target"):  # every embedding, not just the parity batch: NaN must stop here
+        ctx.clean_embeddings(part)
+    return ctx
 
 
 def _load(path: str, shape, options: AuditOptions) -> Dataset:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from splitaudit.reports.writer import write_atomic
+
 
 def write_junit(result: dict, path: Path) -> Path:
     checks = result["gate"]["checks"]
@@ -14,5 +16,5 @@ def write_junit(result: dict, path: Path) -> Path:
         if not check["passed"]:
             ET.SubElement(case, "failure", message=check["message"]).text = check["message"]
     path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
-    return path
+    xml = ET.tostring(suite, encoding="utf-8", xml_declaration=True)
+    return write_atomic(path.parent, path.name, xml)

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
+import fcntl
 import json
 import math
+import os
 import re
+import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
@@ -13,10 +18,14 @@ from markupsafe import Markup, escape
 from tabulate import tabulate
 
 from splitaudit.errors import InputError
+from splitaudit.safety import display_path, displayable, require_regular_file
 from splitaudit.reports.view import Figure, Table, build_view
 from splitaudit.result import SCHEMA_VERSION, first_error
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
+MAX_REPORT_BYTES = 256 * 1024**2  # a report.json is a few MB at most; larger is not one of ours
+LOCK_NAME = ".splitaudit.lock"
+UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 def to_strict_json(value):
@@ -41,16 +50,27 @@ def from_strict_json(value):
     return value
 
 
+def read_json_file(path: Path, what: str = "report"):
+    """Parse a JSON file (as stored: non-finite numbers still strings) from an untrusted source: a regular file of bounded size, UTF-8, not
+    nested so deeply that the parser recurses out. Any failure is one InputError line."""
+    path = require_regular_file(path, what)
+    size = path.stat().st_size
+    if size > MAX_REPORT_BYTES:
+        raise InputError(f"{display_path(path)} is {size} bytes; a {what} is at most {MAX_REPORT_BYTES} bytes")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{display_path(path)} is not UTF-8 text, so not a JSON {what} ({exc.reason} at byte "
+                         f"{exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{display_path(path)} is not a splitaudit report.json (invalid JSON: {exc})") from exc
+    except RecursionError as exc:
+        raise InputError(f"{display_path(path)} nests JSON too deeply to be a splitaudit {what}") from exc
+
+
 def load_result(path: Path) -> dict:
     """Read a report.json written by splitaudit; InputError names the first place it breaks the schema."""
-    try:
-        return checked_result(json.loads(Path(path).read_text(encoding="utf-8")), str(path))
-    except FileNotFoundError as exc:
-        raise InputError(f"report not found: {path}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path} is not a splitaudit report.json (invalid JSON: {exc})") from exc
-    except RecursionError as exc:
-        raise InputError(f"{path} is not a splitaudit report.json (nested too deeply)") from exc
+    return displayable(checked_result(read_json_file(Path(path)), display_path(path)))
 
 
 def checked_result(stored, source: str) -> dict:
@@ -110,12 +130,42 @@ def save_figures(figures: list[Figure], out_dir: Path, folder: str) -> list[Path
     paths = []
     if figures:
         (out_dir / folder).mkdir(parents=True, exist_ok=True)
-    for figure in figures:
-        path = out_dir / folder / f"{figure.name}.png"
-        path.write_bytes(figure.png)
+    for index, figure in enumerate(figures):
+        path = write_atomic(out_dir, Path(folder) / figure_file_name(index, figure.name), figure.png)
         figure.src = f"{folder}/{path.name}"
         paths.append(path)
     return paths
+
+
+def figure_file_name(index: int, name: str) -> str:
+    """NN-name.png with only [A-Za-z0-9_-] from the name: names come from report data (attack
+    names in a report.json), which must never choose where a file goes."""
+    slug = UNSAFE_NAME_CHARS.sub("_", name).strip("_")[:40]
+    return f"{index:02d}-{slug or 'figure'}.png"
+
+
+def write_atomic(out_dir: Path, relative: Path | str, data: bytes) -> Path:
+    """Write out_dir/relative through a temporary file in the same folder and an atomic rename, so
+    that a crash or a full disk leaves either the old file or the whole new one, never a cut one.
+    Refuses any path that would land outside out_dir."""
+    root = out_dir.resolve()
+    path = (root / relative).resolve()
+    if path.parent != root and root not in path.parents:
+        raise InputError(f"refusing to write {display_path(path)}: it is outside the output folder "
+                         f"{display_path(root)}")
+    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(handle.name, 0o644)
+        os.replace(handle.name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(handle.name)
+        raise
+    return path
 
 
 def render_pages(view, out_dir: Path, formats: list[str], stem: str) -> list[Path]:
@@ -123,14 +173,12 @@ def render_pages(view, out_dir: Path, formats: list[str], stem: str) -> list[Pat
     written = []
     if "html" in formats:
         inline_figures(view.figures)
-        path = out_dir / f"{stem}.html"
-        path.write_text(html_environment().get_template(f"{stem}.html.j2").render(v=view), encoding="utf-8")
-        written.append(path)
+        page = html_environment().get_template(f"{stem}.html.j2").render(v=view)
+        written.append(write_atomic(out_dir, f"{stem}.html", page.encode("utf-8")))
     if "md" in formats:
         save_figures(view.figures, out_dir, f"{stem}_images")
-        path = out_dir / f"{stem}.md"
-        path.write_text(markdown_environment().get_template(f"{stem}.md.j2").render(v=view), encoding="utf-8")
-        written.append(path)
+        page = markdown_environment().get_template(f"{stem}.md.j2").render(v=view)
+        written.append(write_atomic(out_dir, f"{stem}.md", page.encode("utf-8")))
     return written
 
 
@@ -147,8 +195,8 @@ def render_summary_html(result: dict) -> str:
 
 
 def write_json(data: dict, path: Path) -> Path:
-    path.write_text(json.dumps(to_strict_json(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    return path
+    text = json.dumps(to_strict_json(displayable(data)), indent=2, allow_nan=False) + "\n"
+    return write_atomic(path.parent, path.name, text.encode("utf-8"))
 
 
 def write_result_json(result: dict, path: Path) -> Path:
@@ -160,13 +208,62 @@ def write_result_json(result: dict, path: Path) -> Path:
 
 
 def write_reports(result: dict, out_dir: Path, formats: list[str]) -> list[Path]:
-    """Write report.json / .html / .md / .sarif (as asked) into out_dir; returns the paths written."""
+    """Write report.html / .md / .sarif (as asked), then report.json last, into out_dir; returns
+    the paths written. A stale report.json is removed first, so that a complete report.json always
+    belongs with complete pages of the same run (a crash in between leaves no report.json at all)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [write_result_json(result, out_dir / "report.json")] if "json" in formats else []
+    result = displayable(result)
+    if "json" in formats:
+        with contextlib.suppress(FileNotFoundError):
+            (out_dir / "report.json").unlink()
+    written = []
     if "html" in formats or "md" in formats:
         written += render_pages(build_view(result), out_dir, formats, "report")
     if "sarif" in formats:
         from splitaudit.reports.sarif import write_sarif
 
         written.append(write_sarif(result, out_dir / "report.sarif"))
+    if "json" in formats:
+        written.append(write_result_json(result, out_dir / "report.json"))
     return written
+
+
+def claim_output_folder(out: str | os.PathLike) -> Path:
+    """Check --out before any computation: not empty, not a file or under one, writable.
+    Creates the folder and returns it."""
+    if not str(out).strip():
+        raise InputError("--out is empty; name an output folder")
+    path = Path(out)
+    for parent in (path, *path.parents):
+        if parent.exists() and not parent.is_dir():
+            where = "is" if parent == path else f"is under {display_path(parent)}, which is"
+            raise InputError(f"--out {display_path(path)} {where} a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder {display_path(path)}: {exc.strerror or exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"the output folder {display_path(path)} is not writable")
+    return path
+
+
+@contextlib.contextmanager
+def output_lock(out_dir: Path):
+    """Hold an exclusive lock on out_dir for one run; a second run on the same folder fails fast
+    (two runs would otherwise mix their files). The lock file is removed when the run ends."""
+    lock = out_dir / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise InputError(f"cannot create the lock file {display_path(lock)}: {exc.strerror or exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                raise
+            raise InputError(f"another splitaudit run is writing to {display_path(out_dir)} (it holds "
+                             f"{display_path(lock)}); wait for it or choose another --out") from exc
+        yield out_dir
+    finally:
+        os.close(fd)
