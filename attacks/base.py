@@ -49,8 +49,12 @@ class Attack(ABC):
         """Why the attack cannot run on these inputs, or None when it can."""
         if "labels" in self.needs and (ctx.aux.y is None or ctx.target.y is None):
             return "the data has no labels (npz 'y', --label-column, or an image folder's class names)"
+        if "labels" in self.needs and self.kind == "label" and len(ctx.aux.y.unique()) < 2:
+            return "the labels hold a single class: a label attack would be trivially right, so it is not run"
         if "attribute" in self.needs and (ctx.aux.attr is None or ctx.target.attr is None):
             return "the data has no sensitive attribute (npz 'attr' or --attr-column)"
+        if "attribute" in self.needs and len(ctx.aux.attr.unique()) < 2:
+            return "the sensitive attribute takes a single value: inferring it would be trivially right"
         if "gradients" in self.needs and not ctx.encoder.differentiable:
             return "needs gradients of the model, and it runs black-box (see the model warnings)"
         return None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from splitaudit.errors import InputError
+from splitaudit.safety import require_regular_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,11 +119,9 @@ def check_finite_options(options: AuditOptions) -> None:
 
 def load_config(path: str | Path) -> dict:
     """Read a TOML config: top-level keys are option names; [attack.NAME] tables are attack options."""
-    path = Path(path)
+    path = require_regular_file(path, "config file")
     try:
         raw = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise InputError(f"config file not found: {path}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"config file {path} is not valid TOML: {exc}") from exc
     known = {f.name for f in fields(AuditOptions)}

@@ -11,6 +11,10 @@ def evaluate_gate(result: dict, fail_under_mse: float | None = None,
                   fail_under_attack_mse: float | None = None,
                   max_advantage: float | None = None) -> dict:
     """Each check says what was measured, the threshold, and by how much it failed."""
+    for name, value in (("fail_under_mse", fail_under_mse), ("fail_under_attack_mse", fail_under_attack_mse),
+                        ("max_advantage", max_advantage)):
+        if value is not None and not math.isfinite(value):  # nan passes every comparison: a false PASS
+            raise ValueError(f"gate threshold {name} must be finite, got {value}")
     checks = [_completeness(result)]
     if fail_under_mse is not None:
         checks.append(_bound_check(result, fail_under_mse))

@@ -252,18 +252,31 @@ def output_lock(out_dir: Path):
     """Hold an exclusive lock on out_dir for one run; a second run on the same folder fails fast
     (two runs would otherwise mix their files). The lock file is removed when the run ends."""
     lock = out_dir / LOCK_NAME
+    fd = _locked_file(lock, out_dir)
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise InputError(f"cannot create the lock file {display_path(lock)}: {exc.strerror or exc}") from exc
-    try:
+        yield out_dir
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # while still holding it: a waiting run then sees a new file (below)
+        os.close(fd)
+
+
+def _locked_file(lock: Path, out_dir: Path) -> int:
+    """An open descriptor holding flock on `lock`, retried when the file was replaced meanwhile."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise InputError(f"cannot create the lock file {display_path(lock)}: {exc.strerror or exc}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
                 raise
             raise InputError(f"another splitaudit run is writing to {display_path(out_dir)} (it holds "
                              f"{display_path(lock)}); wait for it or choose another --out") from exc
-        yield out_dir
-    finally:
-        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                return fd
+        os.close(fd)  # the holder removed the file after we opened it: lock the new one

@@ -108,7 +108,7 @@ def rendered(request, pages):
 
 def test_every_fixture_renders_all_formats_without_empty_sections(rendered):
     name, out, paths = rendered
-    assert [p.name for p in paths] == ["report.json", "report.html", "report.md"]
+    assert [p.name for p in paths] == ["report.html", "report.md", "report.json"]  # report.json last
     html = (out / "report.html").read_text(encoding="utf-8")
     md = (out / "report.md").read_text(encoding="utf-8")
     assert empty_html_sections(html) == []
