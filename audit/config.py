@@ -82,12 +82,21 @@ OPTION_TYPES = {
     "list[float] | None": (list, type(None)), "dict[str, dict]": (dict,),
 }
 ITEM_TYPES = {"list[str]": (str,), "list[int] | None": (int,), "list[float] | None": (int, float)}
+SOURCE_FIELDS = {"model", "aux", "target", "top_model"}  # paths, or (Python API) a module or a Dataset
+TOML_SCALARS = (bool, int, float, list, dict)
+
+
+def _wrong_source(name: str, value) -> bool:
+    """A model/data option is a path, or an in-memory object from the Python API; never a number or table."""
+    return name in SOURCE_FIELDS and isinstance(value, TOML_SCALARS)
 
 
 def check_option_types(options: AuditOptions) -> None:
     """Raise InputError for a value of the wrong type (e.g. noise_sigma = "0.1" in a config file)."""
     for f in (f for f in fields(options) if f.type in OPTION_TYPES):
         value, allowed = getattr(options, f.name), OPTION_TYPES[f.type]
+        if f.name in SOURCE_FIELDS and not _wrong_source(f.name, value):
+            continue
         items = value if isinstance(value, list) and f.type in ITEM_TYPES else []
         wrong_item = next((v for v in items if isinstance(v, bool) or not isinstance(v, ITEM_TYPES[f.type])), None)
         bad_bool = isinstance(value, bool) and bool not in allowed

@@ -12,7 +12,7 @@ from pathlib import Path, PurePath
 from urllib.parse import quote
 
 from splitaudit.reports.view import CAUSE_WORDS
-from splitaudit.reports.writer import to_strict_json
+from splitaudit.reports.writer import to_strict_json, write_atomic
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 INFORMATION_URI = "https://github.com/splitaudit/splitaudit"
@@ -44,8 +44,8 @@ def sarif_log(result: dict, base: Path | None = None) -> dict:
 
 def write_sarif(result: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_strict_json(sarif_log(result)), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    return path
+    text = json.dumps(to_strict_json(sarif_log(result)), indent=2, allow_nan=False) + "\n"
+    return write_atomic(path.parent, path.name, text.encode("utf-8"))
 
 
 def _rule_id(check_name: str) -> str:
