@@ -60,12 +60,12 @@ def read_json_file(path: Path, what: str = "report"):
     try:
         return json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise InputError(f"{display_path(path)} is not UTF-8 text, so not a JSON {what} ({exc.reason} at byte "
-                         f"{exc.start})") from exc
+        raise InputError(f"{display_path(path)} is not a splitaudit report.json (not UTF-8 text: {exc.reason} at "
+                         f"byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise InputError(f"{display_path(path)} is not a splitaudit report.json (invalid JSON: {exc})") from exc
     except RecursionError as exc:
-        raise InputError(f"{display_path(path)} nests JSON too deeply to be a splitaudit {what}") from exc
+        raise InputError(f"{display_path(path)} is not a splitaudit report.json (nested too deeply)") from exc
 
 
 def load_result(path: Path) -> dict:

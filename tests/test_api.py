@@ -49,7 +49,7 @@ def test_paths_and_rendering(tmp_path):
                               noise_sigma=0.1, prior="gaussian", quick=True, fail_under_mse=1.0)
     assert not result.passed and result["model"]["format"] == "onnx"
     paths = result.write(tmp_path, ["json", "html"])
-    assert [p.name for p in paths] == ["report.json", "report.html"]
+    assert [p.name for p in paths] == ["report.html", "report.json"]  # report.json last
     assert json.loads((tmp_path / "report.json").read_text()) == json.loads(result.to_json())
     html = result.to_html()
     assert html.startswith("<!doctype html>") and "FAILED: the provable bound is too low" in html

@@ -518,8 +518,10 @@ def test_render_and_compare_survive_malformed_json(tmp_path, capsys):
     for name, content in cases.items():
         path = tmp_path / name
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    fragments = {"deep.json": "nests JSON too deeply", "list.json": "not a splitaudit report.json",
-                 "latin1.json": "is not UTF-8 text", "number.json": "not a splitaudit report.json"}
+    fragments = {"deep.json": "is not a splitaudit report.json (nested too deeply)",
+                 "list.json": "is not a splitaudit report.json (no schema_version)",
+                 "latin1.json": "is not a splitaudit report.json (not UTF-8 text",
+                 "number.json": "is not a splitaudit report.json (no schema_version)"}
     for name, fragment in fragments.items():
         assert_refused(["render", tmp_path / name, "--out", tmp_path / "out"], capsys, tmp_path, fragment)
         assert_refused(["compare", tmp_path / name, FIXTURES / "image_audit.json", "--out", tmp_path / "cmp"],

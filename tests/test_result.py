@@ -46,7 +46,7 @@ def test_real_audit_output_validates_and_round_trips(real_audit, tmp_path):
     """Every file the pipeline writes validates; reading it back gives the same result."""
     assert first_error(to_strict_json(real_audit.data)) is None
     paths = real_audit.write(tmp_path, ["json", "html", "md", "sarif"])
-    assert [p.name for p in paths] == ["report.json", "report.html", "report.md", "report.sarif"]
+    assert [p.name for p in paths] == ["report.html", "report.md", "report.sarif", "report.json"]  # report.json last
     stored = json.loads((tmp_path / "report.json").read_text())
     assert first_error(stored) is None
     assert to_strict_json(load_result(tmp_path / "report.json")) == stored
