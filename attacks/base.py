@@ -68,28 +68,41 @@ class Attack(ABC):
 
     def run(self, ctx: AuditContext) -> dict:
         """The result entry for report.json (never raises for a failure inside the attack)."""
-        entry: dict[str, Any] = {"kind": self.kind, "assumptions": self.assumptions,
-                                 "primary_metric": self.primary_metric}
-        if self.advantage_basis:
-            entry["advantage_basis"] = self.advantage_basis
         reason = self.missing(ctx)
         if reason:
-            return {**entry, "status": "skipped", "reason": reason}
+            return self.skipped(reason)
         start = time.perf_counter()
         try:
             outcomes = [self.run_seed(ctx, seed) for seed in ctx.seeds]
         except Exception as exc:  # an attack's failure is reported, not fatal to the audit
-            return {**entry, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:500],
-                    "seconds": time.perf_counter() - start}
+            return self.failed(f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
+        return self.summarize(ctx.seeds, outcomes, time.perf_counter() - start)
+
+    def header(self) -> dict[str, Any]:
+        """The entry's fields that do not depend on a run."""
+        entry: dict[str, Any] = {"kind": self.kind, "assumptions": self.assumptions,
+                                 "primary_metric": self.primary_metric}
+        if self.advantage_basis:
+            entry["advantage_basis"] = self.advantage_basis
+        return entry
+
+    def skipped(self, reason: str) -> dict:
+        return {**self.header(), "status": "skipped", "reason": reason}
+
+    def failed(self, reason: str, seconds: float) -> dict:
+        return {**self.header(), "status": "failed", "reason": reason[:500], "seconds": seconds}
+
+    def summarize(self, seeds: list[int], outcomes: list[SeedOutcome], seconds: float) -> dict:
+        """The ok entry from every seed's outcome (the executor runs seeds as separate tasks)."""
         metrics, metrics_std = aggregate([o.metrics for o in outcomes])
         baseline, baseline_std = aggregate([o.baseline for o in outcomes])
         advantages = [self.advantage(o.metrics, o.baseline) for o in outcomes]
         return {
-            **entry, "status": "ok", "reason": "",
+            **self.header(), "status": "ok", "reason": "",
             "metrics": metrics, "metrics_std": metrics_std,
             "baseline": baseline, "baseline_std": baseline_std,
             "advantage": float(np.mean(advantages)), "advantage_std": float(np.std(advantages)),
-            "seeds": list(ctx.seeds), "seconds": time.perf_counter() - start,
+            "seeds": list(seeds), "seconds": seconds,
             "examples": outcomes[0].examples, "details": outcomes[0].details,
         }
 

@@ -18,7 +18,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from splitaudit import __version__
-from splitaudit.config import FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
+from splitaudit.config import EXECUTORS, FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
 from splitaudit.errors import InputError
 from splitaudit.safety import display_path, display_text, displayable
 
@@ -57,6 +57,20 @@ def model_data_options(func):
                      help="TOML file with the same options; command-line flags win."),
         click.option("--debug", is_flag=True, help="Show tracebacks for errors."),
         click.option("--output-name", help="Which output of a multi-output ONNX model is the embedding (default: the first)."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def executor_options(func):
+    """Where the attack tasks run (--executor local|ray), shared by run and sweep."""
+    decorators = [
+        click.option("--executor", type=click.Choice(EXECUTORS),
+                     help="Run attack tasks in this process (local, default) or on Ray (ray; pip install \"splitaudit[ray]\")."),
+        click.option("--ray-address", help="An existing Ray cluster (ray start --head); default: start a local instance."),
+        click.option("--task-timeout", type=float, metavar="S",
+                     help="Seconds one task (an attack's seed) may run before it is retried once, then failed."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -111,6 +125,7 @@ def cli() -> None:
 @click.option("--fail-under-attack-mse", type=float, help="Gate: fail when any reconstruction attack's MSE is below T.")
 @click.option("--max-advantage", type=float, help="Gate: fail when any attack's advantage over its baseline exceeds A.")
 @click.option("--junit", type=click.Path(dir_okay=False), help="Also write the gates as JUnit XML test cases.")
+@executor_options
 def run(model: str | None, **flags) -> None:
     """Audit MODEL (.onnx or TorchScript .pt) with auxiliary data."""
     options = build_options(model, given_flags(flags))

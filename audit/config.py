@@ -18,6 +18,7 @@ PRIORS = ("ssm", "dsm", "gaussian")
 FORMATS = ("html", "md", "json", "sarif")
 MAX_SCALE = 1e12  # --noise-sigma/--smoothing above this overflow float32 when squared or added
 MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, seed+1, ...
+EXECUTORS = ("local", "ray")
 
 
 @dataclass
@@ -48,6 +49,9 @@ class AuditOptions:
     quick: bool = False
     attack_options: dict[str, dict] = field(default_factory=dict)
     output_name: str | None = None  # which output of a multi-output ONNX model is the embedding
+    executor: str = "local"  # where the attack tasks run: in this process, or on Ray
+    ray_address: str | None = None  # an existing Ray cluster (default: start a local instance)
+    task_timeout: float | None = None  # seconds one task may run before it is retried, then failed
 
     def validate(self) -> "AuditOptions":
         """Raise InputError for values that no audit can use."""
@@ -72,6 +76,10 @@ class AuditOptions:
             raise InputError(f"--seed must lie in [0, {MAX_SEED}] (32-bit seeds), got {self.seed}")
         if not str(self.out).strip():
             raise InputError("--out is empty; name an output folder")
+        if self.executor not in EXECUTORS:
+            raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.task_timeout is not None and not self.task_timeout > 0:
+            raise InputError(f"--task-timeout must be > 0 seconds, got {self.task_timeout}")
         return self
 
 

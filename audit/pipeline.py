@@ -13,13 +13,13 @@ import torch
 from tqdm import tqdm
 
 from splitaudit import __version__
-from splitaudit.attacks import ATTACK_NAMES, check_attack_options, get_attack
+from splitaudit.attacks import ATTACK_NAMES, check_attack_options
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.data import Dataset, load_dataset, split_dataset
 from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
-from splitaudit.models import check_top_model, open_model, prepare_encoder, resolve_device, within_time_limit
+from splitaudit.models import RawModel, check_top_model, open_model, prepare_encoder, resolve_device, within_time_limit
 from splitaudit.result import SCHEMA_VERSION
 
 PARITY_BATCH = 64
@@ -59,6 +59,12 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> Au
         aux, target = loaded, _load(options.target, shape or loaded.sample_shape, options)
     else:
         aux, target = split_dataset(loaded, options.target_fraction, options.seed)
+    return build_context(options, raw, aux, target, device, progress)
+
+
+def build_context(options: AuditOptions, raw: RawModel, aux: Dataset, target: Dataset, device: torch.device,
+                  progress: Callable[..., tqdm] = silent_progress) -> AuditContext:
+    """The context from an opened model and the split data (also how a Ray worker rebuilds it)."""
     aux, target = aux.to(device), target.to(device)
     encoder = within_time_limit(prepare_encoder, raw, aux.x[:PARITY_BATCH], options.normalize)
     top = open_model(options.top_model, device).torch_module if options.top_model else None
@@ -85,6 +91,10 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     options.validate()
     names = select_attacks(options.attacks)
     check_attack_options(options.attack_options)
+    if options.executor == "ray":
+        from splitaudit.executor import require_ray
+
+        require_ray()  # before the slow stages
     torch.manual_seed(options.seed)
     ctx = prepare_context(options, progress)
     from splitaudit import leakage
@@ -95,17 +105,30 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
         result.update(leakage.assess(ctx, prior=options.prior, smoothing=options.smoothing,
                                      target_mse=options.fail_under_mse))
         stages.update()
-        result["attacks"] = {}
-        for name in names:
-            stages.set_postfix_str(name)
-            result["attacks"][name] = get_attack(name).run(ctx)
-            stages.update()
+        stages.set_postfix_str("attacks")
+        result["attacks"] = run_attacks(ctx, options, names, progress, result["run"])
+        stages.update(len(names))
     leakage.flag_violations(result)
     result["gate"] = evaluate_gate(result, fail_under_mse=options.fail_under_mse,
                                    fail_under_attack_mse=options.fail_under_attack_mse,
                                    max_advantage=options.max_advantage)
     result["run"]["seconds"] = time.perf_counter() - clock
     return result
+
+
+def run_attacks(ctx: AuditContext, options: AuditOptions, names: list[str], progress: Callable[..., tqdm],
+                run: dict) -> dict:
+    """Every selected attack at the run's sigma on the chosen executor (--executor); the run
+    section gets the executor, its workers and each task's wall time."""
+    from splitaudit.executor import describe_executor, open_executor, run_attack_grid
+
+    executor = open_executor(options.executor, options, ctx)
+    try:
+        grid, results = run_attack_grid(ctx, names, [ctx.noise_sigma], executor, progress)
+    finally:
+        executor.close()
+    run.update(describe_executor(executor, results, options.task_timeout))
+    return grid[ctx.noise_sigma]
 
 
 def describe_run(ctx: AuditContext, options: AuditOptions, started: datetime) -> dict:

@@ -34,6 +34,18 @@ class Tool(TypedDict):
     version: str
 
 
+class TaskRecord(TypedDict):
+    """One task of the executor: an attack's seed at a noise sigma, and its wall time."""
+
+    attack: str
+    seed: int
+    noise_sigma: float
+    status: Literal["ok", "failed"]
+    seconds: float
+    attempts: int
+    worker: str
+
+
 class Run(TypedDict):
     """When, where and how the audit ran."""
 
@@ -45,6 +57,10 @@ class Run(TypedDict):
     seeds: list[int]
     python: str
     torch: str
+    executor: NotRequired[Literal["local", "ray"]]
+    workers: NotRequired[int]
+    task_timeout: NotRequired[float | None]
+    tasks: NotRequired[list[TaskRecord]]
 
 
 class Model(TypedDict):
