@@ -125,7 +125,7 @@ class RayExecutor:
                 index, attempt = queue.pop(0)
                 running[self.remote.remote(self.recipe_box, tasks[index])] = (index, attempt, time.monotonic())
             bar.set_postfix_str(f"running {len(running)}")
-            done, _ = ray.wait(list(running), num_returns=1, timeout=POLL_SECONDS)
+            done, _ = ray.wait(list(running), num_returns=1, timeout=self._wait_seconds(running))
             for ref in done:
                 index, attempt, start = running.pop(ref)
                 result = self._collect(ref, tasks[index], attempt, start)
@@ -146,6 +146,13 @@ class RayExecutor:
                                                     attempt, "")
                         bar.update()
         return [results[i] for i in range(len(tasks))]
+
+    def _wait_seconds(self, running: dict) -> float:
+        """Until the next poll, or sooner when a running task reaches its time-out."""
+        if self.task_timeout is None:
+            return POLL_SECONDS
+        first_deadline = min(start for _, _, start in running.values()) + self.task_timeout
+        return min(POLL_SECONDS, max(0.0, first_deadline - time.monotonic()))
 
     def _collect(self, ref, task: SeedTask, attempt: int, start: float) -> TaskResult:
         """The task's result, or its failure when the worker raised or was lost."""

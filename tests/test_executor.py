@@ -1,0 +1,143 @@
+"""The execution layer: local and Ray backends give the same report numbers, failures and
+time-outs become the attack's failure, and Ray stays out of everything that does not ask for it.
+
+The Ray tests share one local Ray instance limited to 2 CPUs (the CI machine), started once."""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+
+from conftest import sample
+from splitaudit.attacks import get_attack
+from splitaudit.cli import main
+from splitaudit.config import AuditOptions
+from splitaudit.executor import LocalExecutor, SeedTask, open_executor, run_attack_grid
+from splitaudit.pipeline import run_audit
+
+QUICK_RUN = dict(model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"), quick=True,
+                 prior="gaussian", noise_sigma=0.3, attacks=["kmeans", "decoder", "optimization"], formats=["json"])
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install \"splitaudit[ray]\")")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def full_seed_ctx(cancer_ctx):
+    """Three seeds per attack (not --quick), so seed tasks are aggregated as Attack.run does."""
+    return replace(cancer_ctx, quick=False)
+
+
+class NullBar:
+    def set_postfix_str(self, _text):
+        pass
+
+    def update(self, _n=1):
+        pass
+
+
+def attack_numbers(entry: dict) -> tuple:
+    return entry["status"], entry.get("metrics"), entry.get("metrics_std"), entry.get("baseline"), entry.get("advantage")
+
+
+def test_local_grid_equals_attack_run_at_every_sigma(full_seed_ctx):
+    """The executor's seed tasks aggregate to exactly what Attack.run gives (today's loop), at each sigma."""
+    names = ["kmeans", "attribute"]
+    grid, results = run_attack_grid(full_seed_ctx, names, [0.0, 0.5], LocalExecutor())
+    assert len(results) == 2 * 2 * 3 and all(r.error is None for r in results)
+    for sigma in (0.0, 0.5):
+        for name in names:
+            direct = get_attack(name).run(replace(full_seed_ctx, noise_sigma=sigma))
+            assert attack_numbers(grid[sigma][name]) == attack_numbers(direct)
+            assert grid[sigma][name]["seeds"] == [0, 1, 2]
+    assert grid[0.0]["kmeans"]["metrics"] != grid[0.5]["kmeans"]["metrics"]  # the sigma reached the tasks
+
+
+def test_ray_grid_is_bit_identical_to_local_twice(ray_instance, full_seed_ctx):
+    """Same tasks on Ray (2 workers) and locally: the same numbers, exactly; twice, the second
+    time on workers that cached the context."""
+    names = ["kmeans", "attribute"]
+    local, _ = run_attack_grid(full_seed_ctx, names, [0.0, 0.5], LocalExecutor())
+    options = AuditOptions(model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"),
+                           executor="ray").validate()
+    executor = open_executor("ray", options, full_seed_ctx)
+    assert executor.workers == 2 and not executor.started_here
+    for _ in range(2):
+        remote, results = run_attack_grid(full_seed_ctx, names, [0.0, 0.5], executor)
+        assert all(r.error is None and r.attempts == 1 and r.worker for r in results)
+        for sigma in (0.0, 0.5):
+            for name in names:
+                assert attack_numbers(remote[sigma][name]) == attack_numbers(local[sigma][name])
+    executor.close()
+    assert ray_instance.is_initialized()  # an instance the tool did not start is left running
+
+
+def test_ray_run_report_equals_local(ray_instance, tmp_path):
+    """A quick audit end to end: attacks, examples and bounds agree exactly; the run section says
+    which executor ran how many tasks on how many workers."""
+    local = run_audit(AuditOptions(**QUICK_RUN, out=str(tmp_path / "l")).validate())
+    remote = run_audit(AuditOptions(**QUICK_RUN, out=str(tmp_path / "r"), executor="ray").validate())
+    for name in QUICK_RUN["attacks"]:
+        assert attack_numbers(remote["attacks"][name]) == attack_numbers(local["attacks"][name])
+        assert remote["attacks"][name]["examples"] == local["attacks"][name]["examples"]
+    assert remote["bounds"]["van_trees_mse"] == local["bounds"]["van_trees_mse"]
+    assert (local["run"]["executor"], local["run"]["workers"]) == ("local", 1)
+    assert (remote["run"]["executor"], remote["run"]["workers"]) == ("ray", 2)
+    tasks = remote["run"]["tasks"]
+    assert [t["attack"] for t in tasks] == QUICK_RUN["attacks"]
+    assert all(t["status"] == "ok" and t["seconds"] > 0 and t["noise_sigma"] == 0.3 for t in tasks)
+
+
+def test_failing_task_is_retried_once_then_reported(ray_instance, cancer_ctx):
+    """A task that raises on its worker is run twice, then comes back as a failure (no exception)."""
+    options = AuditOptions(model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"))
+    executor = open_executor("ray", options, cancer_ctx)
+    ok, broken = SeedTask("kmeans", 0, 0.0), SeedTask("no-such-attack", 0, 0.0)
+    results = executor.map(cancer_ctx, [ok, broken], NullBar())
+    assert results[0].error is None and results[0].attempts == 1
+    assert results[1].outcome is None and results[1].attempts == 2 and "KeyError" in results[1].error
+
+
+def test_task_timeout_fails_the_attack_not_the_audit(ray_instance, cancer_ctx):
+    """A task over --task-timeout is cancelled, retried once, then reported as failed: the map
+    returns instead of hanging, and the attack's entry says why."""
+    options = AuditOptions(model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"),
+                           executor="ray", task_timeout=0.05)
+    executor = open_executor("ray", options, cancer_ctx)
+    grid, results = run_attack_grid(cancer_ctx, ["decoder"], [0.0], executor)
+    assert len(results) == 1 and results[0].attempts == 2 and "timed out after 0.05 s" in results[0].error
+    entry = grid[0.0]["decoder"]
+    assert entry["status"] == "failed" and "--task-timeout" in entry["reason"]
+
+
+def test_without_ray_local_works_and_ray_says_how_to_install(monkeypatch, tmp_path, capsys):
+    """With Ray hidden: the help and a local audit work (nothing imports Ray), and --executor ray
+    stops before any work with exit 2 and the install command."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    monkeypatch.delitem(sys.modules, "splitaudit.ray_executor", raising=False)
+    with pytest.raises(SystemExit) as help_exit:
+        main(["--help"])
+    assert help_exit.value.code == 0
+    result = run_audit(AuditOptions(**{**QUICK_RUN, "attacks": ["kmeans"]}, out=str(tmp_path)).validate())
+    assert result["attacks"]["kmeans"]["status"] == "ok" and result["run"]["executor"] == "local"
+    capsys.readouterr()
+    args = ["run", QUICK_RUN["model"], "--aux", QUICK_RUN["aux"], "--quick", "--executor", "ray", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as ray_exit:
+        main(args)
+    assert ray_exit.value.code == 2
+    err = capsys.readouterr().err
+    assert 'pip install "splitaudit[ray]"' in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag, value", [("--executor", "dask"), ("--task-timeout", "0")])
+def test_bad_executor_flags_exit_2(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", QUICK_RUN["model"], "--aux", QUICK_RUN["aux"], flag, value])
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
