@@ -40,9 +40,10 @@ class ContextRecipe:
     target: Dataset
 
 
-def model_files(path: str | None) -> dict[str, bytes]:
-    """A model file's bytes by name, and for ONNX the external-data files it points to."""
-    if not path:
+def model_files(path) -> dict[str, bytes]:
+    """A model file's bytes by name, and for ONNX the external-data files it points to (nothing
+    for no model, or for an in-memory torch module, which travels pickled in the options)."""
+    if not isinstance(path, (str, Path)):
         return {}
     path = Path(path)
     files = {path.name: path.read_bytes()}
@@ -59,7 +60,7 @@ def model_files(path: str | None) -> dict[str, bytes]:
 
 
 def make_recipe(options: AuditOptions, ctx: AuditContext) -> ContextRecipe:
-    return ContextRecipe(options=options, model_files=model_files(options.model),
+    return ContextRecipe(options=replace(options, aux="", target=None), model_files=model_files(options.model),
                          top_model_files=model_files(options.top_model),
                          aux=ctx.aux.to("cpu"), target=ctx.target.to("cpu"))
 
@@ -81,14 +82,18 @@ def context_on_worker(recipe_box: list) -> AuditContext:
             for name, data in files.items():
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 (folder / name).write_bytes(data)
-        options = recipe.options
-        model = str(folder / Path(options.model).name)
-        top = str(folder / Path(options.top_model).name) if options.top_model else None
-        options = replace(options, model=model, top_model=top,
-                          device=options.device if ray.get_gpu_ids() else "cpu")
+        options = replace(recipe.options, model=_local_copy(recipe.options.model, folder),
+                          top_model=_local_copy(recipe.options.top_model, folder),
+                          device=recipe.options.device if ray.get_gpu_ids() else "cpu")
         device = resolve_device(options.device)
-        _CONTEXTS[key] = build_context(options, open_model(options.model, device, options.output_name), recipe.aux, recipe.target, device)
+        raw = open_model(options.model, device, options.output_name)
+        _CONTEXTS[key] = build_context(options, raw, recipe.aux, recipe.target, device)
     return _CONTEXTS[key]
+
+
+def _local_copy(model, folder: Path):
+    """Where the worker wrote a model file (a torch module or None is used as it is)."""
+    return str(folder / Path(model).name) if isinstance(model, (str, Path)) else model
 
 
 @ray.remote(max_retries=0)

@@ -94,6 +94,32 @@ def test_ray_run_report_equals_local(ray_instance, tmp_path):
     assert all(t["status"] == "ok" and t["seconds"] > 0 and t["noise_sigma"] == 0.3 for t in tasks)
 
 
+def test_workers_rebuild_an_onnx_model_with_external_data_from_the_object_store(ray_instance, tmp_path):
+    """A dynamo ONNX export (weights in a .data file) is shipped with its data file: the files are
+    deleted once the executor has put them in the object store, and Ray still gives local's numbers."""
+    import numpy as np
+    import torch
+
+    from architectures import build, export_onnx
+    from splitaudit.pipeline import prepare_context
+    from splitaudit.ray_executor import model_files
+
+    model = export_onnx(build("mobilenet"), torch.rand(2, 3, 32, 32), tmp_path / "stem.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.random((64, 3, 32, 32), dtype=np.float32), y=rng.integers(0, 2, 64))
+    options = AuditOptions(model=str(model), aux=str(tmp_path / "data.npz"), quick=True).validate()
+    ctx = prepare_context(options)
+    shipped = model_files(str(model))
+    assert set(shipped) == {"stem.onnx", "stem.onnx.data"} and len(shipped["stem.onnx.data"]) > 1000
+    local, _ = run_attack_grid(ctx, ["kmeans"], [0.1], LocalExecutor())
+    executor = open_executor("ray", options, ctx)
+    for path in tmp_path.glob("stem.onnx*"):
+        path.unlink()
+    remote, results = run_attack_grid(ctx, ["kmeans"], [0.1], executor)
+    assert results[0].error is None
+    assert attack_numbers(remote[0.1]["kmeans"]) == attack_numbers(local[0.1]["kmeans"])
+
+
 def test_failing_task_is_retried_once_then_reported(ray_instance, cancer_ctx):
     """A task that raises on its worker is run twice, then comes back as a failure (no exception)."""
     options = AuditOptions(model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"))
