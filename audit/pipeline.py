@@ -91,10 +91,7 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     options.validate()
     names = select_attacks(options.attacks)
     check_attack_options(options.attack_options)
-    if options.executor == "ray":
-        from splitaudit.executor import require_ray
-
-        require_ray()  # before the slow stages
+    check_executor(options)
     torch.manual_seed(options.seed)
     ctx = prepare_context(options, progress)
     from splitaudit import leakage
@@ -106,7 +103,7 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
                                      target_mse=options.fail_under_mse))
         stages.update()
         stages.set_postfix_str("attacks")
-        result["attacks"] = run_attacks(ctx, options, names, progress, result["run"])
+        result["attacks"] = attack_grid(ctx, options, names, [ctx.noise_sigma], progress, result["run"])[ctx.noise_sigma]
         stages.update(len(names))
     leakage.flag_violations(result)
     result["gate"] = evaluate_gate(result, fail_under_mse=options.fail_under_mse,
@@ -116,19 +113,27 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     return result
 
 
-def run_attacks(ctx: AuditContext, options: AuditOptions, names: list[str], progress: Callable[..., tqdm],
-                run: dict) -> dict:
-    """Every selected attack at the run's sigma on the chosen executor (--executor); the run
-    section gets the executor, its workers and each task's wall time."""
+def check_executor(options: AuditOptions) -> None:
+    """Before any slow stage: --executor ray without Ray installed is bad input (exit 2)."""
+    if options.executor == "ray":
+        from splitaudit.executor import require_ray
+
+        require_ray()
+
+
+def attack_grid(ctx: AuditContext, options: AuditOptions, names: list[str], sigmas: list[float],
+                progress: Callable[..., tqdm], run: dict) -> dict[float, dict]:
+    """Every selected attack at every sigma on the chosen executor (--executor), as {sigma:
+    {attack: entry}}; the run section gets the executor, its workers and each task's wall time."""
     from splitaudit.executor import describe_executor, open_executor, run_attack_grid
 
     executor = open_executor(options.executor, options, ctx)
     try:
-        grid, results = run_attack_grid(ctx, names, [ctx.noise_sigma], executor, progress)
+        grid, results = run_attack_grid(ctx, names, sigmas, executor, progress)
     finally:
         executor.close()
     run.update(describe_executor(executor, results, options.task_timeout))
-    return grid[ctx.noise_sigma]
+    return grid
 
 
 def describe_run(ctx: AuditContext, options: AuditOptions, started: datetime) -> dict:
