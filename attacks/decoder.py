@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from splitaudit.attacks.base import Attack, SeedOutcome
-from splitaudit.attacks.nets import Decoder, seeded
+from splitaudit.attacks.nets import Decoder, decode_batch, seeded
 from splitaudit.attacks.reconstruction import (
     mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
 )
@@ -25,7 +25,6 @@ from splitaudit.threads import threads_for
 # improved at epoch 25 (target MSE 0.0114) and stopped by itself at epoch 58 (best 50: 0.0088).
 DEFAULTS = {"epochs": 200, "quick_epochs": 15, "lr": 5e-3, "batch_size": 64,
             "patience": 8, "holdout_fraction": 0.1}
-DECODE_BATCH = 512
 
 
 class DecoderAttack(Attack):
@@ -108,4 +107,4 @@ def train_epoch(decoder: nn.Module, optimizer: torch.optim.Optimizer, z: torch.T
 def decode(decoder: nn.Module, z: torch.Tensor) -> torch.Tensor:
     """The decoder's reconstructions in eval mode, in batches."""
     decoder.eval()
-    return torch.cat([decoder(chunk) for chunk in z.split(DECODE_BATCH)])
+    return torch.cat([decoder(chunk) for chunk in z.split(decode_batch(decoder.input_shape))])

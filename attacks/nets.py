@@ -44,18 +44,20 @@ def _script_copy(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
     return torch.jit.load(buffer, map_location=device)
 
 
-def reinitialized_copy(module: nn.Module, seed: int) -> nn.Module:
+def reinitialized_copy(module: nn.Module, seed: int, init: str = "kaiming") -> nn.Module:
     """A trainable copy of `module` (same architecture) with fresh random weights.
 
     Works for nn.Module, TorchScript and onnx2pytorch modules alike: weight matrices and
-    kernels get PyTorch's default Kaiming-uniform init, biases zero, 1-d scales one.
+    kernels get PyTorch's default Kaiming-uniform init (`init="kaiming"`) or Keras's default
+    Glorot-uniform (`init="glorot"`, what the SDAR authors' TensorFlow networks start from),
+    biases zero, 1-d scales one.
     """
     fresh = clone_module(module)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in fresh.named_parameters():
             if p.dim() >= 2:
-                bound = 1.0 / math.sqrt(p[0].numel())
+                bound = glorot_bound(p.shape) if init == "glorot" else 1.0 / math.sqrt(p[0].numel())
                 p.copy_(torch.empty(p.shape).uniform_(-bound, bound, generator=gen))
             elif name.endswith("bias"):
                 p.zero_()
@@ -63,6 +65,33 @@ def reinitialized_copy(module: nn.Module, seed: int) -> nn.Module:
                 p.fill_(1.0)
             p.requires_grad_(True)
     return fresh.train()
+
+
+def glorot_bound(shape: torch.Size) -> float:
+    """sqrt(6 / (fan_in + fan_out)) of a dense (out, in) or conv (out, in, *kernel) weight
+    (Glorot and Bengio, AISTATS 2010; Keras's glorot_uniform)."""
+    receptive = math.prod(shape[2:]) if len(shape) > 2 else 1
+    return math.sqrt(6.0 / ((shape[0] + shape[1]) * receptive))
+
+
+NORMALIZATIONS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+
+
+def restore_batch_norm(module: nn.Module) -> bool:
+    """Put a BatchNorm2d after every Conv2d of a network that has no normalisation at all.
+
+    ONNX export in inference mode folds BatchNorm into the preceding convolutions, so an
+    ONNX-converted ResNet has none left, and a re-initialised copy of it trains without the
+    batch norm the original was trained with. Returns whether anything was added (a network
+    that already normalises, or has no convolutions, is left as it is).
+    """
+    if any(isinstance(m, NORMALIZATIONS) for m in module.modules()):
+        return False
+    convs = [(parent, name, child) for parent in module.modules()
+             for name, child in parent.named_children() if type(child) is nn.Conv2d]
+    for parent, name, conv in convs:
+        setattr(parent, name, nn.Sequential(conv, nn.BatchNorm2d(conv.out_channels)))
+    return bool(convs)
 
 
 def mlp(sizes: list[int], activation: type[nn.Module] = nn.GELU) -> nn.Sequential:
@@ -99,39 +128,115 @@ def generic_encoder(input_shape: tuple[int, ...], output_shape: tuple[int, ...])
     return nn.Sequential(body, Reshape(output_shape))
 
 
-def bottom_architecture(ctx: AuditContext, seed: int) -> nn.Module:
-    """The bottom model's architecture re-initialised when known, else a generic one (same shapes)."""
+def bottom_architecture(ctx: AuditContext, seed: int, init: str = "kaiming",
+                        batch_norm: bool = False) -> nn.Module:
+    """The bottom model's architecture re-initialised when known, else a generic one (same shapes).
+
+    `batch_norm`: give an ONNX model's convolutions back the batch norm that export folded
+    into them (`restore_batch_norm`).
+    """
     known = ctx.encoder.architecture()
     with seeded(seed):
-        net = reinitialized_copy(known, seed) if known is not None else \
-            generic_encoder(ctx.encoder.input_shape, ctx.encoder.output_shape)
+        if known is None:
+            net = generic_encoder(ctx.encoder.input_shape, ctx.encoder.output_shape)
+        else:
+            net = reinitialized_copy(known, seed, init)
+            if batch_norm and ctx.encoder.format == "onnx":
+                restore_batch_norm(net)
     return net.to(ctx.device).train()
 
 
 class Decoder(nn.Module):
     """Embedding (and optionally a label) -> input, built from the shapes (SDAR Table IX style).
 
-    Images: a linear layer maps the embedding to a 64-channel map at the image size halved up to
-    three times, then a stride-1 transposed-conv block, one Upsample+Conv block per doubling, three more transposed-conv blocks (BN + ReLU each), a final
-    conv to the input channels, and a sigmoid when the data lies in [0, 1]. Flat inputs: an MLP.
+    Spatial (C, h, w) embeddings of image inputs stay spatial (Zhu et al., NDSS 2025, App. B-C,
+    Table IX): the label, when given, becomes one more h x w input channel (50-unit embedding ->
+    dense layer -> reshape), and one upsampling stage per doubling follows (`upsampling_stages`),
+    e.g. 64x8x8 -> 3x32x32 exactly as Table IX's level-7 decoder. Every layer is convolutional,
+    so memory grows with the input's pixels, never with a dense layer at full resolution.
+    Flat embeddings of image inputs: a linear stem to a 64-channel map at the image size halved
+    up to three times (more for large images, down to at most 7x7), then a stride-1
+    transposed-conv block, one Upsample+Conv block per doubling and three transposed-conv blocks.
+    Flat inputs: an MLP. BN + ReLU after every conv; a sigmoid when the data lies in [0, 1].
     """
 
     def __init__(self, embedding_shape: tuple[int, ...], input_shape: tuple[int, ...],
                  unit_range: bool, num_classes: int | None = None) -> None:
         super().__init__()
         self.input_shape = tuple(input_shape)
-        self.label_embedding = nn.Embedding(num_classes, 50) if num_classes else None
-        extra = 50 if num_classes else 0
-        m = math.prod(embedding_shape)
-        self.body = _image_decoder(m + extra, input_shape) if len(input_shape) == 3 \
-            else mlp([m + extra, 256, 256, math.prod(input_shape)])
+        self.spatial = len(embedding_shape) == 3 and len(input_shape) == 3
+        if self.spatial:
+            channels, height, width = embedding_shape
+            self.label = LabelChannel(num_classes, (height, width)) if num_classes else None
+            self.body = nn.Sequential(*upsampling_stages(channels + (1 if num_classes else 0),
+                                                         (height, width), input_shape))
+        else:
+            self.label_embedding = nn.Embedding(num_classes, LABEL_EMBEDDING) if num_classes else None
+            m = math.prod(embedding_shape) + (LABEL_EMBEDDING if num_classes else 0)
+            self.body = _image_decoder(m, input_shape) if len(input_shape) == 3 \
+                else mlp([m, 256, 256, math.prod(input_shape)])
         self.squash = nn.Sigmoid() if unit_range else nn.Identity()
 
     def forward(self, z: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        h = z.flatten(1)
-        if self.label_embedding is not None:
-            h = torch.cat([h, self.label_embedding(y)], dim=1)
+        if self.spatial:
+            h = z if self.label is None else torch.cat([z, self.label(y)], dim=1)
+        else:
+            h = z.flatten(1)
+            if self.label_embedding is not None:
+                h = torch.cat([h, self.label_embedding(y)], dim=1)
         return self.squash(self.body(h)).reshape(len(z), *self.input_shape)
+
+
+class LabelChannel(nn.Module):
+    """A class label as one extra H x W channel: 50-unit embedding -> dense -> reshape (Table IX)."""
+
+    def __init__(self, num_classes: int, size: tuple[int, int]) -> None:
+        super().__init__()
+        self.size = tuple(size)
+        self.net = nn.Sequential(nn.Embedding(num_classes, LABEL_EMBEDDING),
+                                 nn.Linear(LABEL_EMBEDDING, math.prod(self.size)))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return self.net(y).reshape(len(y), 1, *self.size)
+
+
+LABEL_EMBEDDING = 50  # Table IX: labels -> Embedding(num_classes, 50) -> Dense
+DECODER_BASE_WIDTH = 16  # Table IX: the last stage's transposed convs have 16 filters
+DECODER_MAX_WIDTH = 256
+
+
+def upsampling_stages(cin: int, size: tuple[int, int], input_shape: tuple[int, int, int]) -> list[nn.Module]:
+    """Conv layers from a (cin, *size) map to an input-shaped image (Table IX's decoders).
+
+    One stage per doubling of the map side, counted from the output: the last stage is
+    Upsample -> Conv 32 -> 3 x ConvT 16; each earlier one Upsample -> Conv 2w -> 2 x ConvT w with
+    w doubling per stage (capped at 256). For 8x8 -> 32x32 (ResNet-20 split level 7) that is
+    Up, Conv 64, ConvT 32 x2, Up, Conv 32, ConvT 16 x3, Conv 3. The last upsampling goes to the
+    input's exact size, so sides that are not the map's times a power of two work too.
+    """
+    channels, height, width = input_shape
+    doublings = max(0, math.ceil(math.log2(max(height / size[0], width / size[1]))))
+    layers: list[nn.Module] = []
+    if doublings == 0:
+        if tuple(size) != (height, width):
+            layers.append(nn.Upsample(size=(height, width), mode="nearest"))
+        layers += _conv_block(cin, 2 * DECODER_BASE_WIDTH)
+        cin = 2 * DECODER_BASE_WIDTH
+    for stage in reversed(range(doublings)):
+        width_out = min(DECODER_BASE_WIDTH * 2 ** stage, DECODER_MAX_WIDTH)
+        upsample = nn.Upsample(size=(height, width), mode="nearest") if stage == 0 else \
+            nn.Upsample(scale_factor=2, mode="nearest")
+        layers += [upsample, *_conv_block(cin, min(2 * width_out, DECODER_MAX_WIDTH))]
+        cin = min(2 * width_out, DECODER_MAX_WIDTH)
+        for _ in range(3 if stage == 0 else 2):
+            layers += _conv_block(cin, width_out, transpose=True)
+            cin = width_out
+    if doublings == 0:
+        for _ in range(3):
+            layers += _conv_block(cin, DECODER_BASE_WIDTH, transpose=True)
+            cin = DECODER_BASE_WIDTH
+    layers.append(nn.Conv2d(cin, channels, 3, padding=1))
+    return layers
 
 
 def _conv_block(cin: int, cout: int, transpose: bool = False) -> list[nn.Module]:
@@ -140,9 +245,11 @@ def _conv_block(cin: int, cout: int, transpose: bool = False) -> list[nn.Module]
 
 
 def _image_decoder(m: int, input_shape: tuple[int, int, int]) -> nn.Sequential:
+    """Flat embedding -> image: linear stem to a small map, then upsampling (see Decoder)."""
     channels, height, width = input_shape
     doublings = 0
-    while doublings < 3 and height % 2 ** (doublings + 1) == 0 and width % 2 ** (doublings + 1) == 0:
+    while height % 2 ** (doublings + 1) == 0 and width % 2 ** (doublings + 1) == 0 and \
+            (doublings < 3 or min(height, width) // 2 ** doublings > 7):
         doublings += 1
     h0, w0 = height // 2 ** doublings, width // 2 ** doublings
     start = 64
@@ -158,3 +265,9 @@ def _image_decoder(m: int, input_shape: tuple[int, int, int]) -> nn.Sequential:
         ch = 16
     layers.append(nn.Conv2d(ch, channels, 3, padding=1))
     return nn.Sequential(*layers)
+
+
+def decode_batch(input_shape: tuple[int, ...], budget_values: int = 2 ** 25, cap: int = 512) -> int:
+    """Samples per inference batch so that a full-resolution 16-channel map stays near
+    `budget_values` numbers (128 MiB): 512 for 8x8 digits and 32x32 images, 41 at 3x224x224."""
+    return max(1, min(cap, budget_values // (DECODER_BASE_WIDTH * math.prod(input_shape[-2:]))))

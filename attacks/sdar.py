@@ -35,7 +35,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome
-from splitaudit.attacks.nets import Decoder, bottom_architecture, mlp, seeded
+from splitaudit.attacks.nets import (LABEL_EMBEDDING, Decoder, LabelChannel, bottom_architecture, decode_batch,
+                                     mlp, seeded)
 from splitaudit.attacks.reconstruction import (mean_guess_baseline, reconstruction_examples,
                                                reconstruction_metrics)
 from splitaudit.context import AuditContext
@@ -50,35 +51,37 @@ from splitaudit.threads import threads_for
 # discriminators are chosen as eta_d1 = lambda1 eta_f~ and eta_d2 = lambda2 eta_f~, to ensure
 # that the step size to minimize generator loss (as a regularization term) is on par with that
 # of the discriminator loss." Adam with eta = 0.001 (App. B-B), lambda1 = 0.02, lambda2 = 1e-5.
+# The authors' released code scales d2's rate by the rate of the network it regularises, the
+# decoder (lambda2 x 5e-4 = 5e-9), as d1's is scaled by the simulator's; we follow the code.
 LAMBDA1 = 0.02  # weight of d1's adversarial loss in the simulator's loss (Eq. 3)
 LAMBDA2 = 1e-5  # weight of d2's adversarial loss in the decoder's loss (Eq. 5)
 SIMULATOR_LR = 1e-3  # = the SL task's learning rate eta
 DECODER_LR = SIMULATOR_LR / 2
-D1_LR = LAMBDA1 * SIMULATOR_LR  # eta_d1 = lambda1 eta_f~ (2e-5)
-D2_LR = LAMBDA2 * SIMULATOR_LR  # eta_d2 = lambda2 eta_f~ (1e-8)
-# Paper 003 trains with SL's batches of 128 for 20k iterations (App. B-B). Offline, the batch is
-# the attacker's choice; under a CPU budget the number of steps matters more than the batch:
+D1_LR = LAMBDA1 * SIMULATOR_LR  # 2e-5
+D2_LR = LAMBDA2 * DECODER_LR  # 5e-9
+ADAM_EPS = 1e-7  # the paper's networks are Keras models: Keras's Adam epsilon, not torch's 1e-8
+LEAKY_SLOPE = 0.3  # Table IX's LeakyReLU() is Keras's, whose default slope is 0.3
+# Budgets (option `preset`). "paper": SL's batches of 128 for 20k iterations (App. B-B), the
+# default on a GPU. "cpu": under a CPU budget the number of steps matters more than the batch:
 # on the digits CNN, 1200 steps of 32 reach the MSE of 1500 steps of 128 at a third of the cost.
-BATCH_SIZE = 32
-LABEL_EMBEDDING = 50  # Appendix B-C: labels -> 50-unit embedding -> dense layer
+# The attack keeps improving long after 300 iterations (digits CNN with g, seed 0: target MSE
+# 0.036 at 250, 0.016 at 1500, 0.013 at 2000, 0.010 at 5000; mean guess 0.073). Without g,
+# only d1 ties f~ to f and that takes longer: the target MSE stays above the mean guess until
+# ~1000-1500 iterations and reaches 0.025-0.031 at 2500 (seeds 0-2).
+PRESETS = {"cpu": {"iterations": 2000, "batch_size": 32},
+           "paper": {"iterations": 20000, "batch_size": 128}}
+ITERATIONS_WITHOUT_G = 3000  # the cpu preset's budget when no top model is given
+QUICK_ITERATIONS = 150
 DROPOUT = 0.4  # Table IX discriminators
 HEAD_WIDTH = 128  # the head trained in g's place when no top model is given
-# Table IX conv stacks, (channels, stride) per 3x3 conv, and the smallest map side they are
-# used at there (d1: level-7 embeddings, 8x8; d2: CIFAR images, 32x32).
-D1_CONVS, D1_SIDE = ((64, 1), (128, 2), (256, 1), (256, 1), (256, 1), (256, 2)), 8
+LABEL_FLIP = 0.1  # U-shaped SL: probability of replacing an aux label by a uniform one (Fig. 15, line 30)
+# Table IX conv stacks, (channels, stride) per 3x3 conv, and the map side they are used at
+# there: d1 at split levels 4-6 (16x16 embeddings) and at level 7 (8x8), d2 on 32x32 images.
+D1_CONVS, D1_SIDE = ((64, 1), (128, 2), (256, 1), (256, 1), (256, 1), (256, 2)), 16
+D1_CONVS_LEVEL7, D1_SIDE_LEVEL7 = ((128, 1), (256, 1), (256, 1), (256, 1), (256, 2)), 8
 D2_CONVS, D2_SIDE = ((64, 1), (128, 2), (128, 2), (256, 2)), 32
 MIN_WIDTH_SCALE = 0.25
 FLAT_WIDTH = 256  # discriminator MLP width for flat samples
-
-# The attack keeps improving long after 300 iterations (digits CNN with g, seed 0: target MSE
-# 0.036 at 250, 0.016 at 1500, 0.013 at 2000, 0.010 at 5000; mean guess 0.073); 2000 take
-# about 45 s per seed on one CPU core. Without g, only d1 ties f~ to f and that takes longer:
-# the target MSE stays above the mean guess until ~1000-1500 iterations and reaches 0.025-0.031
-# at 2500 (seeds 0-2). The paper's 20k fit a GPU (`iterations = 20000`).
-DEFAULT_ITERATIONS = 2000
-DEFAULT_ITERATIONS_WITHOUT_G = 3000
-QUICK_ITERATIONS = 150
-DECODE_BATCH = 512
 TRAINING_STREAM = 1_000_003  # seed offset of the batch/noise draws, apart from the observation noise
 
 
@@ -90,11 +93,15 @@ class Regularizers:
     d2: bool = True
 
 
-# Where the labels of the target embeddings come from (option `labels`).
+# Where the labels of the target embeddings come from (option `labels`; "true" is the old
+# name of "known").
 LABEL_SOURCES = {
-    "true": "the targets' own labels (vanilla SL: the server holds them)",
-    "predicted": "predicted by the classifier (the server does not hold them)",
+    "known": "the targets' own labels (vanilla SL: the server holds them)",
+    "inferred": "inferred by the attack (U-shaped SL: label-free decoder and discriminators, "
+                "labels from the classifier)",
+    "predicted": "predicted by the classifier, and the decoder conditioned on them",
 }
+LABEL_ALIASES = {"true": "known"}
 FULL = Regularizers()
 ABLATIONS = {"mse_no_d1": Regularizers(d1=False), "mse_no_d2": Regularizers(d2=False)}
 
@@ -131,73 +138,121 @@ class SDARAttack(Attack):
     kind = "reconstruction"
     primary_metric = "mse"
     needs = frozenset({"labels"})
-    option_names = frozenset({"iterations", "batch_size", "labels", "ablation"})
+    option_names = frozenset({"iterations", "batch_size", "labels", "ablation", "preset", "label_flip"})
     assumptions = (
         "Passive server without any query access to the bottom model: it sees only the target "
-        "embeddings (with the client's noise) and, as in vanilla split learning, their labels; "
+        "embeddings (with the client's noise) and, as in vanilla split learning, their labels "
+        "(with labels = inferred, as in U-shaped split learning, it does not and infers them); "
         "it holds labelled auxiliary data from the same domain, knows the bottom model's "
         "architecture (else only its input/output shapes) and the noise level, and uses the "
-        "trained top model when one is given (paper 003)."
+        "trained top model when one is given (Zhu et al., NDSS 2025)."
     )
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
-        options = ctx.options(self.name)
-        iterations = int(options.get("iterations", default_iterations(ctx)))
-        batch_size = int(options.get("batch_size", BATCH_SIZE))
-        label_source = str(options.get("labels", "true"))
-        if label_source not in LABEL_SOURCES:
-            raise ValueError(f"sdar labels must be one of {', '.join(LABEL_SOURCES)}, got {label_source!r}")
+        settings = sdar_settings(ctx)
         target = ctx.target
-        known_labels = target.y if label_source == "true" else None
+        known_labels = target.y if settings["labels"] == "known" else None
         observed = ctx.observed_embeddings("target", ctx.generator(seed))
-        run = (lambda regularizers: sdar_reconstruct(ctx, observed, known_labels, seed, iterations,
-                                                     batch_size, regularizers))
+        run = (lambda regularizers: sdar_reconstruct(
+            ctx, observed, known_labels, seed, settings["iterations"], settings["batch_size"], regularizers,
+            conditional=settings["labels"] != "inferred", label_flip=settings["label_flip"]))
         x_hat, labels = run(FULL)
         metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
-        if options.get("ablation", False):
+        baseline = mean_guess_baseline(ctx.aux.x, target.x, target.is_image)
+        if known_labels is None:
+            metrics["label_accuracy"] = float((labels == target.y).float().mean())
+            baseline["label_accuracy"] = majority_class_accuracy(ctx.aux.y, target.y)
+        if settings["ablation"]:
             for key, regularizers in ABLATIONS.items():
                 metrics[key] = reconstruction_metrics(target.x, run(regularizers)[0], target.is_image)["mse"]
         details = {
-            "iterations": iterations, "batch_size": batch_size,
-            "lambda1": LAMBDA1, "lambda2": LAMBDA2,
+            "preset": settings["preset"], "iterations": settings["iterations"],
+            "batch_size": settings["batch_size"], "lambda1": LAMBDA1, "lambda2": LAMBDA2,
             "simulator": "bottom model's architecture, re-initialised"
             if ctx.encoder.architecture() is not None else "generic network of the same shapes",
             "classifier": "top model g (frozen)" if ctx.top_model is not None else "head trained jointly",
-            "target_labels": LABEL_SOURCES[label_source],
+            "target_labels": LABEL_SOURCES[settings["labels"]],
         }
-        if known_labels is None:
-            details["target_label_accuracy"] = float((labels == target.y).float().mean())
-        return SeedOutcome(metrics=metrics,
-                           baseline=mean_guess_baseline(ctx.aux.x, target.x, target.is_image),
+        if settings["labels"] == "inferred":
+            details["label_flip"] = settings["label_flip"]
+        return SeedOutcome(metrics=metrics, baseline=baseline,
                            examples=reconstruction_examples(target.x, x_hat), details=details)
 
 
-def default_iterations(ctx: AuditContext) -> int:
-    """Quick runs are a smoke test; otherwise long enough for d1 to act (see the constants)."""
-    if ctx.quick:
-        return QUICK_ITERATIONS
-    return DEFAULT_ITERATIONS if ctx.top_model is not None else DEFAULT_ITERATIONS_WITHOUT_G
+def sdar_settings(ctx: AuditContext) -> dict:
+    """The options of a run, checked, with the preset's budget where iterations/batch_size are not given.
+
+    The preset defaults to "paper" on a GPU and "cpu" otherwise; quick runs are a smoke test
+    (QUICK_ITERATIONS) unless a preset is asked for.
+    """
+    options = ctx.options("sdar")
+    preset = str(options.get("preset", "paper" if ctx.device.type == "cuda" else "cpu"))
+    if preset not in PRESETS:
+        raise ValueError(f"sdar preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    labels = str(options.get("labels", "known"))
+    labels = LABEL_ALIASES.get(labels, labels)
+    if labels not in LABEL_SOURCES:
+        raise ValueError(f"sdar labels must be one of {', '.join(LABEL_SOURCES)}, got {labels!r}")
+    budget = dict(PRESETS[preset])
+    if preset == "cpu" and ctx.top_model is None:
+        budget["iterations"] = ITERATIONS_WITHOUT_G
+    if ctx.quick and "preset" not in options:
+        budget["iterations"] = QUICK_ITERATIONS
+    iterations, batch_size = int(options.get("iterations", budget["iterations"])), \
+        int(options.get("batch_size", budget["batch_size"]))
+    label_flip = float(options.get("label_flip", LABEL_FLIP))
+    if iterations < 1 or batch_size < 2 or not 0 <= label_flip <= 1:
+        raise ValueError("sdar needs iterations >= 1, batch_size >= 2 and 0 <= label_flip <= 1, got "
+                         f"{iterations}, {batch_size}, {label_flip}")
+    return {"preset": preset, "labels": labels, "iterations": iterations, "batch_size": batch_size,
+            "label_flip": label_flip, "ablation": bool(options.get("ablation", False))}
+
+
+def majority_class_accuracy(aux_y: torch.Tensor, target_y: torch.Tensor) -> float:
+    """Label accuracy of always guessing the aux data's most frequent class (the label baseline)."""
+    majority = torch.bincount(aux_y).argmax()
+    return float((target_y == majority).float().mean())
+
+
+class BatchStream:
+    """Batches of indices drawn in epochs: each a fresh permutation, every sample once per epoch
+    (as Keras's shuffled datasets feed the authors' training loop), not with replacement."""
+
+    def __init__(self, n: int, batch_size: int, gen: torch.Generator) -> None:
+        self.n, self.batch_size, self.gen = n, batch_size, gen
+        self.pending = torch.empty(0, dtype=torch.long, device=gen.device)
+
+    def next(self) -> torch.Tensor:
+        while len(self.pending) < self.batch_size:
+            fresh = torch.randperm(self.n, generator=self.gen, device=self.gen.device)
+            self.pending = torch.cat([self.pending, fresh])
+        batch, self.pending = self.pending[:self.batch_size], self.pending[self.batch_size:]
+        return batch
 
 
 def sdar_reconstruct(ctx: AuditContext, observed: torch.Tensor, known_labels: torch.Tensor | None,
                      seed: int, iterations: int, batch_size: int, regularizers: Regularizers,
                      after_iteration: Callable[[int, "SDARNets"], None] | None = None,
+                     conditional: bool = True, label_flip: float = 0.0,
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Train SDAR's networks for `iterations`; decode the observed target embeddings.
 
-    `known_labels` are the targets' labels when the server holds them, else None (predicted).
-    `after_iteration(i, nets)`, when given, runs after iteration i (benchmarks/sdar_curve.py
-    measures the learning curve with it). Returns the reconstructions and the labels they were
-    decoded with.
+    `known_labels` are the targets' labels when the server holds them, else None (the
+    classifier's). `conditional=False` is the U-shaped attack: label-free decoder and
+    discriminators, and the classifier trained on aux labels flipped with probability
+    `label_flip`. `after_iteration(i, nets)`, when given, runs after iteration i
+    (benchmarks/sdar_curve.py measures the learning curve with it). Returns the reconstructions
+    and the target labels the classifier gives (or the known ones).
     """
     # Dropout draws from the global RNG (seeded: reproducible runs). The networks are small: on
     # CPU one thread avoids the threads' hand-offs that slow small ops down on busy cores.
     with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
-        nets = SDARNets.build(ctx, seed, regularizers, known_labels)
+        nets = SDARNets.build(ctx, seed, regularizers, known_labels, conditional, label_flip)
         gen = ctx.generator(seed + TRAINING_STREAM)
+        streams = (BatchStream(len(ctx.aux), batch_size, gen), BatchStream(len(observed), batch_size, gen))
         with ctx.progress(total=iterations, desc=f"sdar (seed {seed})") as bar:
             for i in range(1, iterations + 1):
-                sdar_iteration(ctx, nets, observed, gen, batch_size)
+                sdar_iteration(ctx, nets, observed, gen, streams)
                 if after_iteration is not None:
                     after_iteration(i, nets)
                 bar.update(1)
@@ -209,81 +264,114 @@ class SDARNets:
 
     def __init__(self, simulator: nn.Module, classifier: nn.Module, decoder: Decoder,
                  d1: nn.Module | None, d2: nn.Module | None, train_classifier: bool,
-                 known_labels: torch.Tensor | None = None) -> None:
+                 known_labels: torch.Tensor | None = None, conditional: bool = True,
+                 label_flip: float = 0.0, num_classes: int | None = None) -> None:
         self.simulator, self.classifier, self.decoder, self.d1, self.d2 = simulator, classifier, decoder, d1, d2
-        self.known_labels = known_labels
+        self.known_labels, self.conditional = known_labels, conditional
+        self.label_flip, self.num_classes = label_flip, num_classes
         simulated = list(simulator.parameters()) + (list(classifier.parameters()) if train_classifier else [])
-        self.simulator_opt = torch.optim.Adam(simulated, lr=SIMULATOR_LR)
-        self.decoder_opt = torch.optim.Adam(decoder.parameters(), lr=DECODER_LR)
-        self.d1_opt = torch.optim.Adam(d1.parameters(), lr=D1_LR) if d1 is not None else None
-        self.d2_opt = torch.optim.Adam(d2.parameters(), lr=D2_LR) if d2 is not None else None
+        adam = (lambda params, lr: torch.optim.Adam(params, lr=lr, eps=ADAM_EPS))
+        self.simulator_opt = adam(simulated, SIMULATOR_LR)
+        self.decoder_opt = adam(decoder.parameters(), DECODER_LR)
+        self.d1_opt = adam(d1.parameters(), D1_LR) if d1 is not None else None
+        self.d2_opt = adam(d2.parameters(), D2_LR) if d2 is not None else None
 
     @classmethod
     def build(cls, ctx: AuditContext, seed: int, regularizers: Regularizers,
-              known_labels: torch.Tensor | None = None) -> "SDARNets":
+              known_labels: torch.Tensor | None = None, conditional: bool = True,
+              label_flip: float = 0.0) -> "SDARNets":
+        """Keras-like (Glorot-uniform) initial weights as the authors' TensorFlow networks; an
+        ONNX bottom model's simulator gets back the batch norm that export folded away."""
         classes = ctx.num_classes
+        label_classes = classes if conditional else None
         embedding_shape, input_shape = ctx.encoder.output_shape, ctx.encoder.input_shape
-        simulator = bottom_architecture(ctx, seed)
+        simulator = bottom_architecture(ctx, seed, init="glorot", batch_norm=True)
         with seeded(seed):
             head = mlp([math.prod(embedding_shape), HEAD_WIDTH, classes]) if ctx.top_model is None else None
-            decoder = Decoder(embedding_shape, input_shape, ctx.aux.in_unit_range, classes)
-            d1 = discriminator(embedding_shape, classes, D1_CONVS, D1_SIDE) if regularizers.d1 else None
-            d2 = discriminator(input_shape, classes, D2_CONVS, D2_SIDE) if regularizers.d2 else None
+            decoder = Decoder(embedding_shape, input_shape, ctx.aux.in_unit_range, label_classes)
+            d1 = d1_discriminator(embedding_shape, label_classes) if regularizers.d1 else None
+            d2 = discriminator(input_shape, label_classes, D2_CONVS, D2_SIDE, last_activation=True) \
+                if regularizers.d2 else None
+            for net in (head, decoder, d1, d2):
+                if net is not None:
+                    glorot_init(net)
         on_device = (lambda net: None if net is None else net.to(ctx.device).train())
         classifier = on_device(head) if head is not None else ctx.top_model
         return cls(simulator, classifier, on_device(decoder), on_device(d1), on_device(d2),
-                   train_classifier=head is not None, known_labels=known_labels)
+                   train_classifier=head is not None, known_labels=known_labels,
+                   conditional=conditional, label_flip=label_flip, num_classes=classes)
 
     @torch.no_grad()
     def target_labels(self, observed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Labels of the target embeddings observed[index]: known, else the classifier's argmax."""
         if self.known_labels is not None:
             return self.known_labels[index]
-        return torch.cat([self.classifier(z).argmax(dim=1) for z in observed[index].split(DECODE_BATCH)])
+        batch = decode_batch(self.decoder.input_shape)
+        return torch.cat([self.classifier(z).argmax(dim=1) for z in observed[index].split(batch)])
+
+    def training_labels(self, y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """The aux labels the classifier trains on: each replaced by a uniform label with
+        probability label_flip (U-shaped SL's regulariser against overfitting, Fig. 15 line 30)."""
+        if self.label_flip == 0:
+            return y
+        flip = torch.rand(y.shape, generator=gen, device=y.device) < self.label_flip
+        uniform = torch.randint(self.num_classes, y.shape, generator=gen, device=y.device)
+        return torch.where(flip, uniform, y)
+
+    def condition(self, y: torch.Tensor) -> torch.Tensor | None:
+        """The label the decoder and discriminators see (none in the U-shaped attack)."""
+        return y if self.conditional else None
 
     @torch.no_grad()
     def decode(self, observed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reconstructions of all target embeddings (decoder in eval mode) and the labels used."""
+        """Reconstructions of all target embeddings (decoder in eval mode) and their labels."""
         self.decoder.eval()
         labels = self.target_labels(observed, torch.arange(len(observed), device=observed.device))
-        x_hat = torch.cat([self.decoder(z, y) for z, y in
-                           zip(observed.split(DECODE_BATCH), labels.split(DECODE_BATCH))])
+        batch = decode_batch(self.decoder.input_shape)
+        x_hat = torch.cat([self.decoder(z, self.condition(y)) for z, y in
+                           zip(observed.split(batch), labels.split(batch))])
         return x_hat, labels
 
 
 def sdar_iteration(ctx: AuditContext, nets: SDARNets, observed: torch.Tensor,
-                   gen: torch.Generator, batch_size: int) -> None:
-    """One SDAR iteration (paper 003, Fig. 14, lines 22-33).
+                   gen: torch.Generator, streams: tuple[BatchStream, BatchStream]) -> None:
+    """One SDAR iteration (Zhu et al., NDSS 2025, App. A, Fig. 14 lines 22-33), in two steps.
 
-    All four losses come from one forward pass, then f~, d1, f~^-1 and d2 each step on the
-    gradient of its own loss with respect to its own parameters:
-    L_f~ = CE(g(f~(x')), y') + lambda1 BCE(d1(f~(x'), y'), 1)             (Eq. 3)
-    L_d1 = BCE(d1(f~(x'), y'), 0) + BCE(d1(z, y), 1)                        (Eq. 2)
-    L_f~^-1 = MSE(x', f~^-1(f~(x'), y')) + lambda2 BCE(d2(f~^-1(z, y), y), 1)  (Eq. 5)
-    L_d2 = BCE(d2(f~^-1(z, y), y), 0) + BCE(d2(x', y'), 1)                  (Eq. 4)
-    where (x', y') is an aux batch and z a batch of observed target embeddings with their labels
-    y (known, or predicted by the classifier).
+    1. f~ and d1 step on the gradients of their losses from one forward pass of f~:
+       L_f~ = CE(g(f~(x')), y') + lambda1 BCE(d1(f~(x'), y'), 1)             (Eq. 3)
+       L_d1 = BCE(d1(f~(x'), y'), 0) + BCE(d1(z, y), 1)                        (Eq. 2)
+    2. f~ runs again, updated, and f~^-1 and d2 step on
+       L_f~^-1 = MSE(x', f~^-1(f~(x'), y')) + lambda2 BCE(d2(f~^-1(z, y), y), 1)  (Eq. 5)
+       L_d2 = BCE(d2(f~^-1(z, y), y), 0) + BCE(d2(x', y'), 1)                  (Eq. 4)
+    so the decoder learns to invert the simulator as it is after this iteration's update (the
+    order of the authors' released code). (x', y') is an aux batch, z a batch of observed target
+    embeddings with labels y (known, or the classifier's); in the U-shaped attack the decoder
+    and discriminators see no labels and the classifier trains on flipped aux labels.
     """
-    aux, device = ctx.aux, ctx.device
-    pick = torch.randint(len(aux), (batch_size,), generator=gen, device=device)
+    aux = ctx.aux
+    pick, pick_target = streams[0].next(), streams[1].next()
     x_aux, y_aux = aux.x[pick], aux.y[pick]
-    pick_target = torch.randint(len(observed), (batch_size,), generator=gen, device=device)
-    z_target, y_target = observed[pick_target], nets.target_labels(observed, pick_target)
+    z_target = observed[pick_target]
+    c_aux, c_target = nets.condition(y_aux), nets.condition(nets.target_labels(observed, pick_target))
 
     z_aux = ctx.add_noise(nets.simulator(x_aux), gen)
-    simulator_loss = F.cross_entropy(nets.classifier(z_aux), y_aux)
+    simulator_loss = F.cross_entropy(nets.classifier(z_aux), nets.training_labels(y_aux, gen))
     updates = []
     if nets.d1 is not None:
-        fake = nets.d1(z_aux, y_aux)
+        fake = nets.d1(z_aux, c_aux)
         simulator_loss = simulator_loss + LAMBDA1 * bce(fake, 1.0)
-        updates.append((bce(fake, 0.0) + bce(nets.d1(z_target, y_target), 1.0), nets.d1_opt))
+        updates.append((bce(fake, 0.0) + bce(nets.d1(z_target, c_target), 1.0), nets.d1_opt))
     updates.append((simulator_loss, nets.simulator_opt))
+    simultaneous_step(updates)
 
-    decoder_loss = F.mse_loss(nets.decoder(z_aux.detach(), y_aux), x_aux)
+    with torch.no_grad():
+        z_aux = ctx.add_noise(nets.simulator(x_aux), gen)
+    decoder_loss = F.mse_loss(nets.decoder(z_aux, c_aux), x_aux)
+    updates = []
     if nets.d2 is not None:
-        decoded = nets.d2(nets.decoder(z_target, y_target), y_target)
+        decoded = nets.d2(nets.decoder(z_target, c_target), c_target)
         decoder_loss = decoder_loss + LAMBDA2 * bce(decoded, 1.0)
-        updates.append((bce(decoded, 0.0) + bce(nets.d2(x_aux, y_aux), 1.0), nets.d2_opt))
+        updates.append((bce(decoded, 0.0) + bce(nets.d2(x_aux, c_aux), 1.0), nets.d2_opt))
     updates.append((decoder_loss, nets.decoder_opt))
     simultaneous_step(updates)
 
@@ -307,6 +395,13 @@ def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in opt.param_groups for p in group["params"]]
 
 
+def glorot_init(net: nn.Module) -> None:
+    """Keras's defaults on every dense and conv layer: Glorot-uniform weights, zero biases."""
+    for module in net.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
 
 
 class LabelConditioned(nn.Module):
@@ -314,47 +409,66 @@ class LabelConditioned(nn.Module):
 
     The label goes through a 50-unit embedding and a dense layer; for (C, H, W) inputs the
     result is an extra H x W channel, for flat inputs it is concatenated as 50 more features.
+    Without classes (the U-shaped attack) the body sees the input alone.
     """
 
-    def __init__(self, body: nn.Module, sample_shape: tuple[int, ...], num_classes: int) -> None:
+    def __init__(self, body: nn.Module, sample_shape: tuple[int, ...], num_classes: int | None) -> None:
         super().__init__()
         self.body, self.sample_shape = body, tuple(sample_shape)
-        spatial = math.prod(sample_shape[1:]) if len(sample_shape) == 3 else LABEL_EMBEDDING
-        self.label = nn.Sequential(nn.Embedding(num_classes, LABEL_EMBEDDING), nn.Linear(LABEL_EMBEDDING, spatial))
+        self.label = None
+        if num_classes and len(sample_shape) == 3:
+            self.label = LabelChannel(num_classes, sample_shape[1:])
+        elif num_classes:
+            self.label = nn.Sequential(nn.Embedding(num_classes, LABEL_EMBEDDING),
+                                       nn.Linear(LABEL_EMBEDDING, LABEL_EMBEDDING))
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        label = self.label(y)
-        if len(self.sample_shape) == 3:
-            joined = torch.cat([x, label.reshape(len(x), 1, *self.sample_shape[1:])], dim=1)
-        else:
-            joined = torch.cat([x.flatten(1), label], dim=1)
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        if len(self.sample_shape) != 3:
+            x = x.flatten(1)
+        joined = x if self.label is None else torch.cat([x, self.label(y)], dim=1)
         return self.body(joined).squeeze(1)
 
 
-def discriminator(sample_shape: tuple[int, ...], num_classes: int,
-                  convs: tuple[tuple[int, int], ...], table_side: int) -> LabelConditioned:
-    """A label-conditional discriminator (logit output) for samples of `sample_shape`.
+def d1_discriminator(embedding_shape: tuple[int, ...], num_classes: int | None) -> LabelConditioned:
+    """Table IX's d1: the level-7 stack on maps smaller than 16 (ResNet-20 level 7: 64x8x8),
+    the stack of levels 4-6 on larger ones; no activation after the last conv."""
+    small = len(embedding_shape) == 3 and min(embedding_shape[1:]) < D1_SIDE
+    convs, side = (D1_CONVS_LEVEL7, D1_SIDE_LEVEL7) if small else (D1_CONVS, D1_SIDE)
+    return discriminator(embedding_shape, num_classes, convs, side, last_activation=False)
 
-    Images or image-like embeddings: Table IX's 3x3 convs with LeakyReLU, batch norm after all
-    but the first, then dropout and a dense logit. On maps smaller than Table IX's
+
+def discriminator(sample_shape: tuple[int, ...], num_classes: int | None,
+                  convs: tuple[tuple[int, int], ...], table_side: int,
+                  last_activation: bool) -> LabelConditioned:
+    """A discriminator (logit output) for samples of `sample_shape`, label-conditional when
+    num_classes is given.
+
+    Images or image-like embeddings: Table IX's 3x3 convs, LeakyReLU after the first, batch
+    norm + LeakyReLU after the middle ones, and after the last nothing (d1) or LeakyReLU alone
+    (d2, `last_activation`); then dropout and a dense logit. On maps smaller than Table IX's
     (`table_side`) the widths shrink in proportion, at most 4x (8x8 digits get d2 widths 16-64
     instead of 64-256), so that the discriminator does not dwarf the models it regularises.
     Flat samples: a two-layer LeakyReLU MLP.
     """
+    label_features = 1 if len(sample_shape) == 3 else LABEL_EMBEDDING
+    extra = label_features if num_classes else 0
     if len(sample_shape) == 3:
         channels, height, width = sample_shape
         scale = min(1.0, max(MIN_WIDTH_SCALE, min(height, width) / table_side))
         layers: list[nn.Module] = []
-        cin = channels + 1
+        cin = channels + extra
         for i, (full_width, stride) in enumerate(convs):
             cout = max(1, round(full_width * scale))
             layers.append(nn.Conv2d(cin, cout, 3, stride=stride, padding=1))
-            layers += [nn.LeakyReLU(0.2)] if i == 0 else [nn.BatchNorm2d(cout), nn.LeakyReLU(0.2)]
+            if i == 0 or (i == len(convs) - 1 and last_activation):
+                layers.append(nn.LeakyReLU(LEAKY_SLOPE))
+            elif i < len(convs) - 1:
+                layers += [nn.BatchNorm2d(cout), nn.LeakyReLU(LEAKY_SLOPE)]
             height, width, cin = -(-height // stride), -(-width // stride), cout
         features = cin * height * width
     else:
-        layers = [nn.Linear(math.prod(sample_shape) + LABEL_EMBEDDING, FLAT_WIDTH), nn.LeakyReLU(0.2),
-                  nn.Linear(FLAT_WIDTH, FLAT_WIDTH), nn.LeakyReLU(0.2)]
+        layers = [nn.Linear(math.prod(sample_shape) + extra, FLAT_WIDTH), nn.LeakyReLU(LEAKY_SLOPE),
+                  nn.Linear(FLAT_WIDTH, FLAT_WIDTH), nn.LeakyReLU(LEAKY_SLOPE)]
         features = FLAT_WIDTH
     body = nn.Sequential(*layers, nn.Flatten(), nn.Dropout(DROPOUT), nn.Linear(features, 1))
     return LabelConditioned(body, sample_shape, num_classes)

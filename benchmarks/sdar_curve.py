@@ -16,12 +16,13 @@ import argparse
 from importlib.resources import files
 
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
-from splitaudit.attacks.sdar import ABLATIONS, BATCH_SIZE, FULL, SDARNets, sdar_reconstruct
+from splitaudit.attacks.sdar import ABLATIONS, FULL, PRESETS, SDARNets, sdar_reconstruct
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 
 DATA = {"breast_cancer_mlp": "breast_cancer.npz"}  # every other sample model uses digits.npz
 VARIANTS = {"full": FULL, "no d1": ABLATIONS["mse_no_d1"]}
+BATCH_SIZE = PRESETS["cpu"]["batch_size"]
 
 
 def curve(ctx, regularizers, seed: int, iterations: int, every: int) -> list[float]:

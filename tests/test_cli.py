@@ -68,7 +68,7 @@ def empty_folder(tmp_path):
     (["run", MODEL, "--aux", DATA, "--attacks", "fine-tune,telepathy"], "unknown attack 'telepathy'"),
     (["run", MODEL, "--aux", DATA, "--no-such-flag"], "No such option"),
     (["run", MODEL, "--aux", DATA, "--attack-option", "sdar.iteration=9"],
-     "attack 'sdar' has no option 'iteration'; it takes ablation, batch_size, iterations, labels"),
+     "attack 'sdar' has no option 'iteration'; it takes ablation, batch_size, iterations, label_flip, labels, preset"),
     (["run", MODEL, "--aux", DATA, "--attack-option", "kmeans.k=3"], "attack 'kmeans' has no option 'k'; it takes no options"),
     (["run", MODEL, "--aux", DATA, "--attack-option", "sdarr.iterations=9"], "attack option for unknown attack 'sdarr'"),
     (["run", MODEL, "--aux", DATA, "--input-shape", "a,b"], "comma-separated"),

@@ -10,7 +10,10 @@ import torch
 from conftest import make_context, sample
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.reconstruction import reconstruction_metrics
-from splitaudit.attacks.sdar import ABLATIONS, FULL, SDARNets, sdar_reconstruct, simultaneous_step
+from splitaudit.attacks.nets import Decoder, reinitialized_copy, restore_batch_norm
+from splitaudit.attacks.sdar import (ABLATIONS, D2_CONVS, D2_SIDE, FULL, BatchStream, SDARNets, d1_discriminator,
+                                     discriminator, sdar_iteration, sdar_reconstruct, sdar_settings,
+                                     simultaneous_step)
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +37,148 @@ def test_simultaneous_step_takes_every_gradient_before_any_update():
     assert (a.item(), b.item()) == (2.0 - 3.0, 3.0 - 2.0)
 
 
-def test_learning_rates_follow_paper_appendix_b_c(digits_ctx):
-    """Paper 003, App. B-C: 2 eta_f~^-1 = eta_f~ = eta = 0.001, and "the learning rates for the
-    discriminators are chosen as eta_d1 = lambda1 eta_f~ and eta_d2 = lambda2 eta_f~" with
-    lambda1 = 0.02, lambda2 = 1e-5 (Table VII). Lambda is thus both the adversarial weight in the
-    generator's loss and the discriminator's learning-rate factor, not only the former."""
+def test_learning_rates_and_adam_epsilon_follow_the_paper_and_keras(digits_ctx):
+    """Zhu et al., NDSS 2025, App. B-C: 2 eta_f~^-1 = eta_f~ = eta = 0.001, and the discriminators'
+    rates are lambda times the rate of the network they regularise: eta_d1 = lambda1 eta_f~ =
+    2e-5 and, as in the authors' code, eta_d2 = lambda2 eta_f~^-1 = 5e-9 (lambda1 = 0.02,
+    lambda2 = 1e-5, Table VII). Adam's epsilon is Keras's 1e-7 (the paper's networks are Keras)."""
     nets = SDARNets.build(digits_ctx, 0, FULL)
-    lr = {name: getattr(nets, f"{name}_opt").param_groups[0]["lr"]
-          for name in ("simulator", "decoder", "d1", "d2")}
+    optimizers = {name: getattr(nets, f"{name}_opt") for name in ("simulator", "decoder", "d1", "d2")}
+    lr = {name: opt.param_groups[0]["lr"] for name, opt in optimizers.items()}
     assert lr["simulator"] == pytest.approx(1e-3)
-    assert lr["decoder"] == pytest.approx(lr["simulator"] / 2)
-    assert lr["d1"] == pytest.approx(0.02 * lr["simulator"])
-    assert lr["d2"] == pytest.approx(1e-5 * lr["simulator"])
+    assert lr["decoder"] == pytest.approx(5e-4)
+    assert lr["d1"] == pytest.approx(2e-5)
+    assert lr["d2"] == pytest.approx(5e-9)
+    assert {opt.param_groups[0]["eps"] for opt in optimizers.values()} == {1e-7}
+
+
+def layer_list(module) -> list[tuple]:
+    """(type, out channels, stride) of each conv, (type,) of every other leaf layer."""
+    rows = []
+    for m in module.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)):
+            rows.append((type(m).__name__, m.out_channels, m.stride[0]))
+        elif not list(m.children()):
+            rows.append((type(m).__name__,))
+    return rows
+
+
+def test_level7_decoder_is_table_ix_fully_convolutional_with_the_label_as_a_channel():
+    """Table IX, split level 7 (ResNet-20, 64x8x8 -> 3x32x32): the label becomes an 8x8 channel;
+    Upsample, Conv 64, ConvT 32 x2, Upsample, Conv 32, ConvT 16 x3, Conv 3, sigmoid; no dense layer
+    on the embedding."""
+    decoder = Decoder((64, 8, 8), (3, 32, 32), unit_range=True, num_classes=10)
+    body = [row for row in layer_list(decoder.body) if row[0] not in ("BatchNorm2d", "ReLU")]
+    assert body == [("Upsample",), ("Conv2d", 64, 1), ("ConvTranspose2d", 32, 1), ("ConvTranspose2d", 32, 1),
+                    ("Upsample",), ("Conv2d", 32, 1), ("ConvTranspose2d", 16, 1), ("ConvTranspose2d", 16, 1),
+                    ("ConvTranspose2d", 16, 1), ("Conv2d", 3, 1)]
+    assert decoder.body[1].in_channels == 65  # 64 embedding channels + the label channel
+    assert layer_list(decoder.label) == [("Embedding",), ("Linear",)] and decoder.label.net[1].out_features == 64
+    x = decoder(torch.randn(4, 64, 8, 8), torch.tensor([0, 1, 2, 9]))
+    assert x.shape == (4, 3, 32, 32) and 0 <= x.min() and x.max() <= 1
+    unlabelled = Decoder((64, 8, 8), (3, 32, 32), unit_range=True)
+    assert unlabelled.body[1].in_channels == 64 and unlabelled(torch.randn(2, 64, 8, 8)).shape == (2, 3, 32, 32)
+
+
+def test_decoder_on_a_224px_resnet_stem_stays_small_and_convolutional():
+    """Issue 11: a 64x56x56 stem embedding of 3x224x224 inputs. Two doublings as at level 7, every
+    layer convolutional (parameters independent of the image size), exact output size; a flat
+    embedding gets a linear stem to a 7x7 map, not a full-resolution dense layer."""
+    decoder = Decoder((64, 56, 56), (3, 224, 224), unit_range=True, num_classes=5)
+    dense = [m for m in decoder.body.modules() if isinstance(m, torch.nn.Linear)]
+    assert not dense and sum(p.numel() for p in decoder.body.parameters()) < 200_000
+    assert decoder(torch.randn(2, 64, 56, 56), torch.tensor([0, 4])).shape == (2, 3, 224, 224)
+    flat = Decoder((512,), (3, 224, 224), unit_range=True)
+    assert flat.body[0].out_features == 64 * 7 * 7
+    assert Decoder((16, 9, 9), (3, 30, 30), unit_range=False)(torch.randn(2, 16, 9, 9)).shape == (2, 3, 30, 30)
+
+
+def test_level7_d1_and_d2_are_table_ix_stacks_without_extra_layers_after_the_last_conv():
+    """Table IX: d1 at level 7 is Conv 128 s1, 256 s1 x3, 256 s2 with nothing after the last conv;
+    d2 ends Conv 256 s2 + LeakyReLU (no batch norm); Keras's LeakyReLU slope 0.3; dropout 0.4."""
+    d1 = d1_discriminator((64, 8, 8), 10)
+    assert layer_list(d1.body) == [
+        ("Conv2d", 128, 1), ("LeakyReLU",), ("Conv2d", 256, 1), ("BatchNorm2d",), ("LeakyReLU",),
+        ("Conv2d", 256, 1), ("BatchNorm2d",), ("LeakyReLU",), ("Conv2d", 256, 1), ("BatchNorm2d",), ("LeakyReLU",),
+        ("Conv2d", 256, 2), ("Flatten",), ("Dropout",), ("Linear",)]
+    assert d1.body[0].in_channels == 65 and d1.body[-1].in_features == 256 * 4 * 4
+    assert d1.body[1].negative_slope == 0.3 and d1.body[-2].p == 0.4
+    d2 = discriminator((3, 32, 32), 10, D2_CONVS, D2_SIDE, last_activation=True)
+    assert layer_list(d2.body)[-5:] == [("Conv2d", 256, 2), ("LeakyReLU",), ("Flatten",), ("Dropout",), ("Linear",)]
+    assert [row for row in layer_list(d2.body) if row[0] == "Conv2d"] == [
+        ("Conv2d", 64, 1), ("Conv2d", 128, 2), ("Conv2d", 128, 2), ("Conv2d", 256, 2)]
+    logits = d1(torch.randn(3, 64, 8, 8), torch.tensor([0, 1, 2]))
+    assert logits.shape == (3,)
+    levels_4_to_6 = d1_discriminator((32, 16, 16), 10)
+    assert [row[1] for row in layer_list(levels_4_to_6.body) if row[0] == "Conv2d"] == [64, 128, 256, 256, 256, 256]
+
+
+def test_decoder_steps_on_the_updated_simulators_embeddings(digits_ctx):
+    """Update order (the authors' code; Fig. 14 lines 22-33): f~ and d1 step first, then f~ runs
+    again and the decoder trains on the updated f~'s embeddings, not on the first forward's.
+    A spy on the simulator's forward and the decoder's input shows it (no noise here)."""
+    nets = SDARNets.build(digits_ctx, 0, FULL, known_labels=digits_ctx.target.y)
+    outputs, decoder_inputs = [], []
+    nets.simulator.register_forward_hook(lambda m, args, out: outputs.append(out.detach().clone()))
+    nets.decoder.register_forward_pre_hook(lambda m, args: decoder_inputs.append(args[0].detach().clone()))
+    observed = digits_ctx.observed_embeddings("target", digits_ctx.generator(0))
+    gen = digits_ctx.generator(1)
+    streams = (BatchStream(len(digits_ctx.aux), 32, gen), BatchStream(len(observed), 32, gen))
+    sdar_iteration(digits_ctx, nets, observed, gen, streams)
+    assert len(outputs) == 2  # before and after the simulator's step
+    assert not torch.equal(outputs[0], outputs[1])
+    assert torch.equal(decoder_inputs[0], outputs[1])
+
+
+def test_batches_are_drawn_in_epochs_without_replacement():
+    """Every sample once per epoch; an epoch's remainder starts the next batch."""
+    stream = BatchStream(10, 4, torch.Generator().manual_seed(0))
+    drawn = torch.cat([stream.next() for _ in range(5)])  # two epochs
+    assert sorted(drawn[:10].tolist()) == list(range(10))
+    assert sorted(drawn[10:20].tolist()) == list(range(10))
+    assert not torch.equal(drawn[:10], drawn[10:20])
+
+
+def test_presets_and_label_options(digits_ctx):
+    """`preset=paper` is App. B-B's budget (20k iterations of 128), the default on a GPU; on CPU
+    the default stays small; `labels=true` is the old name of `known`."""
+    settings = (lambda ctx, **options: sdar_settings(dataclasses.replace(ctx, attack_options={"sdar": options})))
+    assert settings(digits_ctx)["iterations"] == 150 and settings(digits_ctx)["preset"] == "cpu"  # quick
+    paper = settings(digits_ctx, preset="paper")
+    assert (paper["iterations"], paper["batch_size"]) == (20000, 128)
+    assert settings(digits_ctx, preset="paper", iterations=50)["iterations"] == 50
+    on_gpu = dataclasses.replace(digits_ctx, quick=False,
+                                 encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cuda")))
+    assert (settings(on_gpu)["preset"], settings(on_gpu)["iterations"]) == ("paper", 20000)
+    assert settings(dataclasses.replace(digits_ctx, quick=False))["iterations"] == 3000  # cpu, no g
+    assert settings(digits_ctx, labels="true")["labels"] == "known"
+    for bad in ({"preset": "fast"}, {"labels": "guess"}, {"batch_size": 1}, {"label_flip": 2.0}):
+        with pytest.raises(ValueError):
+            settings(digits_ctx, **bad)
+
+
+def test_simulator_of_an_onnx_resnet_gets_back_its_folded_batch_norm_and_glorot_weights(tmp_path):
+    """ONNX export folds BatchNorm into the convolutions; the simulator gets one BN per conv back.
+    Glorot-uniform (Keras's default): weights within sqrt(6 / (fan_in + fan_out)), reaching it."""
+    from architectures import build, export_onnx
+    from splitaudit.models import open_model
+
+    model = build("resnet")
+    path = export_onnx(model, torch.rand(2, 3, 32, 32), tmp_path / "resnet.onnx", exporter="legacy", opset=17)
+    converted = open_model(path, torch.device("cpu")).torch_module
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in converted.modules())
+    convs = sum(type(m) is torch.nn.Conv2d for m in converted.modules())
+    fresh = reinitialized_copy(converted, seed=0, init="glorot")
+    first = next(m for m in fresh.modules() if type(m) is torch.nn.Conv2d)
+    bound = (6 / ((first.in_channels + first.out_channels) * 9)) ** 0.5 if first.kernel_size == (3, 3) else \
+        (6 / ((first.in_channels + first.out_channels) * first.kernel_size[0] ** 2)) ** 0.5
+    assert 0.9 * bound < first.weight.abs().max() <= bound
+    assert restore_batch_norm(fresh)
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in fresh.modules()) == convs
+    out = fresh.train()(torch.rand(4, 3, 32, 32))
+    assert out.shape == model(torch.rand(4, 3, 32, 32)).shape
+    assert not restore_batch_norm(fresh)  # already normalised: left alone
+    assert not restore_batch_norm(build("resnet"))
 
 
 @pytest.mark.slow
@@ -62,17 +195,34 @@ def test_sdar_uses_g_and_the_targets_labels_and_keeps_examples(sdar_entry):
     assert details["classifier"] == "top model g (frozen)"
     assert details["simulator"] == "bottom model's architecture, re-initialised"
     assert details["target_labels"].startswith("the targets' own labels")
-    assert "target_label_accuracy" not in details
+    assert "label_accuracy" not in sdar_entry["metrics"]
     assert [e["label"] for e in sdar_entry["examples"]] == ["best", "median", "worst"]
 
 
 def test_sdar_can_predict_the_labels_with_g(digits_top_ctx):
     """A server without the targets' labels labels them with g, which was trained on f's
-    embeddings, so its labels are nearly right."""
+    embeddings, so its labels are nearly right (the majority class gets ~10%)."""
     options = {"sdar": {"labels": "predicted", "iterations": 30}}
     entry = get_attack("sdar").run(dataclasses.replace(digits_top_ctx, attack_options=options))
     assert entry["details"]["target_labels"].startswith("predicted")
-    assert entry["details"]["target_label_accuracy"] > 0.9
+    assert entry["metrics"]["label_accuracy"] > 0.9
+    assert entry["baseline"]["label_accuracy"] < 0.2
+
+
+def test_u_shaped_attack_infers_labels_with_label_free_networks(digits_top_ctx):
+    """labels = inferred (Zhu et al., NDSS 2025, Sec. IV-B, Fig. 15, App. B-C: the decoder and
+    discriminators lose their label inputs): reports the label accuracy beside the MSE with the
+    majority-class baseline; the digits classes are balanced, so that baseline is about 10%."""
+    options = {"sdar": {"labels": "inferred", "iterations": 30}}
+    ctx = dataclasses.replace(digits_top_ctx, attack_options=options)
+    entry = get_attack("sdar").run(ctx)
+    assert entry["status"] == "ok", entry.get("reason")
+    majority = torch.bincount(ctx.aux.y).argmax()
+    assert entry["baseline"]["label_accuracy"] == pytest.approx(float((ctx.target.y == majority).float().mean()))
+    assert entry["metrics"]["label_accuracy"] > 0.9 > 0.2 > entry["baseline"]["label_accuracy"]
+    assert entry["details"]["target_labels"].startswith("inferred") and entry["details"]["label_flip"] == 0.1
+    nets = SDARNets.build(ctx, 0, FULL, conditional=False)
+    assert nets.decoder.label_embedding is None and nets.d1.label is None and nets.d2.label is None
 
 
 @pytest.mark.slow
