@@ -12,23 +12,27 @@ This runs the attack's own code (`SDARNets` and `sdar_iteration` from splitaudit
 on synthetic CIFAR-shaped data: f~ is the level-7 bottom model re-initialised, g a frozen
 random top model. Not run by CI.
 
-    python benchmarks/sdar_iteration.py [--iterations 20] [--warmup 3] [--device auto|cpu|cuda] [--threads 2]
+    python benchmarks/sdar_iteration.py [--iterations 20] [--warmup 3] [--device auto|cpu|cuda]
+                                        [--preset paper|cpu] [--threads 2]
+
+--preset paper (default) times the paper's batch of 128; cpu the attack's CPU batch. Prints
+the wall and the process CPU seconds per iteration (on a shared CPU the wall time is noisy).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
 import torch.nn as nn
 
-from splitaudit.attacks.sdar import FULL, SDARNets, sdar_iteration
+from splitaudit.attacks.sdar import FULL, PRESETS, BatchStream, SDARNets, sdar_iteration
 from splitaudit.context import AuditContext
 from splitaudit.data import Dataset
 from splitaudit.models import Encoder, resolve_device
 
 PAPER_SECONDS_PER_ITERATION = 0.17  # paper 003, A100 80GB, TensorFlow
-PAPER_BATCH = 128  # paper 003, App. B-B (the attack's own default batch is smaller)
 INPUT_SHAPE = (3, 32, 32)
 CLASSES = 10
 SAMPLES = 2048  # per part; timing does not depend on it
@@ -84,18 +88,20 @@ def synthetic_context(device: torch.device) -> AuditContext:
     return AuditContext(encoder=encoder, aux=part(), target=part(), top_model=top)
 
 
-def seconds_per_iteration(ctx: AuditContext, iterations: int, warmup: int) -> float:
+def seconds_per_iteration(ctx: AuditContext, iterations: int, warmup: int, batch_size: int) -> tuple[float, float]:
+    """(wall, process CPU) seconds per iteration of the attack's own training step."""
     nets = SDARNets.build(ctx, seed=0, regularizers=FULL, known_labels=ctx.target.y)  # vanilla SL
     observed = ctx.observed_embeddings("target", ctx.generator(0))
     gen = ctx.generator(1)
+    streams = (BatchStream(len(ctx.aux), batch_size, gen), BatchStream(len(observed), batch_size, gen))
     for _ in range(warmup):
-        sdar_iteration(ctx, nets, observed, gen, PAPER_BATCH)
+        sdar_iteration(ctx, nets, observed, gen, streams)
     synchronize(ctx.device)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(iterations):
-        sdar_iteration(ctx, nets, observed, gen, PAPER_BATCH)
+        sdar_iteration(ctx, nets, observed, gen, streams)
     synchronize(ctx.device)
-    return (time.perf_counter() - start) / iterations
+    return (time.perf_counter() - start) / iterations, (time.process_time() - cpu_start) / iterations
 
 
 def synchronize(device: torch.device) -> None:
@@ -108,6 +114,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="batch size of this preset")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     args = parser.parse_args()
     if args.threads:
@@ -116,14 +123,16 @@ def main() -> None:
     ctx = synthetic_context(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{torch.get_num_threads()} threads"
-    seconds = seconds_per_iteration(ctx, args.iterations, args.warmup)
+    batch = PRESETS[args.preset]["batch_size"]
+    seconds, cpu_seconds = seconds_per_iteration(ctx, args.iterations, args.warmup, batch)
     bottom_params = sum(p.numel() for p in ctx.encoder.torch_fn.parameters())
     print(f"ResNet-20 split level {SPLIT_LEVEL}: input {INPUT_SHAPE}, embedding {ctx.encoder.output_shape}, "
           f"bottom model {bottom_params:,} parameters (Table I: 124,912 counting BN's moving "
-          f"statistics); batch {PAPER_BATCH}")
+          f"statistics); batch {batch} (preset {args.preset})")
     print(f"device: {device.type} ({name})")
     print(f"SDAR: {seconds:.4f} s per iteration over {args.iterations} iterations "
-          f"(after {args.warmup} warm-up)")
+          f"(after {args.warmup} warm-up); process CPU {cpu_seconds:.4f} s per iteration; "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"paper 003 (A100, TensorFlow): {PAPER_SECONDS_PER_ITERATION} s per iteration; "
           f"ratio ours/paper = {seconds / PAPER_SECONDS_PER_ITERATION:.2f} "
           f"({'faster' if seconds < PAPER_SECONDS_PER_ITERATION else 'slower'})")
