@@ -14,10 +14,11 @@ that tells f~(x_aux) from the observed target embeddings (Eqs. 2-3); and a decod
 f~^-1 on (f~(x_aux), x_aux), regularised by a discriminator d2 that tells decoded target
 embeddings from aux inputs (Eqs. 4-5). Decoder and discriminators are label-conditional (Sec.
 IV-A "Use of labels"): in vanilla SL the server holds the labels of the client's private data,
-so by default the attacker uses the target labels themselves. Option `labels = "predicted"`
-models a server without them: it labels the targets with g (or with the head trained in g's
-place when no top model is given); that head learned f~'s embeddings, not f's, so its labels
-are poor and the label-conditional decoder suffers.
+so by default the attacker uses the target labels themselves. In U-shaped SL (Sec. IV-B) the
+server has no labels: option `labels = "inferred"` drops the label inputs of the decoder and
+discriminators (App. B-C) and infers the targets' labels with g (or with the head trained in
+g's place when no top model is given; that head learned f~'s embeddings, not f's, so its
+labels can be poor); `labels = "predicted"` conditions the decoder on those inferred labels.
 
 Noise: the client adds N(0, sigma^2 I) to what it sends (`--noise-sigma`) and the server sees
 that sigma in the protocol, so the attacker adds the same noise to f~'s outputs. Then g is fed
@@ -109,11 +110,17 @@ ABLATIONS = {"mse_no_d1": Regularizers(d1=False), "mse_no_d2": Regularizers(d2=F
 class SDARAttack(Attack):
     """SDAR (paper 003): simulator + decoder, each regularised by a discriminator.
 
-    Options (`[attack.sdar]`): `iterations` (default 2000 with g, 3000 without, quick 150),
-    `batch_size` (32), `labels` ("true": the server holds the targets' labels, as in vanilla
-    SL; "predicted": it labels them with g or its own head); `ablation = true` also runs the
-    variants without d1 and without d2 (same seed, so the same initial networks) and reports
-    their MSE as `mse_no_d1` and `mse_no_d2`.
+    Options (`[attack.sdar]`): `preset` ("cpu": 2000 iterations of 32 with g, 3000 without,
+    150 under --quick; "paper": App. B-B's 20,000 iterations of 128, the default on a GPU);
+    `iterations` and `batch_size` override the preset's; `labels`: "known" (default; "true" is
+    its old name): the server holds the targets' labels, as in vanilla SL; "inferred": the
+    U-shaped attack (Sec. IV-B, Fig. 15): decoder and discriminators without label inputs (App.
+    B-C), the classifier trained on aux labels flipped with probability `label_flip` (0.1; the
+    paper tries 0.1-0.4) and its argmax on the target embeddings reported as `label_accuracy`
+    beside the MSE, against the majority-class baseline; "predicted": the same label inference,
+    but the decoder and discriminators conditioned on the inferred labels. `ablation = true`
+    also runs the variants without d1 and without d2 (same seed, so the same initial networks)
+    and reports their MSE as `mse_no_d1` and `mse_no_d2`.
 
     What the ablation shows (digits CNN, test contexts, the targets' labels; paper 003 reports
     about 3x on CIFAR-10). Without g, d1 is all that ties f~ to f: the decoder fits f~'s
