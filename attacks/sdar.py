@@ -287,8 +287,11 @@ class SDARNets:
     def build(cls, ctx: AuditContext, seed: int, regularizers: Regularizers,
               known_labels: torch.Tensor | None = None, conditional: bool = True,
               label_flip: float = 0.0) -> "SDARNets":
-        """Keras-like (Glorot-uniform) initial weights as the authors' TensorFlow networks; an
-        ONNX bottom model's simulator gets back the batch norm that export folded away."""
+        """The simulator starts from Keras's Glorot-uniform weights as the authors' TensorFlow
+        one, and an ONNX bottom model's simulator gets back the batch norm that export folded
+        away. Decoder, discriminators and head keep PyTorch's initialisation: with Glorot they
+        learned slower (digits CNN with g, seed 0, target MSE at 150/300/450 iterations:
+        0.0525/0.0436/0.0377 with Glorot, 0.0463/0.0374/0.0323 without)."""
         classes = ctx.num_classes
         label_classes = classes if conditional else None
         embedding_shape, input_shape = ctx.encoder.output_shape, ctx.encoder.input_shape
@@ -299,9 +302,6 @@ class SDARNets:
             d1 = d1_discriminator(embedding_shape, label_classes) if regularizers.d1 else None
             d2 = discriminator(input_shape, label_classes, D2_CONVS, D2_SIDE, last_activation=True) \
                 if regularizers.d2 else None
-            for net in (head, decoder, d1, d2):
-                if net is not None:
-                    glorot_init(net)
         on_device = (lambda net: None if net is None else net.to(ctx.device).train())
         classifier = on_device(head) if head is not None else ctx.top_model
         return cls(simulator, classifier, on_device(decoder), on_device(d1), on_device(d2),
@@ -400,15 +400,6 @@ def simultaneous_step(updates: list[tuple[torch.Tensor, torch.optim.Optimizer]])
 
 def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in opt.param_groups for p in group["params"]]
-
-
-def glorot_init(net: nn.Module) -> None:
-    """Keras's defaults on every dense and conv layer: Glorot-uniform weights, zero biases."""
-    for module in net.modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)):
-            nn.init.xavier_uniform_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
 
 
 class LabelConditioned(nn.Module):

@@ -25,7 +25,7 @@ VARIANTS = {"full": FULL, "no d1": ABLATIONS["mse_no_d1"]}
 BATCH_SIZE = PRESETS["cpu"]["batch_size"]
 
 
-def curve(ctx, regularizers, seed: int, iterations: int, every: int) -> list[float]:
+def curve(ctx, regularizers, seed: int, iterations: int, every: int, label: str = "") -> list[float]:
     """Target MSE every `every` iterations of one SDAR run (the attack's own training)."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     target = ctx.target
@@ -36,6 +36,7 @@ def curve(ctx, regularizers, seed: int, iterations: int, every: int) -> list[flo
             x_hat, _ = nets.decode(observed)
             nets.decoder.train()
             mses.append(reconstruction_metrics(target.x, x_hat, target.is_image)["mse"])
+            print(f"  {label} iteration {i}: target MSE {mses[-1]:.4f}", flush=True)
 
     sdar_reconstruct(ctx, observed, target.y, seed, iterations, BATCH_SIZE, regularizers, measure)
     return mses
@@ -48,6 +49,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3000)
     parser.add_argument("--every", type=int, default=250)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", default="both", choices=["both", *VARIANTS],
+                        help="one variant only (run two processes side by side on a shared CPU)")
     args = parser.parse_args()
     samples = files("splitaudit.sample_models")
     options = AuditOptions(model=str(samples / f"{args.model}.onnx"),
@@ -58,7 +61,10 @@ def main() -> None:
     baseline = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
     print(f"{args.model}, {'with' if args.top_model else 'without'} g, seed {args.seed}, targets' labels, "
           f"batch {BATCH_SIZE}; mean-guess MSE {baseline:.4f}")
-    curves = {name: curve(ctx, regs, args.seed, args.iterations, args.every) for name, regs in VARIANTS.items()}
+    variants = VARIANTS if args.variant == "both" else {args.variant: VARIANTS[args.variant]}
+    curves = {name: curve(ctx, regs, args.seed, args.iterations, args.every, name) for name, regs in variants.items()}
+    if len(curves) == 1:
+        return
     print(f"{'iteration':>9}  " + "  ".join(f"{name:>8}" for name in curves) + "  no d1 / full")
     for row, step in enumerate(range(args.every, args.iterations + 1, args.every)):
         full, no_d1 = curves["full"][row], curves["no d1"][row]
