@@ -36,9 +36,10 @@ def per_sample_bytes(step: Callable[[torch.Tensor], object], x: torch.Tensor) ->
     return max(1, saved_bytes(lambda: step(probe)) // len(probe))
 
 
-def batch_within(per_sample: int, cap: int, budget: int = ACTIVATION_BUDGET) -> int:
-    """The largest batch (at most cap, at least 1) whose activations fit in the budget."""
-    return max(1, min(cap, budget // max(1, per_sample)))
+def batch_within(per_sample: int, cap: int, budget: int | None = None) -> int:
+    """The largest batch (at most cap, at least 1) whose activations fit in the budget
+    (ACTIVATION_BUDGET unless given)."""
+    return max(1, min(cap, (budget or ACTIVATION_BUDGET) // max(1, per_sample)))
 
 
 def forward_batch(sample_shape: tuple[int, ...], cap: int) -> int:
