@@ -8,7 +8,9 @@ knows. It trains an inference model (a probe) on the auxiliary embeddings and ap
 target samples' embeddings. Two probes are tried, logistic regression and a small MLP; the one
 with the better accuracy on a held-out part of the attacker's own data is reported (the target's
 attribute is never used to choose). Baselines: guessing the majority attribute, and the same
-probes trained on the raw inputs; the stronger of the two is the reported baseline.
+probes trained on the raw inputs; the stronger of the two is the reported baseline. Features
+with more than 4096 dimensions are projected on their 256 leading principal components, fitted
+on the attacker's aux data (attacks/features.py); details["features"] says so.
 
 Example::
 
@@ -30,6 +32,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.features import reduced
 from splitaudit.threads import threads_for
 from splitaudit.context import AuditContext
 
@@ -82,7 +85,8 @@ def probes(seed: int, epochs: int) -> dict[str, Pipeline]:
 def probe_attack(aux: torch.Tensor, aux_attr: np.ndarray, target: torch.Tensor,
                  target_attr: np.ndarray, seed: int, epochs: int) -> dict:
     """Fit every probe on part of the aux data, keep the best on the rest, score it on the target."""
-    features, target_features = as_features(aux), as_features(target)
+    arrays, reduction = reduced(aux, target, seed=seed)
+    features, target_features = (a.astype(np.float64) for a in arrays)
     fit_x, val_x, fit_a, val_a = train_test_split(features, aux_attr, test_size=VALIDATION_FRACTION,
                                                   random_state=seed, stratify=aux_attr)
     fitted, validation = {}, {}
@@ -93,7 +97,7 @@ def probe_attack(aux: torch.Tensor, aux_attr: np.ndarray, target: torch.Tensor,
             validation[name] = float(probe.score(val_x, val_a))
         best = max(validation, key=validation.get)
         scores = probe_scores(fitted[best], target_features, target_attr)
-    return {"probe": best, "validation_accuracy": validation, "scores": scores}
+    return {"probe": best, "validation_accuracy": validation, "scores": scores, "features": reduction}
 
 
 def probe_scores(probe: Pipeline, features: np.ndarray, attr: np.ndarray) -> dict[str, float]:
@@ -117,7 +121,3 @@ def majority_guess(aux_attr: np.ndarray, target_attr: np.ndarray) -> dict:
     values, counts = np.unique(aux_attr, return_counts=True)
     accuracy = float((target_attr == values[counts.argmax()]).mean())
     return {"probe": "majority", "scores": {"accuracy": accuracy, "auc": 0.5}}
-
-
-def as_features(x: torch.Tensor) -> np.ndarray:
-    return x.detach().flatten(1).cpu().numpy().astype(np.float64)

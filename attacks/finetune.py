@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.nets import bottom_architecture, mlp, reinitialized_copy, seeded
 from splitaudit.context import AuditContext
+from splitaudit.memory import batch_within, forward_batch, per_sample_bytes
 from splitaudit.threads import threads_for
 
 DEFAULT_KS = (1, 5, 10, 40)
@@ -163,25 +164,29 @@ def from_scratch_model(kind: str, ctx: AuditContext, x: torch.Tensor, labels: to
     """Paper 000's A(D; null): the bottom architecture re-initialised, then the same kind of head."""
     bottom = bottom_architecture(ctx, seed)
     with torch.no_grad():
-        features = bottom(x)
+        features = torch.cat([bottom(chunk) for chunk in x.split(forward_batch(tuple(x.shape[1:]), EVAL_BATCH))])
     return nn.Sequential(bottom, make_head(kind, ctx, features, labels, seed))
 
 
 def train_classifier(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                      epoch_cap: int, seed: int) -> int:
     """Adam on cross-entropy until the training error is below 0.01 or the epoch cap; returns
-    the number of epochs run. Mini-batches of 64 in a seeded order."""
+    the number of epochs run. Mini-batches of 64 in a seeded order, accumulated over smaller
+    micro-batches when 64 samples' activations exceed the memory budget (large images; BatchNorm
+    layers then see the micro-batch's statistics)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     order = torch.Generator().manual_seed(seed)
     batches = math.ceil(len(inputs) / BATCH_SIZE)
+    micro = batch_within(per_sample_bytes(model.eval(), inputs), BATCH_SIZE)  # eval: BN statistics untouched
     for epoch in range(epoch_cap):
         if 1.0 - accuracy(model, inputs, labels) < TARGET_TRAINING_ERROR:
             return epoch
         model.train()
         for index in torch.randperm(len(inputs), generator=order).to(inputs.device).chunk(batches):
-            loss = F.cross_entropy(model(inputs[index]), labels[index])
             optimizer.zero_grad()
-            loss.backward()
+            for part in index.split(micro):  # gradient accumulation when a batch exceeds the memory budget
+                loss = F.cross_entropy(model(inputs[part]), labels[part], reduction="sum") / len(index)
+                loss.backward()
             optimizer.step()
     return epoch_cap
 
@@ -190,6 +195,7 @@ def train_classifier(model: nn.Module, inputs: torch.Tensor, labels: torch.Tenso
 def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
     """Top-1 accuracy of a classifier, in eval mode and in batches (the target set may be large)."""
     model.eval()
+    size = forward_batch(tuple(inputs.shape[1:]), EVAL_BATCH)
     correct = sum(int((model(chunk).argmax(1) == y).sum())
-                  for chunk, y in zip(inputs.split(EVAL_BATCH), labels.split(EVAL_BATCH)))
+                  for chunk, y in zip(inputs.split(size), labels.split(size)))
     return correct / len(labels)

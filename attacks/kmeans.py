@@ -5,7 +5,9 @@ Threat model: the attacker holds the trained bottom model and many unlabelled sa
 target samples' observed embeddings, noisy under --noise-sigma) and knows the number of classes.
 It clusters the embeddings with k-means; each cluster then stands for one label. Accuracy is
 taken under the best one-to-one cluster-to-label assignment (Hungarian), as the paper does.
-The baseline is the same clustering on the raw inputs, without the bottom model.
+The baseline is the same clustering on the raw inputs, without the bottom model. Features with
+more than 4096 dimensions (raw 3x224x224 inputs, early-split embeddings) are first projected on
+their 256 leading principal components (attacks/features.py); the details say so.
 
 Example::
 
@@ -20,6 +22,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.features import flat, reduced
 from splitaudit.context import AuditContext
 from splitaudit.threads import threads_for
 
@@ -43,16 +46,20 @@ class KMeansAttack(Attack):
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         embeddings = ctx.observed_embeddings("target", ctx.generator(seed))
         labels = ctx.target.y.cpu().numpy()
-        attack = cluster_scores(embeddings, labels, ctx.num_classes, seed)
-        baseline = cluster_scores(ctx.target.x, labels, ctx.num_classes, seed)
+        (points,), attack_features = reduced(embeddings, seed=seed)
+        (raw,), baseline_features = reduced(ctx.target.x, seed=seed)
+        attack = cluster_scores(points, labels, ctx.num_classes, seed)
+        baseline = cluster_scores(raw, labels, ctx.num_classes, seed)
         return SeedOutcome(metrics=attack, baseline=baseline,
                            details={"n_clusters": ctx.num_classes, "n_init": N_INIT, "max_iter": MAX_ITER,
-                                    "n_samples": len(labels)})
+                                    "n_samples": len(labels), "features": attack_features,
+                                    "baseline_features": baseline_features})
 
 
-def cluster_scores(features: torch.Tensor, labels: np.ndarray, n_clusters: int, seed: int) -> dict[str, float]:
+def cluster_scores(features: torch.Tensor | np.ndarray, labels: np.ndarray, n_clusters: int,
+                   seed: int) -> dict[str, float]:
     """k-means on flattened features; accuracy under the best assignment, NMI and ARI."""
-    points = features.detach().flatten(1).cpu().numpy().astype(np.float64)
+    points = (flat(features) if isinstance(features, torch.Tensor) else features).astype(np.float64)
     with threads_for(points.size):
         clusters = KMeans(n_clusters=n_clusters, n_init=N_INIT, max_iter=MAX_ITER,
                           random_state=seed).fit_predict(points)

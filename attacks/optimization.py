@@ -25,6 +25,7 @@ from splitaudit.attacks.reconstruction import (
 )
 from splitaudit.context import AuditContext
 from splitaudit.data import in_unit_range
+from splitaudit.memory import batch_within, per_sample_bytes
 from splitaudit.models import Encoder
 from splitaudit.threads import threads_for
 
@@ -101,11 +102,23 @@ def invert(encoder: Encoder, z: torch.Tensor, aux_x: torch.Tensor, prior: str,
     """argmin_x ||f(x) - z||^2 + 2 w (-log pi(x)) per sample, by Adam from the aux mean.
 
     Iterates are clamped to [0, 1] when the aux data lies there (projected gradient descent).
+    Samples are inverted in chunks whose saved activations fit the memory budget; the loss is a
+    sum over samples and Adam works per coordinate, so chunks give the same result as one batch.
     """
     neg_log_prior = fit_prior(aux_x, prior)
-    unit_range = in_unit_range(aux_x)
-    x = aux_x.mean(dim=0, keepdim=True).expand(len(z), *aux_x.shape[1:]).clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([x], lr=lr * data_range(aux_x))
+    start = aux_x.mean(dim=0, keepdim=True)
+    size = batch_within(per_sample_bytes(lambda x: encoder(x.clone().requires_grad_(True)), start.expand(2, *start.shape[1:])),
+                        len(z))
+    parts = [_invert_chunk(encoder, z[i:i + size], start, neg_log_prior, prior_weight[i:i + size], steps,
+                           lr * data_range(aux_x), in_unit_range(aux_x))
+             for i in range(0, len(z), size)]
+    return torch.cat(parts)
+
+
+def _invert_chunk(encoder: Encoder, z: torch.Tensor, start: torch.Tensor, neg_log_prior, prior_weight: torch.Tensor,
+                  steps: int, lr: float, unit_range: bool) -> torch.Tensor:
+    x = start.expand(len(z), *start.shape[1:]).clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([x], lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     for _ in range(steps):
         optimizer.zero_grad()

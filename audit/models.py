@@ -100,9 +100,14 @@ class Encoder:
 
     @torch.no_grad()
     def embed(self, x: torch.Tensor, batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
-        """f(x) for any number of samples, in batches, without gradients, on the model's device."""
-        x = x.to(self.device)
-        return torch.cat([self(chunk) for chunk in x.split(batch_size)])
+        """f(x) for any number of samples, in batches, without gradients, on the model's device.
+
+        Batches hold at most batch_size samples and memory.FORWARD_VALUES input values (a few
+        dozen 3x224x224 images), and only one batch is on the device at a time."""
+        from splitaudit.memory import forward_batch
+
+        size = forward_batch(tuple(x.shape[1:]), batch_size)
+        return torch.cat([self(chunk.to(self.device)) for chunk in x.split(size)])
 
     def architecture(self) -> nn.Module | None:
         """The torch module (normalisation included) for re-initialised copies, if known."""

@@ -23,13 +23,20 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
+from splitaudit.memory import PROBE_SAMPLES, batch_within, per_sample_bytes
 from splitaudit.threads import threads_for
 
 PRIOR_METHODS = ("ssm", "dsm", "gaussian")
 DSM_NOISE_FRACTION = 0.1  # dsm without smoothing: noise level as a fraction of the data's std
 FLOOR_SLACK_STDERRS = 3.0  # an estimate this many standard errors below the Gaussian floor fails
+FULL_RESOLUTION_SIDE = 32  # images up to this side get the full-resolution score network
+MAX_SCORE_WIDTH = 32  # channels of the multi-scale score network, whatever the input channels
+MLP_MAX_INPUTS = 16384  # flat inputs beyond this would need a dense layer too large to train
+STORED_DRAW_VALUES = 2**24  # held-out draws kept in memory up to this many values, else regenerated
+MOMENT_BATCH = 256  # samples per step when taking means and variances in float64
 
 
 @dataclass(frozen=True)
@@ -81,9 +88,19 @@ def estimate_prior(x: Tensor, method: str, smoothing: float, seed: int = 0,
 
 def mean_variance(x: Tensor) -> tuple[float, float]:
     """Mean per-dimension variance of x and its standard error (over samples)."""
-    flat = x.flatten(1).double()
-    spread = (flat - flat.mean(0)).pow(2).mean(1) * len(flat) / max(1, len(flat) - 1)
-    return float(spread.mean()), float(spread.std() / math.sqrt(len(flat))) if len(flat) > 1 else 0.0
+    _, spread = sample_moments(x, torch.arange(len(x), device=x.device))
+    return float(spread.mean()), float(spread.std() / math.sqrt(len(spread))) if len(spread) > 1 else 0.0
+
+
+def sample_moments(x: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean sample, per-sample mean squared deviation with Bessel's correction) of x[index], in
+    float64 and in batches, so that large images are never copied whole."""
+    total = torch.zeros(x.shape[1:], dtype=torch.float64, device=x.device)
+    for part in index.split(MOMENT_BATCH):
+        total += x[part].double().sum(0)
+    mean = total / len(index)
+    spread = torch.cat([(x[part].double() - mean).pow(2).flatten(1).mean(1) for part in index.split(MOMENT_BATCH)])
+    return mean.to(x.dtype), spread * len(index) / max(1, len(index) - 1)
 
 
 def gaussian_prior(x: Tensor, smoothing: float) -> PriorEstimate:
@@ -143,8 +160,8 @@ def score_matching_prior(x: Tensor, method: str, smoothing: float, seed: int,
     train, heldout = _split(x, settings, generator)
     loss = _ssm_vr_loss if method == "ssm" else _dsm_loss
     with threads_for(x.numel(), x.device):
-        net, info = train_score_net(train, heldout, loss, noise, settings, generator, seed, on_epoch)
-        j, se = _score_energy(net, heldout, noise, settings.eval_draws, generator)
+        net, info = train_score_net(x, train, heldout, loss, noise, settings, generator, seed, on_epoch)
+        j, se = _score_energy(net, x, heldout, noise, settings.eval_draws, generator, info["batch_size"])
     d = x[0].numel()
     return PriorEstimate(method=method, smoothing=smoothing, j_over_d=j / d, stderr=se / d,
                          gaussian_floor=1.0 / (variance + noise**2), stam_limit=stam_limit(noise),
@@ -153,28 +170,35 @@ def score_matching_prior(x: Tensor, method: str, smoothing: float, seed: int,
 
 
 def _split(x: Tensor, settings: ScoreSettings, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Seeded subsample (at most max_samples) split into training and held-out parts."""
+    """Seeded subsample (at most max_samples) split into training and held-out indices into x
+    (indices, not copies: at 3x224x224 a copy of the training set alone is ~1 GiB)."""
     perm = torch.randperm(len(x), generator=generator, device=x.device)[: settings.max_samples]
     n_heldout = max(1, int(round(settings.heldout_fraction * len(perm))))
     if len(perm) - n_heldout < 1:
         raise ValueError(f"score matching needs at least 2 samples, got {len(x)}")
-    return x[perm[n_heldout:]], x[perm[:n_heldout]]
+    return perm[n_heldout:], perm[:n_heldout]
 
 
-def train_score_net(train: Tensor, heldout: Tensor, loss_fn, noise: float, settings: ScoreSettings,
+def train_score_net(x: Tensor, train: Tensor, heldout: Tensor, loss_fn, noise: float, settings: ScoreSettings,
                     generator: torch.Generator, seed: int,
                     on_epoch: Callable[[], None] | None = None) -> tuple[nn.Module, dict]:
-    """Adam on the score-matching loss, stopped when the held-out loss stops improving."""
-    net = make_score_net(train, noise, seed)
+    """Adam on the score-matching loss over x[train], stopped when the held-out loss stops improving.
+
+    Mini-batches hold settings.batch_size samples, fewer when their saved activations would not
+    fit in the memory budget (large images); the held-out loss is evaluated in such batches too.
+    """
+    net = make_score_net(x, train, noise, seed)
     optimizer = torch.optim.Adam(net.parameters(), lr=settings.lr)
-    heldout_draws = _draws(heldout, generator)  # fixed, so that held-out losses are comparable
+    batch = score_batch_size(net, x[train[:PROBE_SAMPLES]], loss_fn, noise, settings.batch_size)
+    heldout_draws = _heldout_draws(x, heldout, generator)  # fixed, so that held-out losses are comparable
     best, best_state, since_best, epochs = math.inf, copy.deepcopy(net.state_dict()), 0, 0
     for epochs in range(1, settings.max_epochs + 1):
-        for batch in train[torch.randperm(len(train), generator=generator, device=train.device)].split(settings.batch_size):
+        for index in train[torch.randperm(len(train), generator=generator, device=train.device)].split(batch):
+            points = x[index]
             optimizer.zero_grad()
-            loss_fn(net, batch, noise, _draws(batch, generator)).backward()
+            loss_fn(net, points, noise, _draws(points, generator)).backward()
             optimizer.step()
-        current = float(loss_fn(net, heldout, noise, heldout_draws).detach())
+        current = _heldout_loss(net, x, heldout, loss_fn, noise, heldout_draws, batch)
         if on_epoch is not None:
             on_epoch()
         if current < best:
@@ -184,14 +208,44 @@ def train_score_net(train: Tensor, heldout: Tensor, loss_fn, noise: float, setti
             if since_best >= settings.patience:
                 break
     net.load_state_dict(best_state)
-    return net.eval(), {"epochs": epochs, "heldout_loss": best}
+    return net.eval(), {"epochs": epochs, "heldout_loss": best, "batch_size": batch,
+                        "parameters": sum(p.numel() for p in net.parameters())}
+
+
+def score_batch_size(net: nn.Module, probe: Tensor, loss_fn, noise: float, cap: int) -> int:
+    """settings.batch_size, or fewer samples when one step's saved activations exceed the budget."""
+    generator = torch.Generator(device=probe.device).manual_seed(0)
+    cost = per_sample_bytes(lambda batch: loss_fn(net, batch, noise, _draws(batch, generator)), probe)
+    net.zero_grad(set_to_none=True)
+    return batch_within(cost, cap)
+
+
+def _heldout_draws(x: Tensor, heldout: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor] | int:
+    """The held-out samples' draws, the same every epoch: stored when small, else a seed to
+    regenerate them from (two draws per value of a 3x224x224 held-out set are ~1 GiB)."""
+    if 2 * len(heldout) * x[0].numel() <= STORED_DRAW_VALUES:
+        return _draws(x[heldout], generator)
+    return int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
+
+
+def _heldout_loss(net: nn.Module, x: Tensor, heldout: Tensor, loss_fn, noise: float,
+                  draws: tuple[Tensor, Tensor] | int, batch: int) -> float:
+    """The mean loss on the held-out samples under their fixed draws, in batches of `batch`."""
+    generator = torch.Generator(device=x.device).manual_seed(draws) if isinstance(draws, int) else None
+    total = 0.0
+    for start, index in zip(range(0, len(heldout), batch), heldout.split(batch)):
+        points = x[index]
+        part = _draws(points, generator) if generator is not None else \
+            tuple(d[start:start + len(index)] for d in draws)
+        total += float(loss_fn(net, points, noise, part).detach()) * len(index)
+    return total / len(heldout)
 
 
 def _draws(x: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """(Gaussian smoothing noise, Rademacher projection) for one pass over x."""
     eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-    bits = torch.randint(0, 2, x.shape, generator=generator, device=x.device)
-    return eps, (2 * bits - 1).to(x.dtype)
+    bits = torch.randint(0, 2, x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    return eps, 2 * bits - 1
 
 
 def _ssm_vr_loss(net: nn.Module, x: Tensor, noise: float, draws: tuple[Tensor, Tensor]) -> Tensor:
@@ -210,15 +264,20 @@ def _dsm_loss(net: nn.Module, x: Tensor, noise: float, draws: tuple[Tensor, Tens
 
 
 @torch.no_grad()
-def _score_energy(net: nn.Module, heldout: Tensor, noise: float, draws: int,
-                  generator: torch.Generator) -> tuple[float, float]:
-    """J_hat = mean ||s(x~)||^2 over held-out x~ ~ pi_tau, and its standard error."""
+def _score_energy(net: nn.Module, x: Tensor, heldout: Tensor, noise: float, draws: int,
+                  generator: torch.Generator, batch: int) -> tuple[float, float]:
+    """J_hat = mean ||s(x~)||^2 over held-out x~ ~ pi_tau, and its standard error.
+
+    Draw by draw and in batches of the training batch size, so memory stays that of one batch."""
     repeats = draws if noise > 0 else 1
-    points = heldout.repeat(repeats, *[1] * (heldout.dim() - 1))
-    points = points + noise * torch.randn(points.shape, generator=generator, device=points.device,
-                                          dtype=points.dtype)
-    energy = torch.cat([net(chunk).pow(2).flatten(1).sum(1) for chunk in points.split(1024)]).double()
-    per_sample = energy.view(repeats, len(heldout)).mean(0)  # draws of one sample are not independent
+    energy = torch.zeros(repeats, len(heldout), dtype=torch.float64, device=x.device)
+    for r in range(repeats):
+        for start, index in zip(range(0, len(heldout), batch), heldout.split(batch)):
+            points = x[index]
+            points = points + noise * torch.randn(points.shape, generator=generator, device=points.device,
+                                                  dtype=points.dtype)
+            energy[r, start:start + len(index)] = net(points).pow(2).flatten(1).sum(1).double()
+    per_sample = energy.mean(0)  # draws of one sample are not independent
     se = float(per_sample.std() / math.sqrt(len(per_sample))) if len(per_sample) > 1 else 0.0
     return float(energy.mean()), se
 
@@ -239,27 +298,42 @@ class GaussianPlusResidual(nn.Module):
         return -(x - self.mean) * self.precision + self.residual(x)
 
 
-def make_score_net(x: Tensor, noise: float, seed: int) -> nn.Module:
-    """A score network sized to the input: small dilated conv net for images (C,H,W), MLP otherwise."""
-    variance, _ = mean_variance(x)
+def make_score_net(x: Tensor, train: Tensor, noise: float, seed: int) -> nn.Module:
+    """A score network sized to the input (x[train] are its training samples): a small dilated
+    conv net for small images, a multi-scale one for large images (C,H,W), an MLP otherwise."""
+    mean, spread = sample_moments(x, train)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        residual = _conv_residual(x.shape[1]) if x.dim() == 4 else _mlp_residual(x.shape[1:])
-    last = [m for m in residual.modules() if isinstance(m, (nn.Linear, nn.Conv2d))][-1]
-    nn.init.zeros_(last.weight)
-    nn.init.zeros_(last.bias)
-    return GaussianPlusResidual(residual, x.mean(0), variance + noise**2).to(x.device, x.dtype)
+        residual = _conv_residual(tuple(x.shape[1:])) if x.dim() == 4 else _mlp_residual(x.shape[1:])
+    for last in _output_layers(residual):
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+    return GaussianPlusResidual(residual, mean, float(spread.mean()) + noise**2).to(x.device, x.dtype)
+
+
+def _output_layers(residual: nn.Module) -> list[nn.Module]:
+    """The layers whose zero init makes the residual start at zero."""
+    if isinstance(residual, MultiScaleResidual):
+        return [residual.local[-1], residual.coarse[-1]]
+    return [[m for m in residual.modules() if isinstance(m, (nn.Linear, nn.Conv2d))][-1]]
 
 
 def _mlp_residual(shape: tuple[int, ...]) -> nn.Module:
     d = math.prod(shape)
     width = min(512, max(64, 2 * d))
+    if d > MLP_MAX_INPUTS:
+        raise ValueError(f"score matching on flat inputs of {d} dimensions needs a {d}x{width} dense layer; "
+                         f"pass image data as C,H,W (--input-shape) or use --prior gaussian")
     return nn.Sequential(nn.Flatten(), nn.Linear(d, width), nn.SiLU(), nn.Linear(width, width), nn.SiLU(),
                          nn.Linear(width, d), nn.Unflatten(1, tuple(shape)))
 
 
-def _conv_residual(channels: int) -> nn.Module:
-    """Dilations 1, 2, 4, 1: a 17x17 receptive field in four cheap layers."""
+def _conv_residual(shape: tuple[int, int, int]) -> nn.Module:
+    """Dilations 1, 2, 4, 1: a 17x17 receptive field in four cheap layers (images up to
+    FULL_RESOLUTION_SIDE); larger images get the multi-scale network."""
+    channels, height, width_px = shape
+    if max(height, width_px) > FULL_RESOLUTION_SIDE:
+        return MultiScaleResidual(channels, downsamplings(max(height, width_px)))
     width = max(16, 4 * channels)
     return nn.Sequential(
         nn.Conv2d(channels, width, 3, padding=1), nn.SiLU(),
@@ -267,3 +341,38 @@ def _conv_residual(channels: int) -> nn.Module:
         nn.Conv2d(width, width, 3, padding=4, dilation=4), nn.SiLU(),
         nn.Conv2d(width, channels, 3, padding=1),
     )
+
+
+def downsamplings(side: int) -> int:
+    """Stride-2 steps that bring an image side down to FULL_RESOLUTION_SIDE or below."""
+    return max(0, math.ceil(math.log2(side / FULL_RESOLUTION_SIDE)))
+
+
+class MultiScaleResidual(nn.Module):
+    """Residual score for large images, with a cost linear in the pixels and a capped width.
+
+    local: a narrow 3x3 conv pair at full resolution (pixel-scale structure); coarse: stride-2
+    convs down to at most FULL_RESOLUTION_SIDE pixels a side, the dilated block there (a 17x17
+    receptive field at that scale), and a conv to the input channels, upsampled bilinearly.
+    No layer is dense over the image, so parameters do not grow with the resolution.
+    """
+
+    def __init__(self, channels: int, levels: int) -> None:
+        super().__init__()
+        width = min(MAX_SCORE_WIDTH, max(16, 4 * channels))
+        local = max(8, 2 * channels)
+        self.local = nn.Sequential(nn.Conv2d(channels, local, 3, padding=1), nn.SiLU(),
+                                   nn.Conv2d(local, channels, 3, padding=1))
+        down: list[nn.Module] = []
+        for level in range(levels):
+            down += [nn.Conv2d(channels if level == 0 else width, width, 3, stride=2, padding=1), nn.SiLU()]
+        self.coarse = nn.Sequential(
+            *down,
+            nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.SiLU(),
+            nn.Conv2d(width, width, 3, padding=4, dilation=4), nn.SiLU(),
+            nn.Conv2d(width, channels, 3, padding=1),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        coarse = F.interpolate(self.coarse(x), size=x.shape[-2:], mode="bilinear", align_corners=False)
+        return self.local(x) + coarse

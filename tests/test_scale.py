@@ -1,0 +1,98 @@
+"""Memory at real image sizes: saved-activation accounting, the prior's score networks, the
+optimisation attack's chunked inversion and the raw-input baselines' dimension reduction, on
+real architectures (tests/architectures.py) at 3x64x64 with tiny widths."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from architectures import build
+from splitaudit import memory
+from splitaudit.attacks.features import COMPONENTS, reduced
+from splitaudit.attacks.kmeans import cluster_scores
+from splitaudit.attacks.optimization import invert
+from splitaudit.estimators.prior import MultiScaleResidual, ScoreSettings, estimate_prior, make_score_net
+from splitaudit.models import Encoder
+
+
+def smooth_images(n: int, size: int, classes: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Smooth random colour fields in [0, 1] whose mean colour depends on the class."""
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % classes
+    colours = torch.rand(classes, 3, 1, 1, generator=gen)
+    field = F.interpolate(torch.randn(n, 3, size // 8, size // 8, generator=gen), size=(size, size), mode="bilinear")
+    return (colours[y] + 0.1 * field).clamp(0, 1), y
+
+
+def encoder_of(module: torch.nn.Module, x: torch.Tensor) -> Encoder:
+    for p in module.parameters():
+        p.requires_grad_(False)
+    out = module(x[:1])
+    return Encoder(path="mem", format="torch", input_shape=tuple(x.shape[1:]), output_shape=tuple(out.shape[1:]),
+                   device=torch.device("cpu"), torch_fn=module, blackbox_fn=module, fixed_batch=None,
+                   parity_max_abs_err=None, stochastic=False, warnings=[], providers=[])
+
+
+def test_saved_bytes_counts_what_autograd_keeps():
+    x = torch.randn(8, 1000, requires_grad=True)
+    assert memory.saved_bytes(lambda: x.exp()) == 8 * 1000 * 4  # exp saves its output only
+    assert memory.batch_within(per_sample=100, cap=64, budget=1000) == 10
+    assert memory.batch_within(per_sample=10**12, cap=64) == 1
+
+
+def test_score_network_for_224px_images_has_no_resolution_sized_layer():
+    """A dense or wide full-resolution layer at 3x224x224 would hold millions of parameters;
+    the multi-scale net stays under 40k and its activations per sample under 64 MiB."""
+    x = torch.rand(3, 3, 224, 224)
+    net = make_score_net(x, torch.arange(3), noise=0.25, seed=0)
+    assert isinstance(net.residual, MultiScaleResidual)
+    assert sum(p.numel() for p in net.parameters()) < 40_000
+    assert torch.equal(net.residual(x), torch.zeros_like(x))  # starts at the Gaussian estimate
+    point = x[:1].clone().requires_grad_(True)
+    bytes_ = memory.saved_bytes(lambda: torch.autograd.grad(net(point).sum(), point, create_graph=True))
+    assert bytes_ < 64 * 2**20
+
+
+@pytest.mark.parametrize("method", ["ssm", "dsm"])
+def test_score_matching_on_64px_images_runs_in_bounded_batches(method, monkeypatch):
+    """With a 4 MiB activation budget the batches shrink to fit; the estimate is finite and what
+    the bound uses lies between the Gaussian floor and Stam's limit (16 at tau 0.25) whether or
+    not two epochs sufficed; the same call twice gives the same value."""
+    x, _ = smooth_images(40, 64)
+    settings = ScoreSettings(max_epochs=2, patience=2, batch_size=32)
+    first = estimate_prior(x, method, smoothing=0.25, settings=settings)
+    monkeypatch.setattr(memory, "ACTIVATION_BUDGET", 4 * 2**20)
+    small = estimate_prior(x, method, smoothing=0.25, settings=settings)
+    assert small.details["batch_size"] < first.details["batch_size"] <= 32
+    assert np.isfinite(small.j_over_d) and (small.valid or small.notes)
+    assert small.gaussian_floor <= small.j_over_d_used <= small.stam_limit
+    assert estimate_prior(x, method, smoothing=0.25, settings=settings).j_over_d == pytest.approx(small.j_over_d)
+
+
+def test_inversion_in_memory_sized_chunks_equals_one_batch(monkeypatch):
+    """Adam is per coordinate and the loss a sum over samples: chunking (forced here by a tiny
+    budget) must give the same reconstructions, on a ResNet-style stem at 3x64x64."""
+    x, _ = smooth_images(6, 64)
+    encoder = encoder_of(build("resnet", width=4, blocks=1), x)
+    z = encoder.embed(x)
+    weights = torch.full((len(z),), 0.01)
+    whole = invert(encoder, z, x, "gaussian", weights, steps=5, lr=0.1)
+    monkeypatch.setattr(memory, "ACTIVATION_BUDGET", 1)  # one sample per chunk
+    chunked = invert(encoder, z, x, "gaussian", weights, steps=5, lr=0.1)
+    assert torch.allclose(whole, chunked, atol=1e-5)
+    start = x.mean(0, keepdim=True).expand_as(x)
+    assert float((encoder.embed(chunked) - z).pow(2).sum()) < float((encoder.embed(start) - z).pow(2).sum())
+
+
+def test_raw_inputs_over_4096_dimensions_are_reduced_and_still_cluster():
+    """k-means' baseline on 3x64x64 raw inputs (12,288 dims) runs on 256 principal components at
+    most (n - 1 here) and still finds the colour classes (accuracy > 0.9 against chance 0.25)."""
+    x, y = smooth_images(80, 64)
+    (points,), info = reduced(x)
+    assert points.shape == (80, min(COMPONENTS, 79)) and info["dimensions"] == 12288
+    assert "PCA" in info["reduction"] and 0 < info["explained_variance"] <= 1 + 1e-5  # float32 sums
+    assert cluster_scores(points, y.numpy(), 4, seed=0)["accuracy"] > 0.9
+    (small,), none = reduced(torch.rand(10, 64))
+    assert small.shape == (10, 64) and none["reduction"] == "none"
