@@ -71,6 +71,9 @@ def executor_options(func):
         click.option("--ray-address", help="An existing Ray cluster (ray start --head); default: start a local instance."),
         click.option("--task-timeout", type=float, metavar="S",
                      help="Seconds one task (an attack's seed) may run before it is retried once, then failed."),
+        click.option("--dfil-rtol", type=float,
+                     help="Target relative standard error of the mean dFIL when it is estimated (default 0.02)."),
+        click.option("--dfil-samples", type=int, help="At most this many target samples for dFIL (default 2048, 256 with --quick)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -179,7 +182,8 @@ def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> N
 
     options = build_options(model, {**given_flags(flags), "attacks": ["none"]})
     ctx = prepare_context(options, progress=cli_progress)
-    answer = leakage.calibrate(ctx, target_mse, prior=options.prior, smoothing=options.smoothing)
+    answer = leakage.calibrate(ctx, target_mse, prior=options.prior, smoothing=options.smoothing,
+                               dfil_rtol=options.dfil_rtol, dfil_samples=options.dfil_samples)
     if as_json:
         click.echo(json.dumps(to_strict_json(answer), indent=2, allow_nan=False))
     else:

@@ -52,6 +52,8 @@ class AuditOptions:
     executor: str = "local"  # where the attack tasks run: in this process, or on Ray
     ray_address: str | None = None  # an existing Ray cluster (default: start a local instance)
     task_timeout: float | None = None  # seconds one task may run before it is retried, then failed
+    dfil_rtol: float = 0.02  # target relative standard error of the mean Jacobian trace
+    dfil_samples: int | None = None  # at most this many target samples for dFIL (None: 2048, 256 quick)
 
     def validate(self) -> "AuditOptions":
         """Raise InputError for values that no audit can use."""
@@ -80,13 +82,21 @@ class AuditOptions:
             raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.task_timeout is not None and not self.task_timeout > 0:
             raise InputError(f"--task-timeout must be > 0 seconds, got {self.task_timeout}")
+        self.validate_dfil()
         return self
+
+    def validate_dfil(self) -> None:
+        """--dfil-rtol in (0, 1), --dfil-samples >= 2 (a mean needs a spread)."""
+        if not 0 < self.dfil_rtol < 1:
+            raise InputError(f"--dfil-rtol must lie in (0, 1), got {self.dfil_rtol}")
+        if self.dfil_samples is not None and self.dfil_samples < 2:
+            raise InputError(f"--dfil-samples must be >= 2, got {self.dfil_samples}")
 
 
 # What each option may hold, by its annotation (TOML gives any type; flags are already typed).
 OPTION_TYPES = {
     "str": (str,), "str | None": (str, type(None)), "float": (int, float), "float | None": (int, float, type(None)),
-    "int": (int,), "bool": (bool,), "list[str]": (list,), "list[int] | None": (list, type(None)),
+    "int": (int,), "int | None": (int, type(None)), "bool": (bool,), "list[str]": (list,), "list[int] | None": (list, type(None)),
     "list[float] | None": (list, type(None)), "dict[str, dict]": (dict,),
 }
 ITEM_TYPES = {"list[str]": (str,), "list[int] | None": (int,), "list[float] | None": (int, float)}

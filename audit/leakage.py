@@ -15,15 +15,16 @@ from splitaudit.context import AuditContext
 from splitaudit.estimators.bounds import (
     cramer_rao_mse, dfil, sigma_for_unbiased, sigma_for_van_trees, van_trees_mse, van_trees_stderr,
 )
-from splitaudit.estimators.jacobian import TraceEstimate, TraceOptions, concatenated, jacobian_trace
+from splitaudit.estimators.jacobian import TraceEstimate
+from splitaudit.estimators.mean_trace import Z_95, MeanOptions, MeanTrace, estimate_mean_trace
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS, PriorEstimate, ScoreSettings, estimate_prior, mean_variance,
 )
 
 IMAGE_SMOOTHING = 0.25  # paper 004, A.1: the randomized-smoothing noise that works for [0,1] images
 DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES = 2048, 256
-DFIL_BATCH = 128  # samples per progress step
 MAX_PROBES, QUICK_MAX_PROBES = 256, 64
+DFIL_RTOL = 0.02  # default target of the mean trace's relative standard error (--dfil-rtol)
 LEAKIEST = 5
 VIOLATION_Z = 2.0  # an attack violates the bound when it is below it by this many standard errors
 
@@ -34,15 +35,25 @@ class Measurement:
 
     smoothing: float
     index: torch.Tensor  # target indices the traces were computed at
-    traces: TraceEstimate
+    mean_trace: MeanTrace
     prior: PriorEstimate
     d: int
     n_target: int
+    n_candidates: int  # target samples the traces were drawn from (all, or the --dfil-samples cap)
+
+    @property
+    def traces(self) -> TraceEstimate:
+        return self.mean_trace.traces
 
     @property
     def trace_over_d(self) -> float:
         """T = E||J||_F^2 / d: dFIL at sigma = 1, the quantity calibration scales."""
-        return float(self.traces.values.double().mean()) / self.d
+        return self.mean_trace.mean / self.d
+
+    @property
+    def trace_over_d_upper(self) -> float:
+        """The upper end of T's 95% confidence interval: what a promise (bound, sigma) is made from."""
+        return self.mean_trace.interval()[1] / self.d
 
 
 def resolve_smoothing(ctx: AuditContext, smoothing: float | None) -> float:
@@ -52,18 +63,23 @@ def resolve_smoothing(ctx: AuditContext, smoothing: float | None) -> float:
     return IMAGE_SMOOTHING if ctx.aux.is_image and ctx.aux.in_unit_range else 0.0
 
 
-def measure(ctx: AuditContext, prior: str = "ssm", smoothing: float | None = None) -> Measurement:
-    """Jacobian traces on (smoothed) target samples and J(pi_tau)/d from the aux data."""
+def measure(ctx: AuditContext, prior: str = "ssm", smoothing: float | None = None,
+            dfil_rtol: float = DFIL_RTOL, dfil_samples: int | None = None) -> Measurement:
+    """Jacobian traces on (smoothed) target samples and J(pi_tau)/d from the aux data.
+
+    dfil_rtol: target relative standard error of the mean trace (randomised estimates);
+    dfil_samples: at most this many target samples (default 2048, 256 with --quick)."""
     tau = resolve_smoothing(ctx, smoothing)
-    index = _dfil_sample_index(ctx)
-    traces = _jacobian_traces(ctx, ctx.target.x[index], tau)
-    return Measurement(smoothing=tau, index=index, traces=traces, prior=_prior(ctx, prior, tau),
-                       d=ctx.target.x[0].numel(), n_target=len(ctx.target))
+    candidates = _dfil_sample_index(ctx, dfil_samples)
+    mean_trace = _jacobian_traces(ctx, ctx.target.x[candidates], tau, dfil_rtol)
+    return Measurement(smoothing=tau, index=candidates[mean_trace.index], mean_trace=mean_trace,
+                       prior=_prior(ctx, prior, tau), d=ctx.target.x[0].numel(), n_target=len(ctx.target),
+                       n_candidates=len(candidates))
 
 
-def _dfil_sample_index(ctx: AuditContext) -> torch.Tensor:
+def _dfil_sample_index(ctx: AuditContext, cap: int | None = None) -> torch.Tensor:
     """All target indices, or a seeded random subset when there are more than the cap."""
-    cap = QUICK_DFIL_MAX_SAMPLES if ctx.quick else DFIL_MAX_SAMPLES
+    cap = cap or (QUICK_DFIL_MAX_SAMPLES if ctx.quick else DFIL_MAX_SAMPLES)
     n = len(ctx.target)
     if n <= cap:
         return torch.arange(n, device=ctx.target.x.device)
@@ -71,22 +87,19 @@ def _dfil_sample_index(ctx: AuditContext) -> torch.Tensor:
     return torch.randperm(n, generator=generator)[:cap].sort().values.to(ctx.target.x.device)
 
 
-def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, tau: float) -> TraceEstimate:
-    """||J||_F^2 at x + N(0, tau^2 I) (the smoothed input the bound concerns), in batches.
+def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, tau: float, rtol: float) -> MeanTrace:
+    """||J||_F^2 at x + N(0, tau^2 I) (the smoothed input the bound concerns) and its mean.
 
-    Autograd models use the cheapest exact method; black-box models central differences.
+    Autograd models: exact when affordable, else Hutchinson probes to the mean's rtol
+    (estimators/mean_trace.py), cross-checked at run time; black-box models central differences.
     """
     if tau > 0:
         x = x + tau * torch.randn(x.shape, generator=ctx.generator(ctx.seed), device=x.device, dtype=x.dtype)
     method = "auto" if ctx.encoder.differentiable else "finite-difference"
-    options = TraceOptions(max_probes=QUICK_MAX_PROBES if ctx.quick else MAX_PROBES,
-                           generator=ctx.generator(ctx.seed + 1))
-    parts = []
+    options = MeanOptions(rtol=rtol, max_probes=QUICK_MAX_PROBES if ctx.quick else MAX_PROBES,
+                          generator=ctx.generator(ctx.seed + 1))
     with ctx.progress(total=len(x), desc="dFIL", unit="sample") as bar:
-        for chunk in x.split(DFIL_BATCH):
-            parts.append(jacobian_trace(ctx.encoder, chunk, method, options))
-            bar.update(len(chunk))
-    return concatenated(parts)
+        return estimate_mean_trace(ctx.encoder, x, method, options, on_samples=bar.update)
 
 
 def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
@@ -101,9 +114,9 @@ def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
 # --- report sections --------------------------------------------------------------------------
 
 def assess(ctx: AuditContext, prior: str = "ssm", smoothing: float | None = None,
-           target_mse: float | None = None) -> dict:
+           target_mse: float | None = None, dfil_rtol: float = DFIL_RTOL, dfil_samples: int | None = None) -> dict:
     """The dfil, prior, bounds and calibration sections of report.json."""
-    m = measure(ctx, prior, smoothing)
+    m = measure(ctx, prior, smoothing, dfil_rtol, dfil_samples)
     per_sample = dfil(m.traces.values, m.d, ctx.noise_sigma)
     mean_dfil, mean_se = _mean_dfil(m, per_sample, ctx.noise_sigma)
     return {
@@ -115,16 +128,24 @@ def assess(ctx: AuditContext, prior: str = "ssm", smoothing: float | None = None
 
 
 def _mean_dfil(m: Measurement, per_sample: torch.Tensor, sigma: float) -> tuple[float, float]:
-    """E[dFIL] over the samples and its standard error (sampling spread and probe noise).
+    """E[dFIL] over the samples and its standard error: that of the mean trace (sampling spread
+    and probe noise together, estimators/mean_trace.py), scaled by 1 / (d sigma^2).
 
     With sigma = 0 every value is exactly inf (or 0 where f is flat): no error to report."""
     mean = float(per_sample.double().mean())
     if sigma == 0:
         return mean, 0.0
-    n = len(per_sample)
-    spread = float(per_sample.double().std()) if n > 1 else 0.0
-    probe = float(m.traces.stderr.double().pow(2).sum().sqrt()) / (n * m.d * sigma**2)
-    return mean, math.hypot(spread / math.sqrt(n), probe)
+    return mean, m.mean_trace.stderr / (m.d * sigma**2)
+
+
+def _dfil_interval(mean: float, stderr: float) -> tuple[float, float]:
+    """E[dFIL]'s 95% confidence interval, clipped at 0."""
+    return max(0.0, mean - Z_95 * stderr), _dfil_upper(mean, stderr)
+
+
+def _dfil_upper(mean: float, stderr: float) -> float:
+    """The upper end of E[dFIL]'s 95% confidence interval (inf stays inf)."""
+    return mean + Z_95 * stderr if math.isfinite(mean) else mean
 
 
 def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, mean: float,
@@ -140,11 +161,15 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
                      "noise sigma that reaches a target bound")
     if len(m.index) < m.n_target:
         notes.append(f"dFIL computed on a seeded random subset of {len(m.index)} of the {m.n_target} target samples")
+    low, high = _dfil_interval(mean, stderr)
+    notes.append(f"mean dFIL {mean:.4g}, 95% confidence interval [{low:.4g}, {high:.4g}] (spread over samples"
+                 + ("" if m.traces.exact else " and probe noise") + "); bounds and calibration use its upper end")
     if m.smoothing > 0:
         notes.append(f"evaluated at the smoothed inputs x + N(0, {m.smoothing:g}^2 I) (randomized smoothing)")
     if not m.traces.exact:
-        notes.append(f"Jacobian norms estimated with {m.traces.products} random probes per sample "
-                     "(Hutchinson); per_sample_stderr gives their standard errors")
+        notes.append(f"Jacobian norms estimated with random probes (Hutchinson; median {m.traces.products} per "
+                     f"sample, more on the leakiest) to a {m.mean_trace.rtol:g} relative standard error of the "
+                     "mean; per_sample_stderr gives each sample's standard error")
     if m.traces.fd_step is not None:
         notes.append(f"black-box model: Jacobians by central finite differences (step {m.traces.fd_step:.3g})")
     if ctx.encoder.stochastic:
@@ -159,6 +184,10 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
         "leakiest": [{"index": int(m.index[i]), "dfil": float(per_sample[i]),
                       "jacobian_sq_norm": float(m.traces.values[i])} for i in order.tolist()],
         "per_sample": per_sample.tolist(), "target_index": m.index.tolist(), "notes": notes,
+        "mean_ci": list(_dfil_interval(mean, stderr)), "ci_level": 0.95, "mean_upper": _dfil_upper(mean, stderr),
+        "rtol": m.mean_trace.rtol, "relative_stderr": stderr / mean if mean > 0 and math.isfinite(mean) else 0.0,
+        "jacobian_products": m.mean_trace.total_products, "n_candidates": m.n_candidates,
+        "self_check": dict(m.mean_trace.check),
     }
     if not m.traces.exact:
         section["per_sample_stderr"] = dfil(m.traces.stderr, m.d, ctx.noise_sigma).tolist()
@@ -184,12 +213,18 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
     if not m.prior.valid:
         notes.append("the prior estimate failed its sanity check (see prior.notes)")
     stam = m.prior.stam_limit if m.smoothing > 0 else None
+    upper = _dfil_upper(mean, stderr)
+    notes.append("the bounds use the upper end of E[dFIL]'s 95% confidence interval (conservative); "
+                 "the *_point keys use its estimate")
     return {
-        "cramer_rao_mse": cramer_rao_mse(mean),
+        "cramer_rao_mse": cramer_rao_mse(upper),
+        "cramer_rao_mse_point": cramer_rao_mse(mean),
         "cramer_rao_mse_leakiest": cramer_rao_mse(float(per_sample.max())),
-        "van_trees_mse": van_trees_mse(mean, j),
+        "van_trees_mse": van_trees_mse(upper, j),
+        "van_trees_mse_point": van_trees_mse(mean, j),
+        "dfil_used": upper,
         "van_trees_stderr": van_trees_stderr(mean, stderr, j, m.prior.stderr),
-        "van_trees_stam_mse": None if stam is None else van_trees_mse(mean, stam),
+        "van_trees_stam_mse": None if stam is None else van_trees_mse(upper, stam),
         "mean_guess_mse": mean_variance(ctx.aux.x)[0] + m.smoothing**2,
         "violated_by": [], "notes": notes,
     }
@@ -201,13 +236,17 @@ def _calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | 
     if target_mse is None:
         target_mse = 0.5 * mean_variance(ctx.aux.x)[0]
         source = "default: half the mean-guess MSE (half the aux data's mean per-dimension variance)"
-    van_trees = sigma_for_van_trees(m.trace_over_d, target_mse, m.prior.j_over_d_used)
-    unbiased = sigma_for_unbiased(m.trace_over_d, target_mse)
+    van_trees = sigma_for_van_trees(m.trace_over_d_upper, target_mse, m.prior.j_over_d_used)
+    unbiased = sigma_for_unbiased(m.trace_over_d_upper, target_mse)
     return {
         "target_mse": target_mse, "target_source": source, "bound": "van-trees",
         "sigma": van_trees.sigma, "feasible": van_trees.feasible, "reason": van_trees.reason,
         "sigma_unbiased": unbiased.sigma, "trace_over_d": m.trace_over_d,
         "J_over_d": m.prior.j_over_d_used, "smoothing": m.smoothing,
+        "trace_over_d_upper": m.trace_over_d_upper,
+        "sigma_point": sigma_for_van_trees(m.trace_over_d, target_mse, m.prior.j_over_d_used).sigma,
+        "sigma_unbiased_point": sigma_for_unbiased(m.trace_over_d, target_mse).sigma,
+        "sigma_basis": "upper end of the 95% confidence interval of E||J||_F^2 (conservative)",
     }
 
 
@@ -249,10 +288,11 @@ def violation_causes(smoothing: float) -> list[str]:
 
 # --- splitaudit calibrate ---------------------------------------------------------------------
 
-def calibrate(ctx: AuditContext, target_mse: float, prior: str = "ssm", smoothing: float | None = None) -> dict:
+def calibrate(ctx: AuditContext, target_mse: float, prior: str = "ssm", smoothing: float | None = None,
+              dfil_rtol: float = DFIL_RTOL, dfil_samples: int | None = None) -> dict:
     """The answer of `splitaudit calibrate --json`: the sigma for the van Trees bound (and the
     unbiased one) to reach target_mse, or why no sigma can."""
-    m = measure(ctx, prior, smoothing)
+    m = measure(ctx, prior, smoothing, dfil_rtol, dfil_samples)
     answer = _calibration_section(ctx, m, target_mse)
     del answer["target_source"]
     return {**answer, "prior": {"method": m.prior.method, "J_over_d": m.prior.j_over_d,

@@ -192,7 +192,26 @@ def _open_torchscript(path: Path, device: torch.device) -> RawModel:
         p.requires_grad_(False)
     ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}
     return RawModel(path=path, format="torchscript", declared_input_shape=None, fixed_batch=None,
-                    torch_module=module, non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT))
+                    torch_module=Unoptimized(module), non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT))
+
+
+class Unoptimized(nn.Module):
+    """Runs a TorchScript module with the graph executor's optimisation off.
+
+    The profiling executor re-optimises a graph after its first runs (specialising it to the
+    shapes and requires-grad flags it profiled); torch.func's forward-mode AD through such a
+    re-optimised graph can yield zero tangents on later calls, a silent zero Jacobian. Unoptimised
+    execution interprets the graph op by op, so every torch.func transform sees plain aten
+    operators on every call; the operators dominate the cost, not the interpreter.
+    """
+
+    def __init__(self, scripted: nn.Module) -> None:
+        super().__init__()
+        self.scripted = scripted
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.jit.optimized_execution(False):
+            return self.scripted(x)
 
 
 def _open_onnx(path: Path, device: torch.device, output_name: str | None = None) -> RawModel:

@@ -100,7 +100,8 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
         stages.set_postfix_str("dFIL and bounds")
         result.update(leakage.assess(ctx, prior=options.prior, smoothing=options.smoothing,
-                                     target_mse=options.fail_under_mse))
+                                     target_mse=options.fail_under_mse,
+                                     dfil_rtol=options.dfil_rtol, dfil_samples=options.dfil_samples))
         stages.update()
         stages.set_postfix_str("attacks")
         result["attacks"] = attack_grid(ctx, options, names, [ctx.noise_sigma], progress, result["run"])[ctx.noise_sigma]

@@ -16,6 +16,7 @@ memory budget. Tensors stay on x's device, so the same code runs on CPU and CUDA
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -88,9 +89,15 @@ def jacobian_sq_norm(f: BatchFn, x: Tensor, method: str = "auto", **options) -> 
     return jacobian_trace(f, x, method, TraceOptions(**options)).values
 
 
+@torch.no_grad()
 def jacobian_trace(f: BatchFn, x: Tensor, method: str = "auto",
                    options: TraceOptions = TraceOptions()) -> TraceEstimate:
-    """Like jacobian_sq_norm, with per-sample standard errors and the method actually used."""
+    """Like jacobian_sq_norm, with per-sample standard errors and the method actually used.
+
+    Runs under torch.no_grad(): the torch.func transforms still differentiate, but the caller's
+    autograd level records nothing, so a module whose parameters require grad does not keep every
+    chunk's graph alive (memory stays within options.memory_bytes whatever the caller passes).
+    """
     if method != "auto" and method not in METHODS:
         raise ValueError(f"unknown Jacobian method {method!r}; choose auto or {', '.join(METHODS)}")
     plan = measure_plan(f, x, differentiable=method != "finite-difference")
@@ -110,8 +117,14 @@ def concatenated(parts: list[TraceEstimate]) -> TraceEstimate:
 
 def choose_method(f: BatchFn, x: Tensor, plan: Plan) -> str:
     """The exact method needing the fewest Jacobian products per sample."""
+    costs = exact_costs(f, x, plan)
+    return min(costs, key=costs.get)
+
+
+def exact_costs(f: BatchFn, x: Tensor, plan: Plan) -> dict[str, int]:
+    """Products per sample of each exact method that applies to (f, x)."""
     costs = {name: m.products(f, x, plan) for name, m in METHODS.items()}
-    return min((name for name, c in costs.items() if c is not None), key=lambda name: costs[name])
+    return {name: c for name, c in costs.items() if c is not None}
 
 
 def measure_plan(f: BatchFn, x: Tensor, differentiable: bool = True) -> Plan:
@@ -186,9 +199,13 @@ def _exact(values: Tensor, name: str, products: int) -> TraceEstimate:
 # --- random probes (Hutchinson) ---------------------------------------------------------------
 
 def hutchinson_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> TraceEstimate:
-    """E_v ||J v||^2 with Rademacher v (forward-mode products), until stderr/mean <= rtol."""
+    """E_v ||J v||^2 with Rademacher v (forward-mode products), until stderr/mean <= rtol.
+
+    Models with an operator that has no forward-mode derivative (PyTorch's fused CPU attention
+    in a TorchScript trace) use reverse-mode probes, E_u ||J^T u||^2 = ||J||_F^2 as well."""
+    like, products = product_fn(f, x, "inputs" if forward_mode_works(f, x) else "outputs")
     chunk = plan.directions_per_chunk(len(x), options.memory_bytes)
-    values, stderr, probes = _probe_mean(lambda v: _jvp_products(f, x, v), x, options, chunk)
+    values, stderr, probes = _probe_mean(products, like, options, chunk)
     return TraceEstimate(values=values, stderr=stderr, method="hutchinson", exact=False, products=probes)
 
 
@@ -270,6 +287,48 @@ def _fd_products(f: BatchFn, x: Tensor, directions: Tensor, step: float) -> Tens
 
 # --- shared -----------------------------------------------------------------------------------
 
+def product_fn(f: BatchFn, x: Tensor, side: str) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """(a tensor shaped like the directions, directions [k, N, ...] -> products [k, N, ...]):
+    side "inputs": J v (forward mode), side "outputs": J^T u (reverse mode, one forward pass)."""
+    if side == "inputs":
+        return x, lambda v: _jvp_products(f, x, v)
+    out, pullback = vjp(f, x)
+    return out.detach(), lambda u: vmap(pullback)(u)[0].detach()
+
+
+_model_cache: dict[tuple, tuple[Callable[[], object], object]] = {}
+
+
+def cached_per_model(kind: str, f: BatchFn, x: Tensor, compute: Callable[[], object]) -> object:
+    """compute() once per model f, input shape x.shape[1:] and kind (entries die with f)."""
+    key = (kind, id(f), tuple(x.shape[1:]))
+    hit = _model_cache.get(key)
+    if hit is not None and hit[0]() is f:
+        return hit[1]
+    value = compute()
+    try:
+        _model_cache[key] = (weakref.ref(f), value)
+        weakref.finalize(f, _model_cache.pop, key, None)
+    except TypeError:  # f cannot be weakly referenced: nothing is cached
+        pass
+    return value
+
+
+def forward_mode_works(f: BatchFn, x: Tensor) -> bool:
+    """Whether every operator of f has a forward-mode derivative (one jvp on one sample, cached
+    per model and input shape). PyTorch raises for the few that have none."""
+    def probe() -> bool:
+        try:
+            with torch.no_grad():
+                jvp(f, (x[:1],), (torch.zeros_like(x[:1]),))
+            return True
+        except (RuntimeError, NotImplementedError) as exc:
+            if "forward" not in str(exc).lower():
+                raise
+            return False
+    return cached_per_model("forward-mode", f, x, probe)
+
+
 def _jvp_products(f: BatchFn, x: Tensor, directions: Tensor) -> Tensor:
     """J(x_i) v for directions [k, N, *x]: k forward-mode products, vmapped."""
     return vmap(lambda v: jvp(f, (x,), (v,))[1])(directions).detach()
@@ -284,7 +343,7 @@ def _squared_norms(products: Tensor) -> Tensor:
 # An exact method that exploits model structure (output colouring, estimators/structured.py)
 # registers here with its own products(f, x, plan), returning None where it does not apply.
 METHODS: dict[str, Method] = {
-    "forward": Method(forward_trace, lambda f, x, plan: plan.d),
+    "forward": Method(forward_trace, lambda f, x, plan: plan.d if forward_mode_works(f, x) else None),
     "reverse": Method(reverse_trace, lambda f, x, plan: plan.m),
     "hutchinson": Method(hutchinson_trace, lambda f, x, plan: None),
     "finite-difference": Method(finite_difference_trace, lambda f, x, plan: None),

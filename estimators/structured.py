@@ -21,18 +21,16 @@ it needs fewer products than plain forward or reverse mode.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.func import vjp, vmap
 
 from splitaudit.estimators.jacobian import (
-    DEFAULT_MEMORY_BYTES, BatchFn, Method, Plan, TraceEstimate, TraceOptions, _jvp_products, _squared_norms,
-    rademacher,
+    DEFAULT_MEMORY_BYTES, BatchFn, Method, Plan, TraceEstimate, TraceOptions, _squared_norms, cached_per_model,
+    forward_mode_works, product_fn, rademacher,
 )
 
 # The structured method applies only when it needs at most min(d, m) / MIN_GAIN products.
@@ -42,6 +40,11 @@ BLOCK = 8
 # Sign-test tolerance, the accuracy the method promises: with disjoint supports the two
 # squared norms agree to rounding, a coupling the NaN probes missed moves them further.
 SIGN_TEST_RTOL = 1e-4
+# Detection costs about d / BLOCK single-sample forward passes: beyond this many it costs more
+# than the randomised estimate it would replace, and is not attempted.
+MAX_DETECTION_PASSES = 4096
+# Single inputs made NaN by the first look for global mixing.
+MIXING_PROBES = 8
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def coloured_sq_norm(f: BatchFn, x: Tensor, colouring: Colouring, per_pass: int,
                      signs: Tensor | None = None) -> Tensor:
     """[count, N]: ||J^T 1_c||^2 (outputs) or ||J 1_c||^2 (inputs) for each colour c and sample,
     products vmapped over per_pass colours at a time; `signs` multiplies the directions."""
-    like, products = _products(f, x, colouring.side)
+    like, products = product_fn(f, x, colouring.side)
     norms = []
     for chunk in _chunks(torch.arange(colouring.count, device=like.device), per_pass):
         directions = colouring.masks(chunk, like)[:, None]
@@ -93,30 +96,9 @@ def coloured_sq_norm(f: BatchFn, x: Tensor, colouring: Colouring, per_pass: int,
     return torch.cat(norms).detach()
 
 
-def _products(f: BatchFn, x: Tensor, side: str) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
-    """(a tensor shaped like the directions, directions [k, N, ...] -> products [k, N, ...])."""
-    if side == "inputs":
-        return x, lambda v: _jvp_products(f, x, v)
-    out, pullback = vjp(f, x)
-    return out, lambda u: vmap(pullback)(u)[0]
-
-
-_cache: dict[tuple, tuple[Callable[[], object], Colouring | None]] = {}
-
-
 def find_colouring(f: BatchFn, x: Tensor, plan: Plan) -> Colouring | None:
     """f's colouring for inputs shaped like x[0], computed once per model and shape."""
-    key = (id(f), tuple(x.shape[1:]))
-    hit = _cache.get(key)
-    if hit is not None and hit[0]() is f:
-        return hit[1]
-    colouring = detect_colouring(f, x[0].detach(), plan)
-    try:
-        _cache[key] = (weakref.ref(f), colouring)
-        weakref.finalize(f, _cache.pop, key, None)
-    except TypeError:  # f cannot be weakly referenced: nothing is cached
-        pass
-    return colouring
+    return cached_per_model("colouring", f, x, lambda: detect_colouring(f, x[0].detach(), plan))
 
 
 def detect_colouring(f: BatchFn, x0: Tensor, plan: Plan) -> Colouring | None:
@@ -129,16 +111,35 @@ def detect_colouring(f: BatchFn, x0: Tensor, plan: Plan) -> Colouring | None:
         if not torch.isfinite(f(x0[None])).all():
             return None
     per_pass = plan.directions_per_chunk(1, DEFAULT_MEMORY_BYTES)
+    if plan.d // BLOCK > MAX_DETECTION_PASSES or mixes_globally(f, x0, plan.m, limit, per_pass):
+        return None
     supports = input_supports(f, x0, limit, per_pass)
     if supports is None:
         return None
+    sides = (("outputs", supports.T), ("inputs", supports))[: 2 if forward_mode_works(f, x0[None]) else 1]
     found = [Colouring(colour, int(colour.max()) + 1, side)
-             for side, rows in (("outputs", supports.T), ("inputs", supports))
+             for side, rows in sides
              if (colour := greedy_colouring(rows, limit)) is not None]
     if not found:
         return None
     colouring = min(found, key=lambda c: c.count)
     return colouring if sign_test(f, x0, colouring, per_pass) else None
+
+
+def mixes_globally(f: BatchFn, x0: Tensor, m: int, limit: int, per_pass: int) -> bool:
+    """A cheap first look (one batched pass): MIXING_PROBES single inputs made NaN at spread positions.
+
+    When one of them reaches more than `limit` outputs, outputs need more than `limit` colours;
+    when on average they reach a fraction q of the outputs, an average output depends on about
+    q d inputs, and inputs need more than `limit` colours once q d > limit. Attention, global
+    pooling and dense layers are recognised here instead of after the two rounds of detection.
+    """
+    d = x0.numel()
+    inputs = torch.linspace(0, d - 1, min(d, MIXING_PROBES)).long()
+    groups = torch.zeros(len(inputs), d, dtype=torch.bool)
+    groups[torch.arange(len(inputs)), inputs] = True
+    reach = nan_reach(f, x0, groups, per_pass).sum(1).double()
+    return bool(reach.max() > limit) and bool(reach.mean() / m * d > limit)
 
 
 def input_supports(f: BatchFn, x0: Tensor, limit: int, per_pass: int) -> Tensor | None:

@@ -75,9 +75,12 @@ def test_bounds_follow_dfil_under_noise(digits_ctx):
     result = leakage.assess(dataclasses.replace(digits_ctx, noise_sigma=sigma), prior="gaussian")
     dfil, bounds, prior = result["dfil"], result["bounds"], result["prior"]
     assert dfil["mean"] == pytest.approx(dfil["trace_over_d"] / sigma**2, rel=1e-6)
-    assert bounds["cramer_rao_mse"] == pytest.approx(1 / dfil["mean"], rel=1e-9)
+    assert bounds["cramer_rao_mse"] == pytest.approx(1 / dfil["mean_upper"], rel=1e-9)  # conservative end
+    assert bounds["cramer_rao_mse_point"] == pytest.approx(1 / dfil["mean"], rel=1e-9)
+    assert dfil["mean_upper"] == pytest.approx(dfil["mean"] + 1.959964 * dfil["stderr"], rel=1e-9)
     assert bounds["cramer_rao_mse_leakiest"] == pytest.approx(1 / dfil["max"], rel=1e-9)
-    assert bounds["van_trees_mse"] == pytest.approx(1 / (dfil["mean"] + prior["J_over_d_used"]), rel=1e-9)
+    assert bounds["van_trees_mse"] == pytest.approx(1 / (dfil["mean_upper"] + prior["J_over_d_used"]), rel=1e-9)
+    assert bounds["van_trees_mse_point"] == pytest.approx(1 / (dfil["mean"] + prior["J_over_d_used"]), rel=1e-9)
     assert bounds["van_trees_mse"] < bounds["cramer_rao_mse"] < bounds["mean_guess_mse"]
     assert bounds["van_trees_stam_mse"] <= bounds["van_trees_mse"]  # J/d <= 1/tau^2
     assert 0 < bounds["van_trees_stderr"] < 0.05 * bounds["van_trees_mse"]

@@ -1,0 +1,301 @@
+"""E[||J_f(x)||_F^2] over a set of samples with the standard error of the mean, at any input size.
+
+The bounds and the calibration of dFIL (Maeng et al., NeurIPS 2023, Eq. 4-6) need the mean trace
+over the target samples with its uncertainty; per-sample values feed the histogram and the
+leakiest samples. "auto" chooses by cost:
+- exact (the cheapest of forward, reverse and structured, estimators/jacobian.py) on every sample
+  when that costs at most EXACT_PREFERENCE times the randomised estimate (or EXACT_PRODUCTS
+  products per sample);
+- otherwise Hutchinson probes (Hutchinson, Commun. Stat. 1989): t_i, the mean of ||J v||^2 over
+  k_i Rademacher probes, is unbiased for ||J(x_i)||_F^2. Over n samples taken in a seeded random
+  order, Var(mean) = V_between / n + E[V_probe] / (n k); the sample variance of the t_i across
+  samples estimates both terms at once, so the stopping rule (stderr <= rtol * mean) needs no model
+  of either. A pilot estimates the two terms and sets k = sqrt(V_probe / V_between), the
+  two-stage-sampling optimum when a sample's overhead costs about one product, and the number of
+  samples; then probes are added where they reduce the variance (more samples while some are
+  left, then more probes on all), and the leakiest samples get probes until their own relative
+  error is rtol.
+Every estimate is cross-checked on a few samples against independent Jacobian products of the
+other AD mode (unbiased random probes); a disagreement beyond the statistical tolerance raises
+TraceCheckError, an internal error that must stop an audit. Pure tensor code, no I/O.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from splitaudit.estimators.jacobian import (
+    DEFAULT_MEMORY_BYTES, MIN_DIRECTIONS_PER_CHUNK, BatchFn, Plan, TraceEstimate, TraceOptions, _squared_norms,
+    concatenated, exact_costs, forward_mode_works, jacobian_trace, measure_plan, product_fn, rademacher,
+)
+
+EXACT_PRODUCTS = 128  # exact whenever it needs at most this many products per sample
+EXACT_PREFERENCE = 2.0  # ... or at most this many times the randomised estimate's products
+PILOT_SAMPLES, PILOT_PROBES = 16, 4
+MIN_PROBES = 2  # per sample: the least that gives a per-sample standard error
+LEAKIEST = 5
+CHECK_SAMPLES, CHECK_PROBES, CHECK_MAX_PROBES = 4, 16, 256
+CHECK_RTOL = 0.05  # the cross-check adds probes until its relative standard error is this
+CHECK_Z = 5.0  # disagreement beyond this many standard errors fails (false alarm ~ 1e-6)
+CHECK_ROUNDING = 1e-3  # relative slack for float rounding when both sides are exact
+Z_95 = 1.959964
+
+
+class TraceCheckError(RuntimeError):
+    """The runtime cross-check of the Jacobian trace failed: an internal error, never a report."""
+
+
+@dataclass(frozen=True)
+class MeanOptions:
+    """rtol: target stderr(mean) / mean of the randomised estimate; min_samples: the randomised
+    estimate covers at least this many samples (or all), for the histogram."""
+
+    rtol: float = 0.02
+    min_samples: int = 256
+    max_probes: int = 256
+    memory_bytes: int = DEFAULT_MEMORY_BYTES
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class MeanTrace:
+    """Per-sample traces at x[index], their mean over samples and its standard error, the check."""
+
+    traces: TraceEstimate
+    index: Tensor
+    mean: float
+    stderr: float
+    rtol: float
+    total_products: int
+    check: dict = field(default_factory=dict)
+
+    def interval(self, z: float = Z_95) -> tuple[float, float]:
+        """Normal confidence interval of the mean (95% by default), clipped at 0."""
+        return max(0.0, self.mean - z * self.stderr), self.mean + z * self.stderr
+
+
+def estimate_mean_trace(f: BatchFn, x: Tensor, method: str = "auto", options: MeanOptions = MeanOptions(),
+                        on_samples: Callable[[int], None] = lambda n: None) -> MeanTrace:
+    """E||J_f||_F^2 over the samples x (see the module docstring); on_samples(n) reports progress."""
+    with torch.no_grad():
+        plan = measure_plan(f, x, differentiable=method != "finite-difference")
+        if method == "auto":
+            return _auto(f, x, plan, options, on_samples)
+        if method == "hutchinson":
+            return _randomised(f, x, plan, options, on_samples)
+        return _exact(f, x, method, options, on_samples)
+
+
+def _auto(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samples) -> MeanTrace:
+    costs = exact_costs(f, x, plan)
+    cheapest = min(costs, key=costs.get)
+    if costs[cheapest] <= EXACT_PRODUCTS:
+        return _exact(f, x, cheapest, options, on_samples)
+    sampler = ProbeSampler(f, x, plan, options)
+    sampler.pilot()
+    if len(x) * costs[cheapest] <= EXACT_PREFERENCE * sampler.predicted_products():
+        return _exact(f, x, cheapest, options, on_samples)
+    return sampler.finish(on_samples)
+
+
+def _randomised(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samples) -> MeanTrace:
+    sampler = ProbeSampler(f, x, plan, options)
+    sampler.pilot()
+    return sampler.finish(on_samples)
+
+
+def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples) -> MeanTrace:
+    """One exact (or finite-difference) method on every sample, in progress-sized batches."""
+    trace_options = TraceOptions(memory_bytes=options.memory_bytes, max_probes=options.max_probes,
+                                 generator=options.generator)
+    parts = []
+    for chunk in x.split(128):
+        parts.append(jacobian_trace(f, chunk, method, trace_options))
+        on_samples(len(chunk))
+    traces = concatenated(parts)
+    index = torch.arange(len(x), device=x.device)
+    result = _summarised(traces, index, options.rtol, traces.products * len(x))
+    if traces.fd_step is None:
+        side = {"forward": "inputs", "structured": "inputs"}.get(method, "outputs")
+        result.check = cross_check(f, x, result, side, options)
+    else:
+        result.check = {"performed": False, "reason": "black-box model: no independent Jacobian products"}
+    return result
+
+
+def _summarised(traces: TraceEstimate, index: Tensor, rtol: float, total_products: int) -> MeanTrace:
+    """Mean over samples; its standard error is the spread of the per-sample values / sqrt(n),
+    which holds sampling spread and probe noise together."""
+    values = traces.values.double()
+    n = len(values)
+    stderr = float(values.std()) / math.sqrt(n) if n > 1 else math.inf
+    return MeanTrace(traces=traces, index=index, mean=float(values.mean()), stderr=stderr, rtol=rtol,
+                     total_products=total_products)
+
+
+class ProbeSampler:
+    """Running sums of ||J v||^2 over Rademacher probes, per sample, and the allocation rule."""
+
+    def __init__(self, f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions) -> None:
+        self.f, self.x, self.plan, self.options = f, x, plan, options
+        self.side = "inputs" if forward_mode_works(f, x) else "outputs"
+        generator = options.generator
+        device = generator.device if generator is not None else "cpu"
+        self.order = torch.randperm(len(x), generator=generator, device=device).to(x.device)
+        self.sums = torch.zeros(3, len(x), dtype=torch.float64, device=x.device)  # count, sum, sum of squares
+        self.n = 0  # samples taken, in self.order
+        self.k = PILOT_PROBES
+
+    def add(self, positions: Tensor, probes: int) -> None:
+        """`probes` more probes on each sample x[positions], in memory-sized batches."""
+        per_call = max(1, self.options.memory_bytes // (self.plan.bytes_per_product * MIN_DIRECTIONS_PER_CHUNK))
+        for batch in positions.split(per_call):
+            self.sums[:, batch] += probe_sums(self.f, self.x[batch], self.side, probes, self.plan, self.options)
+
+    def stats(self, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(probe count, per-sample mean, per-sample probe variance) at positions."""
+        count, total, total_sq = self.sums[:, positions]
+        mean = total / count
+        return count, mean, ((total_sq - count * mean.pow(2)) / (count - 1)).clamp(min=0)
+
+    def pilot(self) -> None:
+        self.n = min(len(self.x), PILOT_SAMPLES)
+        self.add(self.order[: self.n], PILOT_PROBES)
+        self._plan_allocation()
+
+    def _plan_allocation(self) -> None:
+        """k and the sample count that reach stderr <= rtol * mean at the fewest products."""
+        count, t, v = self.stats(self.order[: self.n])
+        mean = float(t.mean())
+        v_probe = float(v.mean())
+        spread = float(t.var()) - float((v / count).mean()) if self.n > 1 else 0.0
+        v_between = max(spread, (1e-3 * mean) ** 2, 1e-30)
+        target = (self.options.rtol * mean) ** 2
+        cap = self.options.max_probes
+        self.k = min(cap, max(MIN_PROBES, math.ceil(math.sqrt(v_probe / v_between))))
+        need = math.ceil((v_between + v_probe / self.k) / target) if target > 0 else len(self.x)
+        self.planned_n = min(len(self.x), max(need, self.options.min_samples, self.n))
+        if self.planned_n == len(self.x) and (v_between + v_probe / self.k) / len(self.x) > target:
+            room = len(self.x) * target - v_between
+            self.k = cap if room <= 0 else min(cap, max(self.k, math.ceil(v_probe / room)))
+
+    def _replan(self) -> None:
+        """After a round that missed the target: more samples while some are left, else more probes."""
+        k_before = self.k
+        self._plan_allocation()
+        if self.n < len(self.x):
+            self.k = max(self.k, k_before)
+            self.planned_n = max(self.planned_n, min(len(self.x), math.ceil(1.5 * self.n)))
+        else:
+            self.k = min(self.options.max_probes, max(self.k, 2 * k_before))
+
+    def predicted_products(self) -> int:
+        return self.planned_n * self.k + LEAKIEST * self.options.max_probes // 4
+
+    def finish(self, on_samples: Callable[[int], None]) -> MeanTrace:
+        """Take samples and probes until the mean's standard error is rtol of it, refine the leakiest."""
+        on_samples(self.n)
+        while True:
+            self._top_up(self.order[: self.n], self.k)
+            if self.planned_n > self.n:
+                new = self.order[self.n: self.planned_n]
+                for chunk in new.split(128):
+                    self.add(chunk, self.k)
+                    on_samples(len(chunk))
+                self.n = self.planned_n
+            count, t, _ = self.stats(self.order[: self.n])
+            if float(t.std()) / math.sqrt(self.n) <= self.options.rtol * float(t.mean()) or self.n < 2:
+                break
+            if self.n == len(self.x) and self.k >= self.options.max_probes:
+                break
+            self._replan()
+        self._refine_leakiest()
+        return self._result()
+
+    def _top_up(self, positions: Tensor, k: int) -> None:
+        """Bring every sample at positions to at least k probes."""
+        count = self.sums[0, positions]
+        for missing in torch.unique(k - count.long()).tolist():
+            if missing > 0:
+                self.add(positions[(k - count.long()) == missing], missing)
+
+    def _refine_leakiest(self) -> None:
+        """Probes on the LEAKIEST largest samples until their relative stderr is rtol (or max_probes)."""
+        positions = self.order[: self.n]
+        _, t, _ = self.stats(positions)
+        top = positions[torch.argsort(t, descending=True)[:LEAKIEST]]
+        while True:
+            count, t, v = self.stats(top)
+            open_ = ((v / count).sqrt() > self.options.rtol * t) & (count < self.options.max_probes)
+            if not bool(open_.any()):
+                return
+            for position, c in zip(top[open_].tolist(), count[open_].long().tolist()):
+                self.add(torch.tensor([position], device=self.x.device), min(c, self.options.max_probes - c))
+
+    def _result(self) -> MeanTrace:
+        index = self.order[: self.n].sort().values
+        count, t, v = self.stats(index)
+        traces = TraceEstimate(values=t.to(self.x.dtype), stderr=(v / count).sqrt().to(self.x.dtype),
+                               method="hutchinson" if self.side == "inputs" else "hutchinson-reverse",
+                               exact=False, products=int(count.median()))
+        result = _summarised(traces, index, self.options.rtol, int(self.sums[0].sum()))
+        result.check = cross_check(self.f, self.x, result, self.side, self.options)
+        return result
+
+
+def probe_sums(f: BatchFn, x: Tensor, side: str, probes: int, plan: Plan, options: MeanOptions) -> Tensor:
+    """[3, N]: count, sum and sum of squares of ||J v||^2 (side "inputs") or ||J^T u||^2 (side
+    "outputs") over `probes` Rademacher probes per sample."""
+    like, products = product_fn(f, x, side)
+    chunk = plan.directions_per_chunk(len(x), options.memory_bytes)
+    sums = torch.zeros(3, len(x), dtype=torch.float64, device=x.device)
+    done = 0
+    while done < probes:
+        n = min(chunk, probes - done)
+        sq = _squared_norms(products(rademacher((n, *like.shape), like, options.generator))).double()
+        sums += torch.stack([torch.full_like(sq[0], n), sq.sum(0), sq.pow(2).sum(0)])
+        done += n
+    return sums
+
+
+def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: MeanOptions) -> dict:
+    """Compare the trace on CHECK_SAMPLES samples with independent random products of the other
+    AD mode (reverse when the method used forward mode, and vice versa where forward mode works).
+
+    E||J^T u||^2 = E||J v||^2 = ||J||_F^2 for Rademacher u, v: unbiased, so the sums over the
+    samples may differ only by their combined standard error. Probes are added until that of the
+    check is CHECK_RTOL of its value; beyond CHECK_Z standard errors (plus float rounding) the
+    trace is wrong (a zero or doubled trace is caught) and TraceCheckError stops the caller.
+    """
+    positions = torch.arange(min(CHECK_SAMPLES, len(result.index)), device=x.device)
+    samples = x[result.index[positions]]
+    plan = measure_plan(f, samples)
+    other = "outputs" if side == "inputs" or not forward_mode_works(f, x) else "inputs"
+    sums = torch.zeros(3, len(samples), dtype=torch.float64, device=x.device)
+    probes = CHECK_PROBES
+    while True:
+        sums += probe_sums(f, samples, other, probes - int(sums[0, 0]), plan, options)
+        count, total, total_sq = sums
+        per_sample = total / count
+        check_var = float((((total_sq - count * per_sample.pow(2)) / (count - 1)).clamp(min=0) / count).sum())
+        check_sum = float(per_sample.sum())
+        if math.sqrt(check_var) <= CHECK_RTOL * check_sum or probes >= CHECK_MAX_PROBES:
+            break
+        probes = min(CHECK_MAX_PROBES, 2 * probes)
+    method_sum = float(result.traces.values[positions].double().sum())
+    method_var = float(result.traces.stderr[positions].double().pow(2).sum())
+    tolerance = CHECK_Z * math.sqrt(check_var + method_var) + CHECK_ROUNDING * abs(check_sum)
+    report = {"performed": True, "samples": len(samples), "probes_per_sample": probes,
+              "mode": "reverse" if other == "outputs" else "forward", "method_sum": method_sum,
+              "check_sum": check_sum, "check_stderr": math.sqrt(check_var), "tolerance": tolerance,
+              "passed": abs(method_sum - check_sum) <= tolerance}
+    if not report["passed"]:
+        raise TraceCheckError(
+            f"Jacobian trace self-check failed: {result.traces.method} gives {method_sum:.6g} on {len(samples)} "
+            f"samples, independent {report['mode']}-mode probes {check_sum:.6g} +- {math.sqrt(check_var):.3g} "
+            f"(tolerance {tolerance:.3g}); the Jacobian products of this model are unreliable, so no bound is reported")
+    return report
