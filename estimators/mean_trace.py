@@ -226,9 +226,8 @@ class ProbeSampler:
     def _refine_leakiest(self) -> None:
         """Probes on the LEAKIEST largest samples until their relative stderr is rtol (or max_probes)."""
         positions = self.order[: self.n]
-        _, t, _ = self.stats(positions)
-        top = positions[torch.argsort(t, descending=True)[:LEAKIEST]]
-        while True:
+        while True:  # re-ranked after each round: refined values can change the leakiest
+            top = positions[torch.argsort(self.stats(positions)[1], descending=True)[:LEAKIEST]]
             count, t, v = self.stats(top)
             open_ = ((v / count).sqrt() > self.options.rtol * t) & (count < self.options.max_probes)
             if not bool(open_.any()):
