@@ -322,12 +322,40 @@ def _convert_onnx(proto, device: torch.device) -> tuple[nn.Module | None, str | 
         _import_torchvision_or_stub()
         from onnx2pytorch import ConvertModel
 
-        module = ConvertModel(proto, experimental=True).eval().to(device)
+        module = ConvertModel(_fold_initializer_identities(proto), experimental=True).eval().to(device)
         for p in module.parameters():
             p.requires_grad_(False)
         return module, None
     except Exception as exc:
         return None, f"onnx2pytorch could not convert the model ({_first_line(exc)})"
+
+
+def _fold_initializer_identities(proto):
+    """A copy of proto where Identity nodes that merely rename an initializer are replaced by a copy
+    of it under the new name.
+
+    torch's legacy ONNX exporter deduplicates equal weights (a freshly initialised attention
+    out_proj bias equals a LayerNorm bias) and reads the duplicate through an Identity node;
+    onnx2pytorch takes Gemm weights and biases only from initializers and would pass such a bias
+    as an activation (the conversion fails, and the model would run black-box).
+    """
+    import onnx
+
+    folded = onnx.ModelProto()
+    folded.CopyFrom(proto)
+    weights = {init.name: init for init in folded.graph.initializer}
+    keep = []
+    for node in folded.graph.node:
+        if node.op_type == "Identity" and node.input[0] in weights:
+            copy = folded.graph.initializer.add()
+            copy.CopyFrom(weights[node.input[0]])
+            copy.name = node.output[0]
+            weights[copy.name] = copy
+        else:
+            keep.append(node)
+    del folded.graph.node[:]
+    folded.graph.node.extend(keep)
+    return folded
 
 
 def _import_torchvision_or_stub() -> None:
