@@ -83,8 +83,11 @@ class Plan:
 def jacobian_sq_norm(f: BatchFn, x: Tensor, method: str = "auto", **options) -> Tensor:
     """Per-sample ||J_f(x_i)||_F^2 for a batch function f (exact unless a random method is asked for).
 
-    method: "auto" (the exact method with the fewest products), "forward", "reverse",
-    "hutchinson" or "finite-difference"; options: fields of TraceOptions.
+    method: "auto" (the exact method with the fewest products: forward, reverse, or structured
+    where the model has local structure; forward mode is skipped for models with an operator that
+    has none), "forward", "reverse", "hutchinson" or "finite-difference"; options: fields of
+    TraceOptions. Per-sample "auto" stays exact, so its cost grows with min(d, m): for the mean
+    over many samples at a given relative error, use estimators.mean_trace.estimate_mean_trace.
     """
     return jacobian_trace(f, x, method, TraceOptions(**options)).values
 
