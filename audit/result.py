@@ -101,6 +101,21 @@ class LeakySample(TypedDict):
     jacobian_sq_norm: float
 
 
+class TraceCheck(TypedDict):
+    """The run-time cross-check of the Jacobian traces against independent random products."""
+
+    performed: bool
+    reason: NotRequired[str]
+    samples: NotRequired[int]
+    probes_per_sample: NotRequired[int]
+    mode: NotRequired[Literal["forward", "reverse"]]
+    method_sum: NotRequired[float]
+    check_sum: NotRequired[float]
+    check_stderr: NotRequired[float]
+    tolerance: NotRequired[float]
+    passed: NotRequired[bool]
+
+
 class Dfil(TypedDict):
     """Fisher information leakage per input dimension (Maeng et al., NeurIPS 2023)."""
 
@@ -122,6 +137,14 @@ class Dfil(TypedDict):
     per_sample_stderr: NotRequired[list[float]]
     target_index: list[int]
     notes: list[str]
+    mean_ci: NotRequired[list[float]]
+    ci_level: NotRequired[float]
+    mean_upper: NotRequired[float]
+    rtol: NotRequired[float]
+    relative_stderr: NotRequired[float]
+    jacobian_products: NotRequired[int]
+    n_candidates: NotRequired[int]
+    self_check: NotRequired[TraceCheck]
 
 
 class Prior(TypedDict):
@@ -151,6 +174,9 @@ class Bounds(TypedDict):
     violated_by: list[str]
     violation_causes: NotRequired[list[str]]
     notes: list[str]
+    cramer_rao_mse_point: NotRequired[float]
+    van_trees_mse_point: NotRequired[float]
+    dfil_used: NotRequired[float]
 
 
 class Calibration(TypedDict):
@@ -166,6 +192,10 @@ class Calibration(TypedDict):
     trace_over_d: float
     J_over_d: float
     smoothing: float
+    trace_over_d_upper: NotRequired[float]
+    sigma_point: NotRequired[float | None]
+    sigma_unbiased_point: NotRequired[float | None]
+    sigma_basis: NotRequired[str]
 
 
 class BoundCheck(TypedDict):
