@@ -52,6 +52,11 @@ class AuditOptions:
     executor: str = "local"  # where the attack tasks run: in this process, or on Ray
     ray_address: str | None = None  # an existing Ray cluster (default: start a local instance)
     task_timeout: float | None = None  # seconds one task may run before it is retried, then failed
+    # splitaudit sweep
+    noise_sigmas: list[float] | None = None
+    auto_sigma: bool = False
+    target_mse: float | None = None
+    max_utility_loss: float | None = None
 
     def validate(self) -> "AuditOptions":
         """Raise InputError for values that no audit can use."""
@@ -80,7 +85,17 @@ class AuditOptions:
             raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.task_timeout is not None and not self.task_timeout > 0:
             raise InputError(f"--task-timeout must be > 0 seconds, got {self.task_timeout}")
+        self._validate_sweep()
         return self
+
+    def _validate_sweep(self) -> None:
+        bad = [s for s in self.noise_sigmas or [] if not (isinstance(s, (int, float)) and 0 <= s < float("inf"))]
+        if bad:
+            raise InputError(f"--noise-sigma takes finite values >= 0, got {bad[0]}")
+        if self.target_mse is not None and not 0 < self.target_mse < float("inf"):
+            raise InputError(f"--target-mse must be a finite value > 0, got {self.target_mse}")
+        if self.max_utility_loss is not None and not 0 <= self.max_utility_loss <= 1:
+            raise InputError(f"--max-utility-loss is an accuracy drop in [0, 1], got {self.max_utility_loss}")
 
 
 # What each option may hold, by its annotation (TOML gives any type; flags are already typed).
