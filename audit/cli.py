@@ -140,7 +140,8 @@ def run(model: str | None, **flags) -> None:
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.option("--sweep", "as_sweep", is_flag=True,
-              help="Sweep the noise instead: sigma 0 and the calibrated sigma with points around it (sweep.html).")
+              help="Sweep the noise instead: sigma 0 and the calibrated sigma with points around it, every "
+                   "attack but SDAR (sweep.html).")
 def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool) -> None:
     """Audit the bundled digits CNN with every attack (nothing to download)."""
     samples = files("splitaudit.sample_models")
