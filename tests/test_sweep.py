@@ -16,6 +16,8 @@ from splitaudit.cli import main
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 from splitaudit.reports import load_result
+from splitaudit.reports.writer import to_strict_json
+from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
 from splitaudit.reports.sweep import build_sweep_view, sweep_summary
 from splitaudit.sweep import AUTO_FACTORS, recommend, run_sweep, sweep_sigmas
 
@@ -193,7 +195,9 @@ def test_the_recommended_point_is_not_beaten_or_the_violations_are_flagged(digit
 
 def test_sweep_json_has_the_contract_keys_and_renders_from_itself(digits_sweep):
     sweep, _ = digits_sweep
-    assert sweep["schema_version"] == 1 and sweep["kind"] == "sweep" and sweep["run"]["executor"] == "local"
+    assert sweep["schema_version"] == SCHEMA_VERSION and sweep["kind"] == "sweep"
+    assert sweep["run"]["executor"] == "local"
+    assert first_error(to_strict_json(sweep), sweep_json_schema()) is None
     for p in sweep["points"]:
         assert {"noise_sigma", "dfil", "bounds", "attacks", "utility"} <= set(p)
         assert {"accuracy", "source", "loss"} <= set(p["utility"])
@@ -230,6 +234,10 @@ def test_sweep_cli_writes_the_reports_gates_the_utility_and_renders_again(tmp_pa
     assert cli(["render", str(out / "sweep.json"), "--format", "html"]) == 0
     assert (out / "sweep.html").read_text() == html
     assert load_result(out / "sweep.json")["kind"] == "sweep"
+    sweep["recommendation"]["noise_sigma"] = "a lot"
+    (out / "broken.json").write_text(json.dumps(sweep))
+    assert cli(["render", str(out / "broken.json")]) == 2
+    assert "/recommendation/noise_sigma: expected number" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, fragment", [
