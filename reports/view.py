@@ -215,6 +215,7 @@ CAUSE_WORDS = {"incomplete": "the audit is incomplete", "bound-too-low": "the pr
                "no-reconstruction-attack": "no reconstruction attack ran",
                "advantage-too-high": "an attack's advantage is above the cap",
                "utility-loss-too-high": "the recommended noise costs too much accuracy",
+               "utility-loss-missing": "the utility loss was not measured",
                "no-recommendation": "no noise sigma can be recommended"}
 
 
