@@ -271,7 +271,10 @@ def schema() -> None:
 @click.option("--junit", type=click.Path(dir_okay=False), help="Also write the gates as JUnit XML test cases.")
 def sweep(model: str | None, **flags) -> None:
     """Audit MODEL at several noise sigmas: bounds, attacks and utility, and a recommended sigma."""
-    _sweep_and_report(build_options(model, given_flags(flags)))
+    options = build_options(model, given_flags(flags))
+    if "sarif" in options.formats:
+        raise InputError("a sweep writes json, html and md (SARIF is written by splitaudit run)")
+    _sweep_and_report(options)
 
 
 def _sweep_and_report(options: AuditOptions) -> None:

@@ -89,7 +89,7 @@ def build_sweep_view(sweep: dict, with_figures: bool = True) -> SweepView:
 
 def _subtitle(sweep: dict) -> str:
     sigmas = ", ".join(number(p.get("noise_sigma")) for p in _points(sweep))
-    return subtitle({**sweep, "noise_sigma": None}).replace("noise σ = —", f"σ ∈ {{{sigmas}}}")
+    return subtitle({**sweep, "noise_sigma": f"{{{sigmas}}}"})  # "noise σ = {0, 0.1, ...}"
 
 
 def recommendation_words(sweep: dict) -> Item:

@@ -246,6 +246,7 @@ def test_sweep_cli_writes_the_reports_gates_the_utility_and_renders_again(tmp_pa
     (["--noise-sigma", "0,x"], "comma-separated list"),
     (["--noise-sigma", "1", "--target-mse", "0"], "--target-mse must be"),
     (["--noise-sigma", "1", "--max-utility-loss", "2"], "--max-utility-loss"),
+    (["--noise-sigma", "1", "--format", "html,sarif"], "SARIF is written by splitaudit run"),
 ])
 def test_sweep_bad_input_is_one_line_and_exit_2(args, fragment, capsys):
     code = cli(["sweep", DIGITS["model"], "--aux", DIGITS["aux"], "--attacks", "none", "--quick", *args])
