@@ -146,12 +146,13 @@ def _summary(sweep: dict) -> list[Item]:
 
 def _alerts(sweep: dict) -> list[str]:
     alerts = []
+    beaten = [p for p in _points(sweep) if (p.get("bounds") or {}).get("violated_by")]
+    if beaten:
+        where = "; ".join(f"σ = {number(p.get('noise_sigma'))} by {text(p['bounds']['violated_by'])}" for p in beaten)
+        causes = (beaten[0].get("bounds") or {}).get("violation_causes") or []
+        alerts.append(f"The van Trees bound is beaten ({where}), so it is no guarantee at those σ"
+                      + (f" ({'; '.join(causes)})." if causes else "."))
     for point in _points(sweep):
-        bounds = point.get("bounds") or {}
-        if bounds.get("violated_by"):
-            alerts.append(f"At σ = {number(point.get('noise_sigma'))} {text(bounds['violated_by'])} reconstructed "
-                          "below the van Trees bound, so the bound is no guarantee there ("
-                          + "; ".join(bounds.get("violation_causes") or []) + ").")
         failed = [n for n, a in (point.get("attacks") or {}).items() if a.get("status") == "failed"]
         if failed:
             alerts.append(f"INCOMPLETE AUDIT at σ = {number(point.get('noise_sigma'))}: {text(failed)} failed.")
