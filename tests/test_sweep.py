@@ -69,6 +69,17 @@ def test_a_linear_encoder_has_the_closed_form_bound_at_every_sigma(linear_case, 
         assert point["bounds"]["cramer_rao_mse"] == pytest.approx(1 / dfil, rel=1e-5)
         assert point["bounds"]["van_trees_mse"] == pytest.approx(1 / (dfil + 1 / variance), rel=1e-5)
         assert point["utility"]["status"] == "skipped" and "no labels" in point["utility"]["reason"]
+    again = run_sweep(options)  # a second call gives the same points
+    assert [p["bounds"] for p in again["points"]] == [p["bounds"] for p in sweep["points"]]
+
+
+def test_a_point_context_has_its_own_sigma_and_shares_the_clean_embeddings(digits_ctx):
+    point_ctx = digits_ctx.at_sigma(0.3, seed=5)
+    assert (point_ctx.noise_sigma, point_ctx.seed) == (0.3, 5) and digits_ctx.noise_sigma == 0
+    assert point_ctx.clean_embeddings("target") is digits_ctx.clean_embeddings("target")
+    observed = point_ctx.observed_embeddings("target", point_ctx.generator(0))
+    noise_std = float((observed - digits_ctx.clean_embeddings("target")).std())
+    assert noise_std == pytest.approx(0.3, rel=0.02)
 
 
 # --- the recommendation on synthetic points --------------------------------------------------------
