@@ -37,8 +37,9 @@ def _comma_list(convert):
     return callback
 
 
-def model_data_options(func):
-    """Options shared by every command that loads a model and its data."""
+def model_data_options(func, noise_sigma_option=None):
+    """Options shared by every command that loads a model and its data (a sweep passes its own
+    --noise-sigma, a list)."""
     decorators = [
         click.option("--aux", help="Auxiliary data: .npz (x, y, attr), CSV, or an image folder."),
         click.option("--target", help="Separate target data (default: a seeded split of --aux)."),
@@ -49,7 +50,8 @@ def model_data_options(func):
         click.option("--attr-column", help="CSV column with the sensitive attribute."),
         click.option("--prior", type=click.Choice(PRIORS), help="Prior-term estimator for the van Trees bound (default ssm)."),
         click.option("--smoothing", type=float, help="Randomized-smoothing tau (default 0.25 for [0,1] images, else 0)."),
-        click.option("--noise-sigma", type=float, help="Std of the Gaussian noise added to embeddings (default 0)."),
+        noise_sigma_option or click.option("--noise-sigma", type=float,
+                                           help="Std of the Gaussian noise added to embeddings (default 0)."),
         click.option("--seed", type=int, help="Seed for splits, attacks and estimators (default 0)."),
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where to compute (default auto)."),
         click.option("--quick", is_flag=True, help="Smoke run: fewer seeds, epochs and probes."),
@@ -57,6 +59,9 @@ def model_data_options(func):
                      help="TOML file with the same options; command-line flags win."),
         click.option("--debug", is_flag=True, help="Show tracebacks for errors."),
         click.option("--output-name", help="Which output of a multi-output ONNX model is the embedding (default: the first)."),
+        click.option("--dfil-rtol", type=float,
+                     help="Target relative standard error of the mean dFIL when it is estimated (default 0.02)."),
+        click.option("--dfil-samples", type=int, help="At most this many target samples for dFIL (default 2048, 256 with --quick)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -71,9 +76,6 @@ def executor_options(func):
         click.option("--ray-address", help="An existing Ray cluster (ray start --head); default: start a local instance."),
         click.option("--task-timeout", type=float, metavar="S",
                      help="Seconds one task (an attack's seed) may run before it is retried once, then failed."),
-        click.option("--dfil-rtol", type=float,
-                     help="Target relative standard error of the mean dFIL when it is estimated (default 0.02)."),
-        click.option("--dfil-samples", type=int, help="At most this many target samples for dFIL (default 2048, 256 with --quick)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -140,12 +142,20 @@ def run(model: str | None, **flags) -> None:
 @click.option("--quick", is_flag=True, help="Smoke run: fewer seeds, epochs and probes.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-def demo(out: str, quick: bool, device: str, debug: bool) -> None:
+@click.option("--sweep", "as_sweep", is_flag=True,
+              help="Sweep the noise instead: sigma 0 and the calibrated sigma with points around it, every "
+                   "attack but SDAR (sweep.html).")
+def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool) -> None:
     """Audit the bundled digits CNN with every attack (nothing to download)."""
     samples = files("splitaudit.sample_models")
     options = AuditOptions(model=str(samples / "digits_cnn.onnx"), aux=str(samples / "digits.npz"),
                            top_model=str(samples / "digits_cnn_top.pt"), out=out, quick=quick,
                            device=device).validate()
+    if as_sweep:
+        from splitaudit.sweep import demo_sweep_options
+
+        _sweep_and_report(demo_sweep_options(options))
+        return
     _audit_and_report(options)
 
 
@@ -196,15 +206,17 @@ def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> N
 @click.option("--out", help="Output folder (default: the report's folder).")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 def render(report: str, formats: list[str], out: str | None, debug: bool) -> None:
-    """Re-render a saved report.json as HTML and/or Markdown."""
+    """Re-render a saved report.json (or sweep.json) as HTML and/or Markdown."""
     from splitaudit.reports import load_result, write_reports
+    from splitaudit.reports.sweep import write_sweep_reports
     from splitaudit.reports.writer import claim_output_folder, output_lock
 
     _check_formats(formats)
     result = load_result(Path(report))
+    write = write_sweep_reports if result.get("kind") == "sweep" else write_reports
     out_dir = claim_output_folder(Path(report).parent if out is None else out)
     with output_lock(out_dir):
-        written = write_reports(result, out_dir, formats)
+        written = write(result, out_dir, formats)
     _echo_written(written)
 
 
@@ -236,6 +248,58 @@ def schema() -> None:
     from splitaudit.result import SCHEMA_FILE
 
     click.echo(files("splitaudit").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"), nl=False)
+
+
+@cli.command()
+@click.argument("model", required=False)
+@lambda func: model_data_options(func, click.option(
+    "--noise-sigma", "noise_sigmas", callback=_comma_list(float),
+    help="Comma list of noise sigmas to audit, e.g. 0,0.1,0.3,1."))
+@click.option("--auto-sigma", is_flag=True,
+              help="Also audit the sigma calibrated for --target-mse and points around it (log scale).")
+@click.option("--target-mse", type=float,
+              help="The bound MSE the recommended sigma must guarantee (default --fail-under-mse, else half "
+                   "the mean-guess MSE).")
+@click.option("--max-utility-loss", type=float, help="Gate: fail when the recommended sigma costs more accuracy.")
+@click.option("--attacks", callback=_comma_list(str),
+              help="all, none, or a comma list of fine-tune,kmeans,attribute,decoder,optimization,sdar.")
+@click.option("--top-model", help="The top model g; utility is its accuracy under noise (else a probe's).")
+@click.option("--attack-option", "attack_option", multiple=True, metavar="NAME.KEY=VALUE",
+              help="An attack setting, e.g. sdar.ablation=true (repeatable).")
+@click.option("--out", help="Output folder (default ./splitaudit-report).")
+@click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json (default all).")
+@click.option("--fail-under-mse", type=float, help="Gate: fail when the recommended sigma's bound MSE is below T.")
+@click.option("--fail-under-attack-mse", type=float,
+              help="Gate: fail when an attack at the recommended sigma reconstructs with MSE below T.")
+@click.option("--max-advantage", type=float, help="Gate: fail when an attack's advantage at the recommended sigma exceeds A.")
+@click.option("--junit", type=click.Path(dir_okay=False), help="Also write the gates as JUnit XML test cases.")
+@executor_options
+def sweep(model: str | None, **flags) -> None:
+    """Audit MODEL at several noise sigmas: bounds, attacks and utility, and a recommended sigma."""
+    options = build_options(model, given_flags(flags))
+    if "sarif" in options.formats:
+        raise InputError("a sweep writes json, html and md (SARIF is written by splitaudit run)")
+    _sweep_and_report(options)
+
+
+def _sweep_and_report(options: AuditOptions) -> None:
+    from splitaudit.reports import write_junit
+    from splitaudit.reports.sweep import sweep_summary, write_sweep_reports
+    from splitaudit.reports.writer import claim_output_folder, output_lock
+    from splitaudit.sweep import run_sweep
+
+    if options.junit:
+        claim_output_folder(Path(options.junit).parent)
+    out_dir = claim_output_folder(options.out)
+    with output_lock(out_dir):  # checked before any computation
+        result = run_sweep(options, progress=cli_progress)
+        written = write_sweep_reports(result, out_dir, options.formats)
+        if options.junit:
+            written.append(write_junit(result, Path(options.junit)))
+    click.echo(sweep_summary(result))
+    _echo_written(written)
+    if not result["gate"]["passed"]:
+        raise SystemExit(EXIT_GATE_FAILED)
 
 
 def _check_formats(formats: list[str]) -> None:

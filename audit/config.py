@@ -54,6 +54,11 @@ class AuditOptions:
     task_timeout: float | None = None  # seconds one task may run before it is retried, then failed
     dfil_rtol: float = 0.02  # target relative standard error of the mean Jacobian trace
     dfil_samples: int | None = None  # at most this many target samples for dFIL (None: 2048, 256 quick)
+    # splitaudit sweep
+    noise_sigmas: list[float] | None = None
+    auto_sigma: bool = False
+    target_mse: float | None = None
+    max_utility_loss: float | None = None
 
     def validate(self) -> "AuditOptions":
         """Raise InputError for values that no audit can use."""
@@ -83,6 +88,7 @@ class AuditOptions:
         if self.task_timeout is not None and not self.task_timeout > 0:
             raise InputError(f"--task-timeout must be > 0 seconds, got {self.task_timeout}")
         self.validate_dfil()
+        self._validate_sweep()
         return self
 
     def validate_dfil(self) -> None:
@@ -91,6 +97,15 @@ class AuditOptions:
             raise InputError(f"--dfil-rtol must lie in (0, 1), got {self.dfil_rtol}")
         if self.dfil_samples is not None and self.dfil_samples < 2:
             raise InputError(f"--dfil-samples must be >= 2, got {self.dfil_samples}")
+
+    def _validate_sweep(self) -> None:
+        bad = [s for s in self.noise_sigmas or [] if not (isinstance(s, (int, float)) and 0 <= s < float("inf"))]
+        if bad:
+            raise InputError(f"--noise-sigma takes finite values >= 0, got {bad[0]}")
+        if self.target_mse is not None and not 0 < self.target_mse < float("inf"):
+            raise InputError(f"--target-mse must be a finite value > 0, got {self.target_mse}")
+        if self.max_utility_loss is not None and not 0 <= self.max_utility_loss <= 1:
+            raise InputError(f"--max-utility-loss is an accuracy drop in [0, 1], got {self.max_utility_loss}")
 
 
 # What each option may hold, by its annotation (TOML gives any type; flags are already typed).

@@ -4,7 +4,7 @@ Estimators and attacks read everything they need from here; nothing in it prints
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -84,6 +84,10 @@ class AuditContext:
         """The embeddings an attacker observes for a data part: f(x) plus fresh noise."""
         return self.add_noise(self.clean_embeddings(part), generator)
 
+    def at_sigma(self, noise_sigma: float, seed: int | None = None) -> "AuditContext":
+        """A copy for one audit point of a sweep: its own noise sigma (and seed), the same model,
+        data and clean-embedding cache (the cache dict is shared, so f(x) is computed once)."""
+        return replace(self, noise_sigma=noise_sigma, seed=self.seed if seed is None else seed)
 
 def _finite_embeddings(z: torch.Tensor, part: str) -> torch.Tensor:
     """z, or InputError naming the first sample whose embedding is NaN or infinite."""

@@ -87,3 +87,21 @@ def _advantage_checks(result: dict, cap: float) -> list[dict]:
         cause = "advantage-within-cap" if adv <= cap else "advantage-too-high"
         checks.append(_check(f"max-advantage:{name}", adv <= cap, cause, message, adv, cap))
     return checks
+
+
+def utility_loss_check(loss: float | None, cap: float, sigma: float) -> dict:
+    """The accuracy lost at the recommended sigma against --max-utility-loss (a sweep's gate)."""
+    if not isinstance(loss, (int, float)) or math.isnan(loss):
+        return _check("max-utility-loss", False, "utility-loss-missing", f"the utility loss at sigma {sigma:.4g} was "
+                      "not measured, so the utility cap cannot be checked", None, cap)
+    if loss > cap:
+        return _check("max-utility-loss", False, "utility-loss-too-high", f"the recommended sigma {sigma:.4g} costs "
+                      f"{loss:.4g} accuracy, more than the allowed {cap:.4g} (by {loss - cap:.4g})", loss, cap)
+    return _check("max-utility-loss", True, "utility-loss-within-cap", f"the recommended sigma {sigma:.4g} costs "
+                  f"{loss:.4g} accuracy <= {cap:.4g}", loss, cap)
+
+
+def no_recommendation_check(reason: str, target_mse: float) -> dict:
+    """A sweep with thresholds but no recommendable sigma fails: there is nothing to deploy."""
+    return _check("recommendation", False, "no-recommendation", "no noise sigma can be recommended: " + reason,
+                  None, target_mse)

@@ -116,7 +116,12 @@ def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
 def assess(ctx: AuditContext, prior: str = "ssm", smoothing: float | None = None,
            target_mse: float | None = None, dfil_rtol: float = DFIL_RTOL, dfil_samples: int | None = None) -> dict:
     """The dfil, prior, bounds and calibration sections of report.json."""
-    m = measure(ctx, prior, smoothing, dfil_rtol, dfil_samples)
+    return assess_measurement(ctx, measure(ctx, prior, smoothing, dfil_rtol, dfil_samples), target_mse)
+
+
+def assess_measurement(ctx: AuditContext, m: Measurement, target_mse: float | None = None) -> dict:
+    """assess() from an existing measurement at ctx.noise_sigma: the traces and the prior do not
+    depend on sigma (dFIL scales as 1/sigma^2), so a sweep measures once and assesses each sigma."""
     per_sample = dfil(m.traces.values, m.d, ctx.noise_sigma)
     mean_dfil, mean_se = _mean_dfil(m, per_sample, ctx.noise_sigma)
     return {

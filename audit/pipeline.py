@@ -97,6 +97,9 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     from splitaudit import leakage
 
     result = describe_run(ctx, options, started)
+    from splitaudit.utility import utility_section
+
+    result["utility"] = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
     with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
         stages.set_postfix_str("dFIL and bounds")
         result.update(leakage.assess(ctx, prior=options.prior, smoothing=options.smoothing,

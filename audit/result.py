@@ -234,7 +234,8 @@ class Attack(TypedDict):
 CheckCause = Literal[
     "complete", "incomplete", "bound-met", "bound-missing", "bound-untrusted", "bound-too-low",
     "attack-mse-met", "no-reconstruction-attack", "attack-mse-too-low", "advantage-within-cap",
-    "advantage-too-high",
+    "advantage-too-high", "utility-loss-within-cap", "utility-loss-too-high", "utility-loss-missing",
+    "no-recommendation",
 ]
 Severity = Literal["none", "note", "warning", "error"]
 
@@ -262,6 +263,21 @@ class Gate(TypedDict):
     checks: list[GateCheck]
 
 
+class Utility(TypedDict):
+    """Task accuracy under the noise: the top model's, or a probe's (source), and its drop from sigma = 0."""
+
+    source: Literal["top-model", "probe"]
+    description: str
+    noise_sigma: float
+    status: Literal["ok", "skipped"]
+    reason: str
+    accuracy: float | None
+    accuracy_std: float | None
+    seeds: NotRequired[list[int]]
+    clean_accuracy: NotRequired[float | None]
+    loss: NotRequired[float | None]
+
+
 class Result(TypedDict):
     """A splitaudit report: everything the HTML, Markdown, SARIF and terminal outputs show."""
 
@@ -277,6 +293,84 @@ class Result(TypedDict):
     calibration: Calibration
     attacks: dict[str, Attack]
     gate: Gate
+    utility: NotRequired[Utility]
+
+
+# --- sweep.json (splitaudit sweep) ----------------------------------------------------------
+
+class SweepRun(Run):
+    """The run, and where its audit points were computed."""
+
+    executor: str
+
+
+class SweepPoint(TypedDict):
+    """One audited noise sigma: its sections as in report.json, and where the sigma came from."""
+
+    noise_sigma: float
+    origin: Literal["grid", "calibrated", "around-calibrated"]
+    dfil: Dfil
+    bounds: Bounds
+    attacks: dict[str, Attack]
+    utility: Utility
+
+
+class AutoSigma(TypedDict):
+    """--auto-sigma: the calibrated sigma added to the grid (None when none reaches the target)."""
+
+    requested: bool
+    sigma: float | None
+    factors: list[float]
+    reason: str
+
+
+class Recommendation(TypedDict):
+    """The smallest audited sigma whose van Trees bound reaches the target and that no attack beats."""
+
+    target_mse: float
+    max_utility_loss: float | None
+    noise_sigma: float | None
+    point_index: int | None
+    van_trees_mse: float | None
+    utility_loss: float | None
+    meets_utility: bool | None
+    reason: str
+
+
+class SweepGate(Gate):
+    """The gate of a sweep: the run's thresholds at the recommended sigma, and the utility cap."""
+
+    max_utility_loss: float | None
+
+
+class Sweep(TypedDict):
+    """A splitaudit sweep (sweep.json): one audit point per noise sigma and a recommended sigma."""
+
+    schema_version: Literal[SCHEMA_VERSION]
+    kind: Literal["sweep"]
+    tool: Tool
+    run: SweepRun
+    model: Model
+    data: Data
+    noise_sigmas: list[float]
+    auto_sigma: AutoSigma
+    target_mse: float
+    target_source: str
+    max_utility_loss: float | None
+    prior: Prior
+    calibration: Calibration
+    utility_clean: Utility
+    points: list[SweepPoint]
+    recommendation: Recommendation
+    gate: SweepGate
+
+
+@lru_cache(maxsize=1)
+def sweep_json_schema() -> dict:
+    """The JSON Schema of sweep.json, generated from `Sweep` (sweep.json is checked against it
+    when written and read; `splitaudit schema` prints report.json's)."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": f"splitaudit sweep.json, schema_version {SCHEMA_VERSION}", **_schema_of(Sweep)}
 
 
 # --- JSON Schema ---------------------------------------------------------------------------
@@ -352,13 +446,13 @@ def shipped_schema() -> dict:
 
 # --- validation ---------------------------------------------------------------------------
 
-def first_error(document: Any) -> str | None:
-    """The first place where a report.json document (as stored: strict JSON) breaks the schema,
-    as "/json/pointer: what was expected", or None when it is valid."""
+def first_error(document: Any, schema: dict | None = None) -> str | None:
+    """The first place where a report.json document (as stored: strict JSON) breaks the schema
+    (report.json's unless another is given), as "/json/pointer: what was expected", or None."""
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import best_match
 
-    error = best_match(Draft202012Validator(shipped_schema()).iter_errors(document))
+    error = best_match(Draft202012Validator(schema or shipped_schema()).iter_errors(document))
     if error is None:
         return None
     pointer = "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in error.absolute_path)

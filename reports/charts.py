@@ -171,3 +171,82 @@ def advantage_comparison_chart(names: list[str], before: list[float], after: lis
         ax.set_xlabel("advantage over the baseline (lower = better protected)")
         ax.legend(frameon=False, fontsize=8)
         return _png(fig)
+
+
+@dataclass
+class SweepSeries:
+    """One line of a sweep chart: a value (and its std) per audited sigma; None where absent."""
+
+    label: str
+    values: list[float | None]
+    std: list[float] | None = None
+
+
+UTILITY_COLOR, TARGET_COLOR = "#1a202c", "#dd6b20"
+SERIES_MARKERS = "osD^vP*X"
+
+
+def _sigma_axis(ax, sigmas: list[float]) -> list[float]:
+    """A log sigma axis with a tick at each audited sigma; sigma = 0 is drawn a third of the
+    smallest positive sigma to its left and labelled 0. Returns the x positions."""
+    positive = [s for s in sigmas if s > 0] or [1.0]
+    zero = min(positive) / 3
+    positions = [s if s > 0 else zero for s in sigmas]
+    ax.set_xscale("log")
+    ax.set_xticks(positions, [f"{s:.3g}" for s in sigmas], rotation=45)
+    ax.minorticks_off()
+    ax.set_xlabel("embedding noise σ (log scale; σ = 0 at the left)")
+    return positions
+
+
+def _plot_series(ax, x: list[float], series: SweepSeries, marker: str, color=None, positive_only=False) -> None:
+    keep = [i for i, v in enumerate(series.values)
+            if v is not None and math.isfinite(v) and (v > 0 or not positive_only)]
+    if not keep:
+        return
+    std = [series.std[i] if series.std and series.std[i] is not None and math.isfinite(series.std[i]) else 0.0
+           for i in keep]
+    ax.errorbar([x[i] for i in keep], [series.values[i] for i in keep], yerr=std if any(std) else None,
+                marker=marker, color=color, label=series.label, capsize=3, linewidth=1.2, markersize=4)
+
+
+def sweep_mse_chart(sigmas: list[float], van_trees: SweepSeries, attacks: list[SweepSeries],
+                    mean_guess: float | None, target: float | None) -> bytes:
+    """The van Trees bound and every reconstruction attack's MSE against sigma, log-log, with the
+    mean-guess MSE (what no information gives) and the target bound as horizontal lines."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.5, 3.6))
+        x = _sigma_axis(ax, sigmas)
+        _plot_series(ax, x, van_trees, "s", BOUND_COLOR, positive_only=True)
+        for series, marker in zip(attacks, SERIES_MARKERS):
+            _plot_series(ax, x, series, marker, positive_only=True)
+        ax.set_yscale("log")
+        if mean_guess is not None and math.isfinite(mean_guess) and mean_guess > 0:
+            ax.axhline(mean_guess, color="black", linestyle=":", label=f"guessing the average input: {mean_guess:.3g}")
+        if target is not None and math.isfinite(target) and target > 0:
+            ax.axhline(target, color=TARGET_COLOR, linestyle="--", linewidth=1, label=f"target bound: {target:.3g}")
+        ax.set_ylabel("reconstruction MSE per dimension")
+        ax.legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+        return _png(fig)
+
+
+def sweep_utility_chart(sigmas: list[float], advantages: list[SweepSeries], utility: SweepSeries | None) -> bytes:
+    """Each label attack's advantage (left axis) and the task accuracy (right axis) against sigma."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.5, 3.4))
+        x = _sigma_axis(ax, sigmas)
+        for series, marker in zip(advantages, SERIES_MARKERS):
+            _plot_series(ax, x, series, marker)
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_ylabel("label-attack advantage (0 = no leak)")
+        handles, labels = ax.get_legend_handles_labels()
+        if utility is not None:
+            right = ax.twinx()
+            right.spines["right"].set_visible(True)
+            _plot_series(right, x, utility, "o", UTILITY_COLOR)
+            right.set_ylabel("task accuracy (utility)")
+            right.set_ylim(0, 1.02)
+            more_handles, more_labels = right.get_legend_handles_labels()
+            handles, labels = handles + more_handles, labels + more_labels
+        ax.legend(handles, labels, frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.12, 1))
+        return _png(fig)

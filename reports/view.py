@@ -213,7 +213,10 @@ CAUSE_WORDS = {"incomplete": "the audit is incomplete", "bound-too-low": "the pr
                "bound-missing": "no provable bound was computed",
                "attack-mse-too-low": "an attack reconstructs too well",
                "no-reconstruction-attack": "no reconstruction attack ran",
-               "advantage-too-high": "an attack's advantage is above the cap"}
+               "advantage-too-high": "an attack's advantage is above the cap",
+               "utility-loss-too-high": "the recommended noise costs too much accuracy",
+               "utility-loss-missing": "the utility loss was not measured",
+               "no-recommendation": "no noise sigma can be recommended"}
 
 
 def _failure_kind(check: dict) -> str:
@@ -225,7 +228,7 @@ def _failed_checks(result: dict) -> list[dict]:
     return [c for c in _gate(result).get("checks") or [] if isinstance(c, dict) and not c.get("passed")]
 
 
-THRESHOLD_KEYS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage")
+THRESHOLD_KEYS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage", "max_utility_loss")
 
 
 def thresholds_set(result: dict) -> bool:
@@ -289,7 +292,20 @@ def _summary(result: dict, attacks: dict[str, dict]) -> list[Item]:
     calibration = _section(result, "calibration")
     if calibration:
         items.append(_recommended_noise(calibration, result.get("noise_sigma")))
+    if _section(result, "utility"):
+        items.append(Item("Utility", utility_words(_section(result, "utility")), "info"))
     return items
+
+
+def utility_words(utility: dict) -> str:
+    """Task accuracy at the audited noise, its loss against sigma = 0, and how it was measured."""
+    if utility.get("status") != "ok":
+        return f"Not measured: {utility.get('reason') or 'no reason given'}."
+    words = f"task accuracy {mean_std(utility.get('accuracy'), utility.get('accuracy_std'))}"
+    if is_finite(utility.get("loss")) and utility.get("noise_sigma") != 0:
+        words += (f", {number(utility['loss'])} below the {number(utility.get('clean_accuracy'))} it has "
+                  "without noise")
+    return f"At σ = {number(utility.get('noise_sigma'))}: {words} ({utility.get('description') or utility.get('source')})."
 
 
 def _mean_guess_mse(attacks: dict[str, dict]) -> float | None:

@@ -20,7 +20,7 @@ from tabulate import tabulate
 from splitaudit.errors import InputError
 from splitaudit.safety import display_path, displayable, require_regular_file
 from splitaudit.reports.view import Figure, Table, build_view
-from splitaudit.result import SCHEMA_VERSION, first_error
+from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 MAX_REPORT_BYTES = 256 * 1024**2  # a report.json is a few MB at most; larger is not one of ours
@@ -80,7 +80,7 @@ def checked_result(stored, source: str) -> dict:
     if stored["schema_version"] != SCHEMA_VERSION:
         raise InputError(f"{source} is a report of schema version {stored['schema_version']!r}; this splitaudit "
                          f"reads version {SCHEMA_VERSION} (rerun the audit, or render it with the version that wrote it)")
-    error = first_error(stored)
+    error = first_error(stored, sweep_json_schema() if stored.get("kind") == "sweep" else None)
     if error:
         raise InputError(f"{source}: {error}")
     return from_strict_json(stored)
@@ -199,11 +199,12 @@ def write_json(data: dict, path: Path) -> Path:
     return write_atomic(path.parent, path.name, text.encode("utf-8"))
 
 
-def write_result_json(result: dict, path: Path) -> Path:
-    """report.json, checked against the schema first: a result that breaks it is a bug, never written."""
-    error = first_error(to_strict_json(result))
+def write_result_json(result: dict, path: Path, schema: dict | None = None) -> Path:
+    """report.json (or sweep.json with its schema), checked against the schema first: a result
+    that breaks it is a bug, never written."""
+    error = first_error(to_strict_json(result), schema)
     if error:
-        raise RuntimeError(f"the result breaks the report.json schema at {error}")
+        raise RuntimeError(f"the result breaks the {path.name} schema at {error}")
     return write_json(result, path)
 
 

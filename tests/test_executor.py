@@ -167,3 +167,21 @@ def test_bad_executor_flags_exit_2(flag, value, capsys):
         main(["run", QUICK_RUN["model"], "--aux", QUICK_RUN["aux"], flag, value])
     assert exit_info.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_ray_sweep_points_equal_local(ray_instance, tmp_path):
+    """A sweep submits every point's seed tasks at once; on Ray each point's attacks are exactly
+    local's, and the run section lists a task per sigma x attack x seed."""
+    from splitaudit.sweep import run_sweep
+
+    sweep_options = {**QUICK_RUN, "noise_sigmas": [0.0, 0.5], "attacks": ["kmeans", "decoder"]}
+    local = run_sweep(AuditOptions(**sweep_options, out=str(tmp_path / "l")).validate())
+    remote = run_sweep(AuditOptions(**sweep_options, out=str(tmp_path / "r"), executor="ray").validate())
+    for before, after in zip(local["points"], remote["points"]):
+        assert before["noise_sigma"] == after["noise_sigma"]
+        for name in sweep_options["attacks"]:
+            assert attack_numbers(after["attacks"][name]) == attack_numbers(before["attacks"][name])
+    assert remote["recommendation"] == local["recommendation"]
+    assert (local["run"]["executor"], remote["run"]["executor"], remote["run"]["workers"]) == ("local", "ray", 2)
+    assert sorted((t["noise_sigma"], t["attack"]) for t in remote["run"]["tasks"]) == [
+        (0.0, "decoder"), (0.0, "kmeans"), (0.5, "decoder"), (0.5, "kmeans")]

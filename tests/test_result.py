@@ -73,8 +73,8 @@ def test_first_error_names_the_offending_path(real, path, value, message):
 def test_missing_and_unknown_keys_are_errors(real):
     del real["gate"]["checks"]
     assert first_error(to_strict_json(real)) == "/gate: 'checks' is missing"
-    real = {**real, "gate": {**real["gate"], "checks": []}, "utility": 0.9}
-    assert first_error(to_strict_json(real)) == "/: unexpected key 'utility'"
+    real = {**real, "gate": {**real["gate"], "checks": []}, "privacy_score": 0.9}
+    assert first_error(to_strict_json(real)) == "/: unexpected key 'privacy_score'"
 
 
 def test_non_finite_numbers_are_stored_as_strings_and_validate(real):
@@ -167,5 +167,5 @@ def test_every_failing_cause_has_words_for_the_headline():
 
     from splitaudit.result import CheckCause
 
-    passing = {"complete", "bound-met", "attack-mse-met", "advantage-within-cap"}
+    passing = {"complete", "bound-met", "attack-mse-met", "advantage-within-cap", "utility-loss-within-cap"}
     assert set(CAUSE_WORDS) == set(get_args(CheckCause)) - passing
