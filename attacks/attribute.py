@@ -48,6 +48,9 @@ class AttributeAttack(Attack):
     name = "attribute"
     kind = "label"
     primary_metric = "accuracy"
+    title = "Sensitive-attribute inference"
+    baseline_name = "the better of guessing the majority value and the same probe on raw inputs"
+    metrics = ("accuracy", "auc")
     needs = frozenset({"attribute"})
     assumptions = (
         "The attacker observes the embeddings and holds auxiliary samples with a known sensitive "

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import bottom_architecture, mlp, reinitialized_copy, seeded
 from splitaudit.context import AuditContext
 from splitaudit.memory import batch_within, forward_batch, per_sample_bytes
@@ -41,8 +41,19 @@ HEADS = ("linear", "mlp", "top-model")
 
 
 @dataclass(frozen=True)
+class FineTuneOptions:
+    """`[attack.fine-tune]`: the top model's head, the k sweep and the epoch cap."""
+
+    head: str = option("linear", "the fresh top model: linear, mlp, or the given top model re-initialised",
+                       choices=HEADS)
+    k: tuple[int, ...] | None = option(None, f"labelled samples per class to try (default {list(DEFAULT_KS)}, "
+                                             f"quick {list(QUICK_KS)})", low=1)
+    epochs: int | None = option(None, f"epoch cap (default {EPOCH_CAP}, quick {QUICK_EPOCH_CAP})", low=1)
+
+
+@dataclass(frozen=True)
 class FineTuneSettings:
-    """The attack's knobs, from ctx.options("fine-tune") with defaults."""
+    """The attack's knobs, from its options with the defaults that depend on --quick."""
 
     head: str
     ks: tuple[int, ...]
@@ -50,16 +61,10 @@ class FineTuneSettings:
 
     @classmethod
     def from_context(cls, ctx: AuditContext) -> "FineTuneSettings":
-        options = ctx.options(FineTuneAttack.name)
-        head = str(options.get("head", "linear"))
-        if head not in HEADS:
-            raise ValueError(f"fine-tune head must be one of {', '.join(HEADS)}, got {head!r}")
-        requested = options.get("k", QUICK_KS if ctx.quick else DEFAULT_KS)
-        requested = [requested] if isinstance(requested, int) else list(requested)
-        if not requested or min(int(k) for k in requested) < 1:
-            raise ValueError(f"fine-tune k must be positive integers, got {requested}")
-        epoch_cap = int(options.get("epochs", QUICK_EPOCH_CAP if ctx.quick else EPOCH_CAP))
-        return cls(head=head, ks=tuple(sorted({int(k) for k in requested})), epoch_cap=epoch_cap)
+        options = FineTuneAttack().options(ctx)
+        requested = options.k or (QUICK_KS if ctx.quick else DEFAULT_KS)
+        epoch_cap = options.epochs or (QUICK_EPOCH_CAP if ctx.quick else EPOCH_CAP)
+        return cls(head=options.head, ks=tuple(sorted(set(requested))), epoch_cap=epoch_cap)
 
 
 class FineTuneAttack(Attack):
@@ -69,7 +74,10 @@ class FineTuneAttack(Attack):
     kind = "label"
     primary_metric = "accuracy"
     needs = frozenset({"labels"})
-    option_names = frozenset({"head", "k", "epochs"})
+    title = "Model completion (fine-tune)"
+    baseline_name = "a model trained from scratch on the same labelled samples"
+    metrics = ("accuracy", "accuracy_by_k")
+    Options = FineTuneOptions
     assumptions = (
         "The attacker holds the trained bottom model (frozen) and k labelled samples per class from "
         "the same domain, and trains a fresh top model on their embeddings (model completion, "
@@ -86,7 +94,7 @@ class FineTuneAttack(Attack):
 
     def missing(self, ctx: AuditContext) -> str | None:
         reason = super().missing(ctx)
-        if reason is None and ctx.options(self.name).get("head") == "top-model" and ctx.top_model is None:
+        if reason is None and self.options(ctx).head == "top-model" and ctx.top_model is None:
             return "head 'top-model' needs the top model (--top-model)"
         return reason
 

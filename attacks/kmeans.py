@@ -36,6 +36,9 @@ class KMeansAttack(Attack):
     name = "kmeans"
     kind = "label"
     primary_metric = "accuracy"
+    title = "Clustering (k-means)"
+    baseline_name = "k-means on the raw inputs"
+    metrics = ("accuracy", "nmi", "ari")
     needs = frozenset({"labels"})
     assumptions = (
         "The attacker holds the trained bottom model and unlabelled target samples, and knows the "

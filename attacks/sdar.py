@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import (LABEL_EMBEDDING, Decoder, LabelChannel, bottom_architecture, decode_batch,
                                      mlp, seeded)
 from splitaudit.attacks.reconstruction import (mean_guess_baseline, reconstruction_examples,
@@ -107,8 +107,24 @@ FULL = Regularizers()
 ABLATIONS = {"mse_no_d1": Regularizers(d1=False), "mse_no_d2": Regularizers(d2=False)}
 
 
+@dataclass(frozen=True)
+class SDAROptions:
+    """`[attack.sdar]`: budget (preset or iterations/batch_size), target labels, label flips, ablation.
+    Checked up front; sdar_settings fills in the defaults that depend on the device and --quick."""
+
+    preset: str | None = option(None, "training budget: paper (GPU default) or cpu (CPU default)",
+                                choices=tuple(PRESETS))
+    iterations: int | None = option(None, f"training iterations (default: the preset's; quick {QUICK_ITERATIONS})",
+                                    low=1)
+    batch_size: int | None = option(None, "training batch size (default: the preset's)", low=2)
+    labels: str = option("known", "the target labels: known (vanilla SL) or inferred (U-shaped SL)",
+                         choices=tuple(LABEL_SOURCES) + tuple(LABEL_ALIASES))
+    label_flip: float = option(LABEL_FLIP, "probability of replacing an aux label by a uniform one", low=0, high=1)
+    ablation: bool = option(False, "also run without d1 and without d2 (mse_no_d1, mse_no_d2)")
+
+
 class SDARAttack(Attack):
-    """SDAR (paper 003): simulator + decoder, each regularised by a discriminator.
+    """SDAR (Zhu et al., NDSS 2025): simulator + decoder, each regularised by a discriminator.
 
     Options (`[attack.sdar]`): `preset` ("cpu": 2000 iterations of 32 with g, 3000 without,
     150 under --quick; "paper": App. B-B's 20,000 iterations of 128, the default on a GPU);
@@ -152,7 +168,9 @@ class SDARAttack(Attack):
     kind = "reconstruction"
     primary_metric = "mse"
     needs = frozenset({"labels"})
-    option_names = frozenset({"iterations", "batch_size", "labels", "ablation", "preset", "label_flip"})
+    title = "SDAR inversion (no query access)"
+    metrics = ("mse", "psnr", "ssim")
+    Options = SDAROptions
     assumptions = (
         "Passive server without any query access to the bottom model: it sees only the target "
         "embeddings (with the client's noise) and, as in vanilla split learning, their labels "

@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from splitaudit import __version__
+from splitaudit.attacks import ATTACK_NAMES, attack_class
 from splitaudit.config import EXECUTORS, FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
 from splitaudit.errors import InputError
 from splitaudit.safety import display_path, display_text, displayable
@@ -118,10 +119,10 @@ def cli() -> None:
 @click.argument("model", required=False)
 @model_data_options
 @click.option("--attacks", callback=_comma_list(str),
-              help="all, none, or a comma list of fine-tune,kmeans,attribute,decoder,optimization,sdar.")
+              help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}.")
 @click.option("--top-model", help="The top model g (TorchScript/ONNX), for attacks that use one.")
 @click.option("--attack-option", "attack_option", multiple=True, metavar="NAME.KEY=VALUE",
-              help="An attack setting, e.g. sdar.ablation=true (repeatable).")
+              help="An attack setting, e.g. sdar.ablation=true (repeatable; `splitaudit attacks` lists them).")
 @click.option("--out", help="Output folder (default ./splitaudit-report).")
 @click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json,sarif (default html,md,json).")
 @click.option("--fail-under-mse", type=float, help="Gate: fail when the van Trees bound MSE is below T.")
@@ -236,6 +237,18 @@ def schema() -> None:
     from splitaudit.result import SCHEMA_FILE
 
     click.echo(files("splitaudit").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"), nl=False)
+
+
+@cli.command()
+def attacks() -> None:
+    """List the attacks, what each measures and the options each takes (NAME.KEY=VALUE)."""
+    from splitaudit.attacks.base import options_help
+
+    for name in ATTACK_NAMES:
+        attack = attack_class(name)
+        click.echo(f"{name}: {attack.title}; metrics {', '.join(attack.metrics)}")
+        for line in options_help(attack.Options) or ["takes no options"]:
+            click.echo(f"  {line}")
 
 
 def _check_formats(formats: list[str]) -> None:
