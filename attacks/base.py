@@ -26,6 +26,7 @@ from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
 
 NEEDS = {"labels", "attribute", "gradients"}
+IMAGE_ONLY_METRICS = frozenset({"ssim"})  # declared in `metrics`, filled only for image data
 
 
 @dataclass
@@ -131,7 +132,7 @@ class Attack(ABC):
     advantage_basis: ClassVar[str] = ""  # how `advantage` is taken, when not at the headline metric
     title: ClassVar[str]  # the report's heading
     baseline_name: ClassVar[str] = ""  # what the baseline is, in the report's words ("" for the mean guess)
-    metrics: ClassVar[tuple[str, ...]]  # the metric names every ok run fills
+    metrics: ClassVar[tuple[str, ...]]  # the metric names every ok run fills (IMAGE_ONLY_METRICS on images)
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of option(...) fields: its [attack.NAME] table
 
     @classmethod
