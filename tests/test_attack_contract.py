@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from conftest import sample
 from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class, get_attack
 from splitaudit.attacks.base import IMAGE_ONLY_METRICS, NEEDS, option_rule
 from splitaudit.context import AuditContext
@@ -166,3 +167,20 @@ def test_every_attack_runs_on_the_digits_cnn_with_ssim(digits_ctx):
         assert set(attack_class(name).metrics) <= set(entry["metrics"])
         if entry["kind"] == "reconstruction":
             assert IMAGE_ONLY_METRICS <= set(entry["metrics"])
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("fine-tune.head=nonsense", "fine-tune.head must be one of 'linear', 'mlp', 'top-model', got 'nonsense'"),
+    ("fine-tune.epochs=-1", "fine-tune.epochs must be an integer >= 1, got -1"),
+    ("sdar.ablation=yes", "sdar.ablation must be true or false, got 'yes'"),
+])
+def test_cli_refuses_a_bad_attack_option_up_front(setting, words, capsys, monkeypatch):
+    from splitaudit import pipeline
+    from splitaudit.cli import main
+
+    monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("ran before checking options"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", sample("digits_cnn.onnx"), "--aux", sample("digits.npz"), "--attacks", "fine-tune,sdar",
+              "--quick", "--attack-option", setting, "--out", "unused"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(words)

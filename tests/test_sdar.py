@@ -277,9 +277,3 @@ def test_sdar_runs_on_tabular_data_with_its_top_model():
     assert "ssim" not in entry["metrics"]
     assert 0 < entry["metrics"]["mse"] < 3 * entry["baseline"]["mse"]
     assert entry["examples"][0]["shape"] == [29]
-
-
-def test_sdar_is_skipped_without_labels(digits_top_ctx):
-    unlabelled = dataclasses.replace(digits_top_ctx, aux=dataclasses.replace(digits_top_ctx.aux, y=None))
-    entry = get_attack("sdar").run(unlabelled)
-    assert entry["status"] == "skipped" and "labels" in entry["reason"]
