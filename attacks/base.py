@@ -59,7 +59,8 @@ def option_rule(spec: Any, hint: Any) -> str:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return option_rule(spec, args[0])  # None: the default that depends on the run
     if typing.get_origin(hint) is tuple:
-        return "a list of " + option_rule(spec, args[0]).replace("an integer", "integers").replace("a number", "numbers")
+        plural = option_rule(spec, args[0]).replace("an integer", "integers").replace("a number", "numbers")
+        return "a list of " + plural
     meta = spec.metadata
     if meta["choices"]:
         return "one of " + ", ".join(repr(c) for c in meta["choices"])

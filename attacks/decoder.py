@@ -1,7 +1,7 @@
 """Decoder inversion: a network learns to map embeddings back to inputs (papers 003 and 004).
 
-The learned ("DNN-based") reconstruction attack of paper 004 (section 3.3.2, He et al. 2019)
-and the query-access reference for SDAR (paper 003): the attacker embeds its auxiliary data
+The learned ("DNN-based") reconstruction attack of Maeng et al. (NeurIPS 2023, section 3.3.2; He et al. 2019)
+and the query-access reference for SDAR (Zhu et al., NDSS 2025): the attacker embeds its auxiliary data
 with the bottom model, adds the deployed noise itself, trains a decoder on the pairs
 (f(x_aux) + noise, x_aux) and applies it to the target embeddings it observes.
 """

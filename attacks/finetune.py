@@ -1,10 +1,10 @@
-"""Fine-tuning (model completion) attack: paper 000 (Zheng et al., "Protecting Split Learning by
+"""Fine-tuning (model completion) attack: Zheng et al. (IJCAI 2024, "Protecting Split Learning by
 Potential Energy Loss", IJCAI 2024), section 3.2 and appendix B.
 
 Threat model: the attacker holds the trained bottom model (frozen) and k labelled samples per
 class from the same domain. It observes their forward embeddings (noisy under --noise-sigma)
 and trains a fresh top model on them, then labels the target samples from their embeddings.
-The baseline is paper 000's A(D; null): the same k-shot data training a whole model from
+The baseline is Zheng et al.'s (IJCAI 2024) A(D; null): the same k-shot data training a whole model from
 scratch on raw inputs, without the bottom model.
 
 Example::
@@ -30,10 +30,10 @@ from splitaudit.threads import threads_for
 
 DEFAULT_KS = (1, 5, 10, 40)
 QUICK_KS = (1, 10)
-EPOCH_CAP = 1000  # paper 000, app. B: stop when the training error < 0.01 or after 1,000 epochs
+EPOCH_CAP = 1000  # Zheng et al. (IJCAI 2024), app. B: stop when the training error < 0.01 or after 1,000 epochs
 QUICK_EPOCH_CAP = 200
 TARGET_TRAINING_ERROR = 0.01
-LEARNING_RATE = 1e-3  # Adam with its default parameters (paper 000, app. B)
+LEARNING_RATE = 1e-3  # Adam with its default parameters (Zheng et al., IJCAI 2024, app. B)
 BATCH_SIZE = 64
 MLP_HIDDEN = 128
 EVAL_BATCH = 1024
@@ -81,7 +81,7 @@ class FineTuneAttack(Attack):
     assumptions = (
         "The attacker holds the trained bottom model (frozen) and k labelled samples per class from "
         "the same domain, and trains a fresh top model on their embeddings (model completion, "
-        "paper 000). Baseline: the same labelled samples training a whole model from scratch on "
+        "Zheng et al., IJCAI 2024). Baseline: the same labelled samples training a whole model from scratch on "
         "raw inputs."
     )
 
@@ -89,7 +89,7 @@ class FineTuneAttack(Attack):
 
     def advantage(self, metrics: dict, baseline: dict) -> float:
         """The largest accuracy gain over the k sweep: the bottom model helps most with few
-        labels (paper 000), and a gate on the advantage must see that worst case."""
+        labels (Zheng et al., IJCAI 2024), and a gate on the advantage must see that worst case."""
         return max(metrics["accuracy_by_k"][k] - baseline["accuracy_by_k"][k] for k in metrics["accuracy_by_k"])
 
     def missing(self, ctx: AuditContext) -> str | None:
@@ -154,7 +154,7 @@ def make_head(kind: str, ctx: AuditContext, features: torch.Tensor, labels: torc
 
 
 def class_mean_linear(features: torch.Tensor, labels: torch.Tensor, classes: int) -> nn.Linear:
-    """A linear layer whose weights are the class means (paper 000, app. B), biased so that it
+    """A linear layer whose weights are the class means (Zheng et al., IJCAI 2024, app. B), biased so that it
     starts as the nearest-class-mean classifier (bias -||mu_c||^2 / 2)."""
     counts = torch.bincount(labels, minlength=classes).clamp(min=1).to(features.dtype)
     means = torch.zeros(classes, features.shape[1], device=features.device, dtype=features.dtype)

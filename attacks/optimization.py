@@ -1,9 +1,9 @@
-"""White-box optimisation inversion (paper 004, section 3.3 and appendix A.2).
+"""White-box optimisation inversion (Maeng et al., NeurIPS 2023, section 3.3 and appendix A.2).
 
 Given an observed embedding z = f(x) + e, e ~ N(0, sigma^2 I), the attacker searches for the
 input that explains it, with Adam on x (He et al. 2019):
 
-- unbiased attack (paper 004's Attack-ub): minimise ||f(x) - z||^2;
+- unbiased attack (Maeng et al.'s (NeurIPS 2023) Attack-ub): minimise ||f(x) - z||^2;
 - MAP attack (Attack-b): minimise ||f(x) - z||^2 + 2 sigma^2 (-log pi(x)), the negative log
   posterior up to a factor 2 sigma^2, so the prior weight sigma^2 is the one MAP implies, not
   a tuned constant. The prior pi is a diagonal Gaussian fitted to the aux data (default) or,
@@ -50,7 +50,7 @@ class OptimizationOptions:
 
 
 class OptimizationAttack(Attack):
-    """Inversion by gradient descent on the input: unbiased and MAP (paper 004, A.2).
+    """Inversion by gradient descent on the input: unbiased and MAP (Maeng et al., NeurIPS 2023, A.2).
 
     Metrics: "mse"/"psnr"/"ssim" of the stronger variant (the audit reports the worst case),
     plus "mse_unbiased" and "mse_map". Options (`[attack.optimization]`): steps (quick_steps

@@ -1,6 +1,6 @@
-"""SDAR: simulator decoding with adversarial regularisation (paper 003, Zhu et al., NDSS 2025).
+"""SDAR: simulator decoding with adversarial regularisation (Zhu et al., NDSS 2025).
 
-Offline form of the vanilla-SL attack (paper 003, Sec. IV-A and Fig. 14). The attacker (the
+Offline form of the vanilla-SL attack (Zhu et al., NDSS 2025, Sec. IV-A and Fig. 14). The attacker (the
 server) never queries the bottom model f. It holds
 
 - the embeddings the client sent for the target data (f(x) plus the client's noise),
@@ -138,7 +138,7 @@ class SDARAttack(Attack):
     also runs the variants without d1 and without d2 (same seed, so the same initial networks)
     and reports their MSE as `mse_no_d1` and `mse_no_d2`.
 
-    What the ablation shows (digits CNN, test contexts, the targets' labels; paper 003 reports
+    What the ablation shows (digits CNN, test contexts, the targets' labels; Zhu et al. (NDSS 2025) reports
     about 3x on CIFAR-10). Without g, d1 is all that ties f~ to f: the decoder fits f~'s
     embeddings within a few hundred iterations, but on the targets it does worse than the mean
     guess (0.073) until d1 has pulled f~ onto f's embeddings; seed 0, 2000 iterations: 0.028
@@ -154,7 +154,7 @@ class SDARAttack(Attack):
     changes (Glorot simulator, update order, Keras LeakyReLU slope) costs it is not yet measured.
     On small tabular data SDAR is unstable (breast_cancer, 285 aux rows, binary label, with g,
     seed 0: target MSE 0.013 at 600 iterations, 0.059 at 2000, mean guess 0.021): g barely
-    constrains f~ and d1 does not keep it on f's embeddings; paper 003 evaluates images only.
+    constrains f~ and d1 does not keep it on f's embeddings; Zhu et al. (NDSS 2025) evaluates images only.
     Removing d2 costs about 15% (300 iterations, predicted labels: 0.0376/0.0374/0.0453 against
     0.0318/0.0331/0.0392, seeds 0-2), but not through its adversarial term (weight 1e-5,
     learning rate 1e-8): running the decoder on target embeddings in training mode also moves
@@ -428,7 +428,7 @@ def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 class LabelConditioned(nn.Module):
-    """A discriminator body fed its input together with an embedded label (paper 003, App. B-C).
+    """A discriminator body fed its input together with an embedded label (Zhu et al., NDSS 2025, App. B-C).
 
     The label goes through a 50-unit embedding and a dense layer; for (C, H, W) inputs the
     result is an extra H x W channel, for flat inputs it is concatenated as 50 more features.

@@ -16,8 +16,8 @@ import typing
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import sample
+
 from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class, get_attack
 from splitaudit.attacks.base import IMAGE_ONLY_METRICS, NEEDS, option_rule
 from splitaudit.context import AuditContext

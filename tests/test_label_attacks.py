@@ -72,7 +72,7 @@ def test_finetune_on_undefended_cnn_beats_training_from_scratch(undefended):
     assert attack["10"] >= 0.88  # measured 0.93 (the split model itself: 0.99)
     assert attack["10"] >= baseline["10"] + 0.05  # measured +0.08
     assert attack["1"] >= baseline["1"] + 0.05  # measured 0.79 vs 0.67
-    # The advantage is the largest gain over the k sweep (the few-label regime of paper 000).
+    # The advantage is the largest gain over the k sweep (the few-label regime in Zheng et al., IJCAI 2024).
     assert result["advantage"] == pytest.approx(max(attack[k] - baseline[k] for k in attack))
 
 
@@ -85,7 +85,7 @@ def test_kmeans_on_undefended_cnn_is_well_above_chance(undefended):
 
 def test_peloss_removes_the_kmeans_advantage(undefended, peloss_ctx):
     defended = ok(get_attack("kmeans").run(peloss_ctx))["advantage"]
-    assert defended <= 0.0  # paper 000: at or below zero; measured -0.53
+    assert defended <= 0.0  # Zheng et al. (IJCAI 2024): at or below zero; measured -0.53
     assert defended <= undefended["kmeans"]["advantage"] - 0.3  # measured +0.13 vs -0.53
 
 
