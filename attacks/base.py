@@ -97,7 +97,7 @@ def parse_options(attack: str, options_type: type, table: dict) -> Any:
     hints = typing.get_type_hints(options_type)
     unknown = sorted(set(table) - set(specs))
     if unknown:
-        takes = ", ".join(specs) or "no options"
+        takes = ", ".join(sorted(specs)) or "no options"
         raise InputError(f"attack {attack!r} has no option {unknown[0]!r}; it takes {takes}")
     values = {}
     for key, value in table.items():
