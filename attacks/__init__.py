@@ -1,13 +1,23 @@
 """The attack battery: one module per attack, registered here by its CLI name.
 
-Modules are imported on first use so that `splitaudit --help` stays fast.
+Modules (and torch) are imported on first use so that `splitaudit --help` stays fast.
+
+Adding an attack: write one module here with one `Attack` subclass (see attacks/base.py) that
+sets `name`, `kind`, `primary_metric`, `title`, `baseline_name`, `metrics`, `needs`,
+`assumptions`, an `Options` dataclass of `option(...)` fields when it takes options, and
+implements `run_seed`; then add one line to REGISTRY below. The CLI (--attacks), option
+checking, the report's titles and baseline names and the conformance suite
+(tests/test_attack_contract.py) all read the registry.
 """
 from __future__ import annotations
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
-from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.errors import InputError
+
+if TYPE_CHECKING:
+    from splitaudit.attacks.base import Attack
 
 # CLI name -> (module in splitaudit.attacks, class name); the order is the report's order.
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -21,23 +31,37 @@ REGISTRY: dict[str, tuple[str, str]] = {
 ATTACK_NAMES = tuple(REGISTRY)
 
 
-def get_attack(name: str) -> Attack:
-    """A fresh instance of the attack registered under `name`."""
+def attack_class(name: str) -> type["Attack"]:
+    """The class registered under `name` (its module is imported now)."""
     module, cls = REGISTRY[name]
-    return getattr(import_module(f"splitaudit.attacks.{module}"), cls)()
+    return getattr(import_module(f"splitaudit.attacks.{module}"), cls)
+
+
+def get_attack(name: str) -> "Attack":
+    """A fresh instance of the attack registered under `name`."""
+    return attack_class(name)()
+
+
+def attack_title(name: str) -> str:
+    """The report's heading for an attack (the name itself for one not registered)."""
+    return attack_class(name).title if name in REGISTRY else name
+
+
+def baseline_name(name: str, kind: str) -> str:
+    """What an attack's baseline is, in words; the mean guess for reconstruction by default."""
+    declared = attack_class(name).baseline_name if name in REGISTRY else ""
+    return declared or ("guessing the average input" if kind == "reconstruction" else "baseline")
 
 
 def check_attack_options(options: dict[str, dict]) -> None:
-    """Raise InputError for an option naming no attack, or a key its attack does not take
-    (a misspelt option would otherwise be ignored and the audit run on its default)."""
+    """Raise InputError for an option naming no attack, a key its attack does not take (a
+    misspelt option would otherwise be ignored) or a value outside its declared type and range,
+    before anything is computed."""
     for name, table in options.items():
         if name not in REGISTRY:
             raise InputError(f"attack option for unknown attack {name!r}; attacks: {', '.join(ATTACK_NAMES)}")
-        known = get_attack(name).option_names
-        unknown = sorted(set(table) - known)
-        if unknown:
-            takes = ", ".join(sorted(known)) or "no options"
-            raise InputError(f"attack {name!r} has no option {unknown[0]!r}; it takes {takes}")
+        attack_class(name).parse_options(table)
 
 
-__all__ = ["ATTACK_NAMES", "REGISTRY", "Attack", "SeedOutcome", "check_attack_options", "get_attack"]
+__all__ = ["ATTACK_NAMES", "REGISTRY", "attack_class", "attack_title", "baseline_name",
+           "check_attack_options", "get_attack"]

@@ -1,5 +1,5 @@
 """Attribute (property) inference attack: the offline form of the property inference attack in
-paper 002 (Mao et al., "Secure Split Learning against Property Inference, Data Reconstruction,
+Mao et al. (2023, "Secure Split Learning against Property Inference, Data Reconstruction,
 and Feature Space Hijacking Attacks", sections 3 and 5.2.1).
 
 Threat model: the attacker observes the embeddings the client sends (noisy under
@@ -48,12 +48,15 @@ class AttributeAttack(Attack):
     name = "attribute"
     kind = "label"
     primary_metric = "accuracy"
+    title = "Sensitive-attribute inference"
+    baseline_name = "the better of guessing the majority value and the same probe on raw inputs"
+    metrics = ("accuracy", "auc")
     needs = frozenset({"attribute"})
     assumptions = (
         "The attacker observes the embeddings and holds auxiliary samples with a known sensitive "
         "attribute; it trains a probe (logistic regression or a small MLP, chosen on its own "
         "validation data) on their embeddings and predicts the attribute of the target samples "
-        "(property inference, paper 002). Baseline: the stronger of the majority guess and the "
+        "(property inference, Mao et al., 2023). Baseline: the stronger of the majority guess and the "
         "same probes on raw inputs."
     )
 

@@ -3,21 +3,30 @@
 An attack declares what it needs from the inputs, runs once per seed, and returns its metrics
 and the matching baseline (what an attacker achieves without the bottom model). `Attack.run`
 turns that into the result entry: skipped with a reason, failed with a reason, or ok with the
-mean and std over seeds and the advantage over the baseline (paper 000, Def. 1).
+mean and std over seeds and the advantage over the baseline (Zheng et al., IJCAI 2024, Def. 1).
+
+An attack describes itself on its class: `title` and `baseline_name` (the report's words),
+`metrics` (the metric names every ok run fills) and `Options`, a frozen dataclass whose fields
+are the keys its `[attack.NAME]` table takes, each declared with `option(...)` (default, help,
+range or choices). `parse_options` checks a user's table against it before anything runs.
 """
 from __future__ import annotations
 
 import math
 import time
+import types
+import typing
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
 
 from splitaudit.context import AuditContext
+from splitaudit.errors import InputError
 
 NEEDS = {"labels", "attribute", "gradients"}
+IMAGE_ONLY_METRICS = frozenset({"ssim"})  # declared in `metrics`, filled only for image data
 
 
 @dataclass
@@ -30,6 +39,89 @@ class SeedOutcome:
     details: dict[str, Any] = field(default_factory=dict)  # extra JSON-ready facts (first seed's)
 
 
+def option(default: Any, help: str, *, low: float | None = None, high: float | None = None,
+           above: float | None = None, below: float | None = None, choices: tuple = ()) -> Any:
+    """A field of an attack's Options: its default, one line of help, and the values it takes
+    (low/high inclusive, above/below exclusive bounds; choices for strings)."""
+    limits = {"low": low, "high": high, "above": above, "below": below, "choices": tuple(choices)}
+    return field(default=default, metadata={"help": help, **limits})
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """An attack that takes no options."""
+
+
+def option_rule(spec: Any, hint: Any) -> str:
+    """The values one option takes, in words (for error messages and help)."""
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return option_rule(spec, args[0])  # None: the default that depends on the run
+    if typing.get_origin(hint) is tuple:
+        plural = option_rule(spec, args[0]).replace("an integer", "integers").replace("a number", "numbers")
+        return "a list of " + plural
+    meta = spec.metadata
+    if meta["choices"]:
+        return "one of " + ", ".join(repr(c) for c in meta["choices"])
+    bounds = [f"{sign} {meta[key]:g}" for key, sign in (("low", ">="), ("above", ">"), ("below", "<"), ("high", "<="))
+              if meta[key] is not None]
+    return words[hint] + (" " + " and ".join(bounds) if bounds else "")
+
+
+def _accepts(spec: Any, hint: Any, value: Any) -> tuple[bool, Any]:
+    """(whether `value` fits the option, the value as the option stores it)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return (True, None) if value is None else _accepts(spec, args[0], value)
+    if typing.get_origin(hint) is tuple:
+        items = [value] if not isinstance(value, list | tuple) else list(value)
+        checked = [_accepts(spec, args[0], item) for item in items]
+        return bool(items) and all(ok for ok, _ in checked), tuple(v for _, v in checked)
+    if isinstance(value, bool) != (hint is bool):
+        return False, value
+    if hint is float and isinstance(value, int):
+        value = float(value)
+    if not isinstance(value, hint) or (hint is float and not math.isfinite(value)):
+        return False, value
+    meta = spec.metadata
+    inside = ((meta["low"] is None or value >= meta["low"]) and (meta["high"] is None or value <= meta["high"])
+              and (meta["above"] is None or value > meta["above"]) and (meta["below"] is None or value < meta["below"]))
+    return inside and (not meta["choices"] or value in meta["choices"]), value
+
+
+def parse_options(attack: str, options_type: type, table: dict) -> Any:
+    """The user's `[attack.NAME]` table as an Options instance; InputError (exit 2) naming the
+    option, the values it takes and what was given, for an unknown key or a bad value."""
+    specs = {f.name: f for f in fields(options_type)}
+    hints = typing.get_type_hints(options_type)
+    unknown = sorted(set(table) - set(specs))
+    if unknown:
+        takes = ", ".join(sorted(specs)) or "no options"
+        raise InputError(f"attack {attack!r} has no option {unknown[0]!r}; it takes {takes}")
+    values = {}
+    for key, value in table.items():
+        ok, values[key] = _accepts(specs[key], hints[key], value)
+        if not ok:
+            raise InputError(f"attack option {attack}.{key} must be {option_rule(specs[key], hints[key])}, "
+                             f"got {value!r:.60}")
+    return options_type(**values)
+
+
+def options_help(options_type: type) -> list[str]:
+    """One line per option: name, values it takes, default, help."""
+    hints = typing.get_type_hints(options_type)
+    return [f"{f.name}: {f.metadata['help']}; {option_rule(f, hints[f.name])}{_default_words(f.default)}"
+            for f in fields(options_type)]
+
+
+def _default_words(default: Any) -> str:
+    """", default X" in TOML spelling; nothing for None (the help says what the run decides)."""
+    if default is None:
+        return ""
+    return f", default {str(default).lower() if isinstance(default, bool) else repr(default)}"
+
+
 class Attack(ABC):
     """Base class: subclasses set the class attributes and implement `run_seed`."""
 
@@ -39,7 +131,24 @@ class Attack(ABC):
     needs: ClassVar[frozenset[str]] = frozenset()
     assumptions: ClassVar[str] = ""  # what the attacker is assumed to hold, for the report
     advantage_basis: ClassVar[str] = ""  # how `advantage` is taken, when not at the headline metric
-    option_names: ClassVar[frozenset[str]] = frozenset()  # the keys its [attack.NAME] table takes
+    title: ClassVar[str]  # the report's heading
+    baseline_name: ClassVar[str] = ""  # what the baseline is, in the report's words ("" for the mean guess)
+    metrics: ClassVar[tuple[str, ...]]  # the metric names every ok run fills (IMAGE_ONLY_METRICS on images)
+    Options: ClassVar[type] = NoOptions  # a frozen dataclass of option(...) fields: its [attack.NAME] table
+
+    @classmethod
+    def option_names(cls) -> frozenset[str]:
+        """The keys its [attack.NAME] table takes."""
+        return frozenset(f.name for f in fields(cls.Options))
+
+    @classmethod
+    def parse_options(cls, table: dict) -> Any:
+        """A user's [attack.NAME] table, checked, with defaults (an Options instance); InputError if bad."""
+        return parse_options(cls.name, cls.Options, table)
+
+    def options(self, ctx: AuditContext) -> Any:
+        """This run's options for the attack (an Options instance)."""
+        return self.parse_options(ctx.options(self.name))
 
     @abstractmethod
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
@@ -68,6 +177,7 @@ class Attack(ABC):
 
     def run(self, ctx: AuditContext) -> dict:
         """The result entry for report.json (never raises for a failure inside the attack)."""
+        self.options(ctx)  # a bad option is the user's input error (exit 2), not the attack's failure
         reason = self.missing(ctx)
         if reason:
             return self.skipped(reason)

@@ -1,19 +1,21 @@
 """Decoder inversion: a network learns to map embeddings back to inputs (papers 003 and 004).
 
-The learned ("DNN-based") reconstruction attack of paper 004 (section 3.3.2, He et al. 2019)
-and the query-access reference for SDAR (paper 003): the attacker embeds its auxiliary data
+The learned ("DNN-based") reconstruction attack of Maeng et al. (NeurIPS 2023, section 3.3.2; He et al. 2019)
+and the query-access reference for SDAR (Zhu et al., NDSS 2025): the attacker embeds its auxiliary data
 with the bottom model, adds the deployed noise itself, trains a decoder on the pairs
 (f(x_aux) + noise, x_aux) and applies it to the target embeddings it observes.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import Decoder, decode_batch, seeded
 from splitaudit.attacks.reconstruction import (
     mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
@@ -23,8 +25,17 @@ from splitaudit.threads import threads_for
 
 # `epochs` is a cap; the hold-out early stopping decides. On the digits CNN the decoder still
 # improved at epoch 25 (target MSE 0.0114) and stopped by itself at epoch 58 (best 50: 0.0088).
-DEFAULTS = {"epochs": 200, "quick_epochs": 15, "lr": 5e-3, "batch_size": 64,
-            "patience": 8, "holdout_fraction": 0.1}
+@dataclass(frozen=True)
+class DecoderOptions:
+    """`[attack.decoder]`: the decoder's training."""
+
+    epochs: int = option(200, "epoch cap (hold-out early stopping decides)", low=1)
+    quick_epochs: int = option(15, "epoch cap under --quick", low=1)
+    lr: float = option(5e-3, "Adam learning rate", above=0)
+    batch_size: int = option(64, "training batch size", low=1)
+    patience: int = option(8, "epochs without a better hold-out MSE before stopping", low=1)
+    holdout_fraction: float = option(0.1, "share of the aux data held out for early stopping", above=0, below=1)
+
 
 
 class DecoderAttack(Attack):
@@ -39,7 +50,9 @@ class DecoderAttack(Attack):
     kind = "reconstruction"
     primary_metric = "mse"
     needs = frozenset()
-    option_names = frozenset(DEFAULTS)
+    title = "Learned inversion (decoder)"
+    metrics = ("mse", "psnr", "ssim")
+    Options = DecoderOptions
     assumptions = (
         "The attacker observes the target embeddings (with the deployed noise) and can run the "
         "bottom model as a black box on its own auxiliary data from the same distribution; it "
@@ -47,7 +60,7 @@ class DecoderAttack(Attack):
     )
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
-        settings = {**DEFAULTS, **ctx.options(self.name)}
+        settings = dataclasses.asdict(self.options(ctx))
         gen = ctx.generator(seed)
         with threads_for(ctx.aux.x.numel(), ctx.device):
             decoder, details = train_decoder(ctx, seed, gen, settings)

@@ -1,10 +1,10 @@
-"""Fine-tuning (model completion) attack: paper 000 (Zheng et al., "Protecting Split Learning by
+"""Fine-tuning (model completion) attack: Zheng et al. (IJCAI 2024, "Protecting Split Learning by
 Potential Energy Loss", IJCAI 2024), section 3.2 and appendix B.
 
 Threat model: the attacker holds the trained bottom model (frozen) and k labelled samples per
 class from the same domain. It observes their forward embeddings (noisy under --noise-sigma)
 and trains a fresh top model on them, then labels the target samples from their embeddings.
-The baseline is paper 000's A(D; null): the same k-shot data training a whole model from
+The baseline is Zheng et al.'s (IJCAI 2024) A(D; null): the same k-shot data training a whole model from
 scratch on raw inputs, without the bottom model.
 
 Example::
@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import bottom_architecture, mlp, reinitialized_copy, seeded
 from splitaudit.context import AuditContext
 from splitaudit.memory import batch_within, forward_batch, per_sample_bytes
@@ -30,10 +30,10 @@ from splitaudit.threads import threads_for
 
 DEFAULT_KS = (1, 5, 10, 40)
 QUICK_KS = (1, 10)
-EPOCH_CAP = 1000  # paper 000, app. B: stop when the training error < 0.01 or after 1,000 epochs
+EPOCH_CAP = 1000  # Zheng et al. (IJCAI 2024), app. B: stop when the training error < 0.01 or after 1,000 epochs
 QUICK_EPOCH_CAP = 200
 TARGET_TRAINING_ERROR = 0.01
-LEARNING_RATE = 1e-3  # Adam with its default parameters (paper 000, app. B)
+LEARNING_RATE = 1e-3  # Adam with its default parameters (Zheng et al., IJCAI 2024, app. B)
 BATCH_SIZE = 64
 MLP_HIDDEN = 128
 EVAL_BATCH = 1024
@@ -41,8 +41,19 @@ HEADS = ("linear", "mlp", "top-model")
 
 
 @dataclass(frozen=True)
+class FineTuneOptions:
+    """`[attack.fine-tune]`: the top model's head, the k sweep and the epoch cap."""
+
+    head: str = option("linear", "the fresh top model: linear, mlp, or the given top model re-initialised",
+                       choices=HEADS)
+    k: tuple[int, ...] | None = option(None, f"labelled samples per class to try (default {list(DEFAULT_KS)}, "
+                                             f"quick {list(QUICK_KS)})", low=1)
+    epochs: int | None = option(None, f"epoch cap (default {EPOCH_CAP}, quick {QUICK_EPOCH_CAP})", low=1)
+
+
+@dataclass(frozen=True)
 class FineTuneSettings:
-    """The attack's knobs, from ctx.options("fine-tune") with defaults."""
+    """The attack's knobs, from its options with the defaults that depend on --quick."""
 
     head: str
     ks: tuple[int, ...]
@@ -50,16 +61,10 @@ class FineTuneSettings:
 
     @classmethod
     def from_context(cls, ctx: AuditContext) -> "FineTuneSettings":
-        options = ctx.options(FineTuneAttack.name)
-        head = str(options.get("head", "linear"))
-        if head not in HEADS:
-            raise ValueError(f"fine-tune head must be one of {', '.join(HEADS)}, got {head!r}")
-        requested = options.get("k", QUICK_KS if ctx.quick else DEFAULT_KS)
-        requested = [requested] if isinstance(requested, int) else list(requested)
-        if not requested or min(int(k) for k in requested) < 1:
-            raise ValueError(f"fine-tune k must be positive integers, got {requested}")
-        epoch_cap = int(options.get("epochs", QUICK_EPOCH_CAP if ctx.quick else EPOCH_CAP))
-        return cls(head=head, ks=tuple(sorted({int(k) for k in requested})), epoch_cap=epoch_cap)
+        options = FineTuneAttack().options(ctx)
+        requested = options.k or (QUICK_KS if ctx.quick else DEFAULT_KS)
+        epoch_cap = options.epochs or (QUICK_EPOCH_CAP if ctx.quick else EPOCH_CAP)
+        return cls(head=options.head, ks=tuple(sorted(set(requested))), epoch_cap=epoch_cap)
 
 
 class FineTuneAttack(Attack):
@@ -69,11 +74,14 @@ class FineTuneAttack(Attack):
     kind = "label"
     primary_metric = "accuracy"
     needs = frozenset({"labels"})
-    option_names = frozenset({"head", "k", "epochs"})
+    title = "Model completion (fine-tune)"
+    baseline_name = "a model trained from scratch on the same labelled samples"
+    metrics = ("accuracy", "accuracy_by_k")
+    Options = FineTuneOptions
     assumptions = (
         "The attacker holds the trained bottom model (frozen) and k labelled samples per class from "
         "the same domain, and trains a fresh top model on their embeddings (model completion, "
-        "paper 000). Baseline: the same labelled samples training a whole model from scratch on "
+        "Zheng et al., IJCAI 2024). Baseline: the same labelled samples training a whole model from scratch on "
         "raw inputs."
     )
 
@@ -81,12 +89,12 @@ class FineTuneAttack(Attack):
 
     def advantage(self, metrics: dict, baseline: dict) -> float:
         """The largest accuracy gain over the k sweep: the bottom model helps most with few
-        labels (paper 000), and a gate on the advantage must see that worst case."""
+        labels (Zheng et al., IJCAI 2024), and a gate on the advantage must see that worst case."""
         return max(metrics["accuracy_by_k"][k] - baseline["accuracy_by_k"][k] for k in metrics["accuracy_by_k"])
 
     def missing(self, ctx: AuditContext) -> str | None:
         reason = super().missing(ctx)
-        if reason is None and ctx.options(self.name).get("head") == "top-model" and ctx.top_model is None:
+        if reason is None and self.options(ctx).head == "top-model" and ctx.top_model is None:
             return "head 'top-model' needs the top model (--top-model)"
         return reason
 
@@ -146,7 +154,7 @@ def make_head(kind: str, ctx: AuditContext, features: torch.Tensor, labels: torc
 
 
 def class_mean_linear(features: torch.Tensor, labels: torch.Tensor, classes: int) -> nn.Linear:
-    """A linear layer whose weights are the class means (paper 000, app. B), biased so that it
+    """A linear layer whose weights are the class means (Zheng et al., IJCAI 2024, app. B), biased so that it
     starts as the nearest-class-mean classifier (bias -||mu_c||^2 / 2)."""
     counts = torch.bincount(labels, minlength=classes).clamp(min=1).to(features.dtype)
     means = torch.zeros(classes, features.shape[1], device=features.device, dtype=features.dtype)

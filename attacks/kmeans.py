@@ -1,4 +1,4 @@
-"""Clustering attack: paper 000 (Zheng et al., "Protecting Split Learning by Potential Energy
+"""Clustering attack: Zheng et al. (IJCAI 2024, "Protecting Split Learning by Potential Energy
 Loss", IJCAI 2024), section 3.2 (clustering attack), section 5.3 and appendix B.0.3.
 
 Threat model: the attacker holds the trained bottom model and many unlabelled samples (here the
@@ -26,7 +26,7 @@ from splitaudit.attacks.features import flat, reduced
 from splitaudit.context import AuditContext
 from splitaudit.threads import threads_for
 
-N_INIT = 10  # paper 000, app. B.0.3: scikit-learn's k-means with 10 initialisations
+N_INIT = 10  # Zheng et al. (IJCAI 2024), app. B.0.3: scikit-learn's k-means with 10 initialisations
 MAX_ITER = 300  # scikit-learn's default, which the paper used; explicit so results do not move with it
 
 
@@ -36,10 +36,13 @@ class KMeansAttack(Attack):
     name = "kmeans"
     kind = "label"
     primary_metric = "accuracy"
+    title = "Clustering (k-means)"
+    baseline_name = "k-means on the raw inputs"
+    metrics = ("accuracy", "nmi", "ari")
     needs = frozenset({"labels"})
     assumptions = (
         "The attacker holds the trained bottom model and unlabelled target samples, and knows the "
-        "number of classes; it clusters their embeddings with k-means (paper 000). Labels are used "
+        "number of classes; it clusters their embeddings with k-means (Zheng et al., IJCAI 2024). Labels are used "
         "only to score the clusters. Baseline: k-means on the raw inputs."
     )
 
@@ -72,7 +75,7 @@ def cluster_scores(features: torch.Tensor | np.ndarray, labels: np.ndarray, n_cl
 
 def best_assignment_accuracy(clusters: np.ndarray, labels: np.ndarray) -> float:
     """Accuracy under the one-to-one cluster-to-label map that maximises it (Hungarian method
-    on the cluster-by-label count matrix; paper 000, app. B.0.3)."""
+    on the cluster-by-label count matrix; Zheng et al., IJCAI 2024, app. B.0.3)."""
     counts = np.zeros((clusters.max() + 1, labels.max() + 1), dtype=np.int64)
     np.add.at(counts, (clusters, labels), 1)
     rows, cols = linear_sum_assignment(counts, maximize=True)

@@ -1,9 +1,9 @@
-"""White-box optimisation inversion (paper 004, section 3.3 and appendix A.2).
+"""White-box optimisation inversion (Maeng et al., NeurIPS 2023, section 3.3 and appendix A.2).
 
 Given an observed embedding z = f(x) + e, e ~ N(0, sigma^2 I), the attacker searches for the
 input that explains it, with Adam on x (He et al. 2019):
 
-- unbiased attack (paper 004's Attack-ub): minimise ||f(x) - z||^2;
+- unbiased attack (Maeng et al.'s (NeurIPS 2023) Attack-ub): minimise ||f(x) - z||^2;
 - MAP attack (Attack-b): minimise ||f(x) - z||^2 + 2 sigma^2 (-log pi(x)), the negative log
   posterior up to a factor 2 sigma^2, so the prior weight sigma^2 is the one MAP implies, not
   a tuned constant. The prior pi is a diagonal Gaussian fitted to the aux data (default) or,
@@ -17,9 +17,12 @@ On the digits CNN the Gaussian prior beat TV and their product at sigma in {0.1,
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
-from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.reconstruction import (
     data_range, mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
 )
@@ -29,15 +32,25 @@ from splitaudit.memory import batch_within, per_sample_bytes
 from splitaudit.models import Encoder
 from splitaudit.threads import threads_for
 
-DEFAULTS = {"steps": 200, "quick_steps": 100, "samples": 128, "quick_samples": 64,
-            "lr": 0.1, "prior": "gaussian"}
 PRIORS = ("gaussian", "tv")
 MAP_SIGMA_FLOOR = 0.03  # times the aux embeddings' std: the MAP weight's noise level at sigma = 0
 VARIANCE_FLOOR = 1e-4  # times range^2: a constant pixel still gets a finite prior precision
 
 
+@dataclass(frozen=True)
+class OptimizationOptions:
+    """`[attack.optimization]`: the inversion's length, size, step and prior."""
+
+    steps: int = option(200, "gradient steps", low=1)
+    quick_steps: int = option(100, "gradient steps under --quick", low=1)
+    samples: int = option(128, "target samples inverted", low=1)
+    quick_samples: int = option(64, "target samples inverted under --quick", low=1)
+    lr: float = option(0.1, "Adam step in units of the data range (cosine-decayed)", above=0)
+    prior: str = option("gaussian", "the MAP variant's prior (tv: images only)", choices=PRIORS)
+
+
 class OptimizationAttack(Attack):
-    """Inversion by gradient descent on the input: unbiased and MAP (paper 004, A.2).
+    """Inversion by gradient descent on the input: unbiased and MAP (Maeng et al., NeurIPS 2023, A.2).
 
     Metrics: "mse"/"psnr"/"ssim" of the stronger variant (the audit reports the worst case),
     plus "mse_unbiased" and "mse_map". Options (`[attack.optimization]`): steps (quick_steps
@@ -49,7 +62,9 @@ class OptimizationAttack(Attack):
     kind = "reconstruction"
     primary_metric = "mse"
     needs = frozenset({"gradients"})
-    option_names = frozenset(DEFAULTS)
+    title = "White-box inversion (optimization)"
+    metrics = ("mse", "psnr", "ssim", "mse_unbiased", "mse_map")
+    Options = OptimizationOptions
     assumptions = (
         "White-box: the attacker knows the bottom model's weights (it can differentiate f) and "
         "the noise level, observes the target embeddings, and fits its prior and starting "
@@ -57,7 +72,7 @@ class OptimizationAttack(Attack):
     )
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
-        settings = {**DEFAULTS, **ctx.options(self.name)}
+        settings = dataclasses.asdict(self.options(ctx))
         if settings["prior"] not in PRIORS or (settings["prior"] == "tv" and not ctx.aux.is_image):
             raise ValueError(f"prior must be 'gaussian' or, for images, 'tv'; got {settings['prior']!r}")
         gen = ctx.generator(seed)

@@ -1,6 +1,6 @@
-"""SDAR: simulator decoding with adversarial regularisation (paper 003, Zhu et al., NDSS 2025).
+"""SDAR: simulator decoding with adversarial regularisation (Zhu et al., NDSS 2025).
 
-Offline form of the vanilla-SL attack (paper 003, Sec. IV-A and Fig. 14). The attacker (the
+Offline form of the vanilla-SL attack (Zhu et al., NDSS 2025, Sec. IV-A and Fig. 14). The attacker (the
 server) never queries the bottom model f. It holds
 
 - the embeddings the client sent for the target data (f(x) plus the client's noise),
@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from splitaudit.attacks.base import Attack, SeedOutcome
+from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import (LABEL_EMBEDDING, Decoder, LabelChannel, bottom_architecture, decode_batch,
                                      mlp, seeded)
 from splitaudit.attacks.reconstruction import (mean_guess_baseline, reconstruction_examples,
@@ -107,8 +107,24 @@ FULL = Regularizers()
 ABLATIONS = {"mse_no_d1": Regularizers(d1=False), "mse_no_d2": Regularizers(d2=False)}
 
 
+@dataclass(frozen=True)
+class SDAROptions:
+    """`[attack.sdar]`: budget (preset or iterations/batch_size), target labels, label flips, ablation.
+    Checked up front; sdar_settings fills in the defaults that depend on the device and --quick."""
+
+    preset: str | None = option(None, "training budget: paper (GPU default) or cpu (CPU default)",
+                                choices=tuple(PRESETS))
+    iterations: int | None = option(None, f"training iterations (default: the preset's; quick {QUICK_ITERATIONS})",
+                                    low=1)
+    batch_size: int | None = option(None, "training batch size (default: the preset's)", low=2)
+    labels: str = option("known", "the target labels: known (vanilla SL) or inferred (U-shaped SL)",
+                         choices=tuple(LABEL_SOURCES) + tuple(LABEL_ALIASES))
+    label_flip: float = option(LABEL_FLIP, "probability of replacing an aux label by a uniform one", low=0, high=1)
+    ablation: bool = option(False, "also run without d1 and without d2 (mse_no_d1, mse_no_d2)")
+
+
 class SDARAttack(Attack):
-    """SDAR (paper 003): simulator + decoder, each regularised by a discriminator.
+    """SDAR (Zhu et al., NDSS 2025): simulator + decoder, each regularised by a discriminator.
 
     Options (`[attack.sdar]`): `preset` ("cpu": 2000 iterations of 32 with g, 3000 without,
     150 under --quick; "paper": App. B-B's 20,000 iterations of 128, the default on a GPU);
@@ -122,7 +138,7 @@ class SDARAttack(Attack):
     also runs the variants without d1 and without d2 (same seed, so the same initial networks)
     and reports their MSE as `mse_no_d1` and `mse_no_d2`.
 
-    What the ablation shows (digits CNN, test contexts, the targets' labels; paper 003 reports
+    What the ablation shows (digits CNN, test contexts, the targets' labels; Zhu et al. (NDSS 2025) reports
     about 3x on CIFAR-10). Without g, d1 is all that ties f~ to f: the decoder fits f~'s
     embeddings within a few hundred iterations, but on the targets it does worse than the mean
     guess (0.073) until d1 has pulled f~ onto f's embeddings; seed 0, 2000 iterations: 0.028
@@ -138,7 +154,7 @@ class SDARAttack(Attack):
     changes (Glorot simulator, update order, Keras LeakyReLU slope) costs it is not yet measured.
     On small tabular data SDAR is unstable (breast_cancer, 285 aux rows, binary label, with g,
     seed 0: target MSE 0.013 at 600 iterations, 0.059 at 2000, mean guess 0.021): g barely
-    constrains f~ and d1 does not keep it on f's embeddings; paper 003 evaluates images only.
+    constrains f~ and d1 does not keep it on f's embeddings; Zhu et al. (NDSS 2025) evaluates images only.
     Removing d2 costs about 15% (300 iterations, predicted labels: 0.0376/0.0374/0.0453 against
     0.0318/0.0331/0.0392, seeds 0-2), but not through its adversarial term (weight 1e-5,
     learning rate 1e-8): running the decoder on target embeddings in training mode also moves
@@ -152,7 +168,9 @@ class SDARAttack(Attack):
     kind = "reconstruction"
     primary_metric = "mse"
     needs = frozenset({"labels"})
-    option_names = frozenset({"iterations", "batch_size", "labels", "ablation", "preset", "label_flip"})
+    title = "SDAR inversion (no query access)"
+    metrics = ("mse", "psnr", "ssim")
+    Options = SDAROptions
     assumptions = (
         "Passive server without any query access to the bottom model: it sees only the target "
         "embeddings (with the client's noise) and, as in vanilla split learning, their labels "
@@ -410,7 +428,7 @@ def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 class LabelConditioned(nn.Module):
-    """A discriminator body fed its input together with an embedded label (paper 003, App. B-C).
+    """A discriminator body fed its input together with an embedded label (Zhu et al., NDSS 2025, App. B-C).
 
     The label goes through a 50-unit embedding and a dense layer; for (C, H, W) inputs the
     result is an extra H x W channel, for flat inputs it is concatenated as 50 more features.

@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from splitaudit import __version__
+from splitaudit.attacks import ATTACK_NAMES, attack_class
 from splitaudit.config import EXECUTORS, FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
 from splitaudit.errors import InputError
 from splitaudit.safety import display_path, display_text, displayable
@@ -120,10 +121,10 @@ def cli() -> None:
 @click.argument("model", required=False)
 @model_data_options
 @click.option("--attacks", callback=_comma_list(str),
-              help="all, none, or a comma list of fine-tune,kmeans,attribute,decoder,optimization,sdar.")
+              help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}.")
 @click.option("--top-model", help="The top model g (TorchScript/ONNX), for attacks that use one.")
 @click.option("--attack-option", "attack_option", multiple=True, metavar="NAME.KEY=VALUE",
-              help="An attack setting, e.g. sdar.ablation=true (repeatable).")
+              help="An attack setting, e.g. sdar.ablation=true (repeatable; `splitaudit attacks` lists them).")
 @click.option("--out", help="Output folder (default ./splitaudit-report).")
 @click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json,sarif (default html,md,json).")
 @click.option("--fail-under-mse", type=float, help="Gate: fail when the van Trees bound MSE is below T.")
@@ -262,7 +263,7 @@ def schema() -> None:
                    "the mean-guess MSE).")
 @click.option("--max-utility-loss", type=float, help="Gate: fail when the recommended sigma costs more accuracy.")
 @click.option("--attacks", callback=_comma_list(str),
-              help="all, none, or a comma list of fine-tune,kmeans,attribute,decoder,optimization,sdar.")
+              help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}.")
 @click.option("--top-model", help="The top model g; utility is its accuracy under noise (else a probe's).")
 @click.option("--attack-option", "attack_option", multiple=True, metavar="NAME.KEY=VALUE",
               help="An attack setting, e.g. sdar.ablation=true (repeatable).")
@@ -300,6 +301,18 @@ def _sweep_and_report(options: AuditOptions) -> None:
     _echo_written(written)
     if not result["gate"]["passed"]:
         raise SystemExit(EXIT_GATE_FAILED)
+
+
+@cli.command()
+def attacks() -> None:
+    """List the attacks, what each measures and the options each takes (NAME.KEY=VALUE)."""
+    from splitaudit.attacks.base import options_help
+
+    for name in ATTACK_NAMES:
+        attack = attack_class(name)
+        click.echo(f"{name}: {attack.title}; metrics {', '.join(attack.metrics)}")
+        for line in options_help(attack.Options) or ["takes no options"]:
+            click.echo(f"  {line}")
 
 
 def _check_formats(formats: list[str]) -> None:

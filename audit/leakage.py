@@ -1,8 +1,8 @@
 """Fisher-information leakage of an audit: dFIL, the prior term, the bounds and noise calibration.
 
-The wiring between the AuditContext and the pure estimators of paper 004 (splitaudit.estimators):
+The wiring between the AuditContext and the pure estimators of Maeng et al. (NeurIPS 2023) (splitaudit.estimators):
 it picks the samples, the smoothing and the methods, and turns the estimates into the JSON-ready
-`dfil`, `prior`, `bounds` and `calibration` sections of report.json (DESIGN.md sections 4 and 8).
+`dfil`, `prior`, `bounds` and `calibration` sections of report.json (docs/design.md sections 4 and 8).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS, PriorEstimate, ScoreSettings, estimate_prior, mean_variance,
 )
 
-IMAGE_SMOOTHING = 0.25  # paper 004, A.1: the randomized-smoothing noise that works for [0,1] images
+IMAGE_SMOOTHING = 0.25  # Maeng et al. (NeurIPS 2023), A.1: the randomized-smoothing noise that works for [0,1] images
 DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES = 2048, 256
 MAX_PROBES, QUICK_MAX_PROBES = 256, 64
 DFIL_RTOL = 0.02  # default target of the mean trace's relative standard error (--dfil-rtol)
@@ -57,7 +57,7 @@ class Measurement:
 
 
 def resolve_smoothing(ctx: AuditContext, smoothing: float | None) -> float:
-    """--smoothing, else 0.25 for [0,1] images (paper 004, A.1) and 0 for other data."""
+    """--smoothing, else 0.25 for [0,1] images (Maeng et al., NeurIPS 2023, A.1) and 0 for other data."""
     if smoothing is not None:
         return float(smoothing)
     return IMAGE_SMOOTHING if ctx.aux.is_image and ctx.aux.in_unit_range else 0.0
@@ -213,7 +213,7 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
     notes = []
     if m.smoothing > 0:
         notes.append(f"with smoothing tau = {m.smoothing:g} the bounds concern reconstructing the smoothed input "
-                     f"x + N(0, {m.smoothing:g}^2 I) from its embedding (paper 004, A.1); attack MSEs are "
+                     f"x + N(0, {m.smoothing:g}^2 I) from its embedding (Maeng et al., NeurIPS 2023, A.1); attack MSEs are "
                      "measured against clean inputs")
     if not m.prior.valid:
         notes.append("the prior estimate failed its sanity check (see prior.notes)")
@@ -286,7 +286,7 @@ def violation_causes(smoothing: float) -> list[str]:
     causes = ["the prior term J may be underestimated (score matching struggles with data near a "
               "low-dimensional manifold)"]
     if smoothing > 0:
-        causes.insert(0, f"the bound covers inputs smoothed with noise tau = {smoothing:g} (paper 004, A.1) while "
+        causes.insert(0, f"the bound covers inputs smoothed with noise tau = {smoothing:g} (Maeng et al., NeurIPS 2023, A.1) while "
                          "the attacks reconstruct the clean inputs, so it applies only if the client smooths its inputs")
     return causes
 

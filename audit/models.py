@@ -33,7 +33,7 @@ BATCH_DEPENDENCE_RTOL = 1e-4
 ONNX_FLOAT_TYPES = {"tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"}
 ONNX_ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
 
-# Operators whose derivative jumps: dFIL is then only defined almost everywhere (paper 004).
+# Operators whose derivative jumps: dFIL is then only defined almost everywhere (Maeng et al., NeurIPS 2023).
 NON_SMOOTH_ONNX = {
     "Relu", "LeakyRelu", "PRelu", "ThresholdedRelu", "Clip", "Abs", "Max", "Min", "Sign",
     "Floor", "Ceil", "Round", "MaxPool", "GlobalMaxPool", "MaxRoiPool", "HardSigmoid",

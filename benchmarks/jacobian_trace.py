@@ -4,7 +4,7 @@ Encoder: conv(3,16,3,p1)-GELU-conv(16,16,3,p1)-GELU-avgpool2, 3x32x32 -> 16x16x1
 (an early split). On one batch it times, side by side in one run:
 
   (a) naive       one backward pass per output (m passes over the batch)
-  (b) forward-100 forward JVPs over all d input coordinates in chunks of 100 (paper 004's code)
+  (b) forward-100 forward JVPs over all d input coordinates in chunks of 100 (Maeng et al.'s (NeurIPS 2023) code)
   (c) structured  the engine, jacobian_trace(method="auto"), which picks "structured": outputs
                   (one vjp per colour) or inputs (one jvp per colour) coloured, whichever needs
                   fewer products; "cold" includes detecting and checking the colouring, "warm"

@@ -1,4 +1,4 @@
-"""Seconds per SDAR iteration on paper 003's CIFAR-10 ResNet-20 split at level 7, vs the paper's 0.17 s.
+"""Seconds per SDAR iteration on Zhu et al.'s (NDSS 2025) CIFAR-10 ResNet-20 split at level 7, vs the paper's 0.17 s.
 
 Paper 003 (Sec. V-A, Table I, Fig. 16): ResNet-20 is a 3x3 conv stem (16 filters) and nine
 residual blocks (three each of 16, 32 and 64 filters; the first block of the 32- and
@@ -32,7 +32,7 @@ from splitaudit.context import AuditContext
 from splitaudit.data import Dataset
 from splitaudit.models import Encoder, resolve_device
 
-PAPER_SECONDS_PER_ITERATION = 0.17  # paper 003, A100 80GB, TensorFlow
+PAPER_SECONDS_PER_ITERATION = 0.17  # Zhu et al. (NDSS 2025), A100 80GB, TensorFlow
 INPUT_SHAPE = (3, 32, 32)
 CLASSES = 10
 SAMPLES = 2048  # per part; timing does not depend on it
@@ -133,7 +133,7 @@ def main() -> None:
     print(f"SDAR: {seconds:.4f} s per iteration over {args.iterations} iterations "
           f"(after {args.warmup} warm-up); process CPU {cpu_seconds:.4f} s per iteration; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"paper 003 (A100, TensorFlow): {PAPER_SECONDS_PER_ITERATION} s per iteration; "
+    print(f"Zhu et al. (NDSS 2025) (A100, TensorFlow): {PAPER_SECONDS_PER_ITERATION} s per iteration; "
           f"ratio ours/paper = {seconds / PAPER_SECONDS_PER_ITERATION:.2f} "
           f"({'faster' if seconds < PAPER_SECONDS_PER_ITERATION else 'slower'})")
 

@@ -1,4 +1,4 @@
-"""Estimators of paper 004: Jacobian traces, dFIL, prior terms, bounds and noise calibration.
+"""Estimators of Maeng et al. (NeurIPS 2023): Jacobian traces, dFIL, prior terms, bounds and noise calibration.
 
 Pure tensor functions: no I/O, no printing; the audit wiring lives in splitaudit.leakage.
 """

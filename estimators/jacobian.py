@@ -1,6 +1,6 @@
 """Per-sample squared Frobenius norm of an encoder's Jacobian, ||J_f(x)||_F^2.
 
-This is the hot loop of dFIL (paper 004, Eq. 4-5): for z = f(x) + N(0, sigma^2 I) the Fisher
+This is the hot loop of dFIL (Maeng et al., NeurIPS 2023, Eq. 4-5): for z = f(x) + N(0, sigma^2 I) the Fisher
 information is J^T J / sigma^2, so dFIL(x) = ||J(x)||_F^2 / (d sigma^2).
 
 Every method reduces to sums of squared Jacobian products over a set of directions:

@@ -1,4 +1,4 @@
-"""The prior term J(pi)/d of the van Trees bound (paper 004, Corollary 1, Section 3.2, A.1).
+"""The prior term J(pi)/d of the van Trees bound (Maeng et al., NeurIPS 2023, Corollary 1, Section 3.2, A.1).
 
 J(pi) = E_pi ||grad_x log pi(x)||^2 is the Fisher information of the input distribution. It is
 estimated from the attacker's auxiliary data:
@@ -140,7 +140,7 @@ def checked(estimate: PriorEstimate) -> PriorEstimate:
             f"failed estimate: J/d = {j:.4g} is below the Gaussian floor 1/variance = {floor:.4g}, which "
             "every prior reaches; the bound uses the floor instead (it may still be too optimistic)"
             + ("" if estimate.smoothing > 0 else "; score matching is unreliable on data with bounded or "
-               "low-dimensional support: randomized smoothing (--smoothing) stabilises it (paper 004, A.1)"))
+               "low-dimensional support: randomized smoothing (--smoothing) stabilises it (Maeng et al., NeurIPS 2023, A.1)"))
     return estimate
 
 

@@ -5,9 +5,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from splitaudit.attacks import attack_title
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, is_number, number, signed
-from splitaudit.reports.view import ATTACK_TITLES, METRIC_LABELS, Figure, Figures, Table, headline, subtitle
+from splitaudit.reports.view import METRIC_LABELS, Figure, Figures, Table, headline, subtitle
 from splitaudit.reports.writer import render_pages, write_json
 
 
@@ -81,7 +82,7 @@ def build_comparison(before: dict, after: dict, with_figures: bool = True) -> Co
     ])
     ok = [r for r in rows if r[5]]
     chart = figures.add("advantage", "Each attack's advantage before and after", charts.advantage_comparison_chart,
-                        [ATTACK_TITLES.get(r[0], r[0]) for r in ok],
+                        [attack_title(r[0]) for r in ok],
                         [_get(before, "attacks", r[0], "advantage") for r in ok],
                         [_get(after, "attacks", r[0], "advantage") for r in ok]) if ok else None
     return ComparisonView(

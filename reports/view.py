@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from splitaudit.attacks import attack_title, baseline_name
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import (
     advantage_words, is_finite, is_number, mean_std, number, shape, signed, text,
@@ -17,19 +18,6 @@ from splitaudit.reports.formatting import (
 
 # An attack without query access -> the attack with query access it is compared with (issue 5).
 QUERY_ACCESS_REFERENCE = {"sdar": "decoder"}
-ATTACK_TITLES = {
-    "fine-tune": "Model completion (fine-tune)",
-    "kmeans": "Clustering (k-means)",
-    "attribute": "Sensitive-attribute inference",
-    "decoder": "Learned inversion (decoder)",
-    "optimization": "White-box inversion (optimization)",
-    "sdar": "SDAR inversion (no query access)",
-}
-BASELINE_NAMES = {
-    "fine-tune": "a model trained from scratch on the same labelled samples",
-    "kmeans": "k-means on the raw inputs",
-    "attribute": "the better of guessing the majority value and the same probe on raw inputs",
-}
 METRIC_LABELS = {"accuracy": "accuracy", "nmi": "NMI", "ari": "ARI", "auc": "AUC", "mse": "MSE",
                  "psnr": "PSNR (dB)", "ssim": "SSIM"}
 MODEL_LABELS = {"path": "model file", "format": "format", "input_shape": "input shape",
@@ -351,7 +339,7 @@ def _strongest(attacks: dict[str, dict]) -> Item:
     metric = attack.get("primary_metric", "")
     value = (attack.get("metrics") or {}).get(metric)
     base = (attack.get("baseline") or {}).get(metric)
-    words = (f"{ATTACK_TITLES.get(name, name)}: {METRIC_LABELS.get(metric, metric)} {number(value)} "
+    words = (f"{attack_title(name)}: {METRIC_LABELS.get(metric, metric)} {number(value)} "
              f"against {number(base)} for its baseline; "
              f"{advantage_words(attack.get('kind', ''), attack['advantage'])}.")
     return Item("Strongest attack", words, "bad" if attack["advantage"] > 0 else "good")
@@ -484,7 +472,7 @@ def _bounds_chart(result: dict, figures: Figures) -> Figure | None:
 
 
 def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> AttackView:
-    view = AttackView(name=name, title=ATTACK_TITLES.get(name, name), kind=str(attack.get("kind", "")),
+    view = AttackView(name=name, title=attack_title(name), kind=str(attack.get("kind", "")),
                       status=str(attack.get("status", "unknown")), reason=str(attack.get("reason") or ""),
                       assumptions=str(attack.get("assumptions") or ""))
     if not _ok(attack):
@@ -530,9 +518,8 @@ def _metrics_table(name: str, attack: dict) -> Table | None:
     metrics_std, baseline_std = attack.get("metrics_std") or {}, attack.get("baseline_std") or {}
     rows = [[METRIC_LABELS.get(k, k), mean_std(v, metrics_std.get(k)), mean_std(baseline.get(k), baseline_std.get(k))
              if k in baseline else "—"] for k, v in metrics.items() if not isinstance(v, dict)]
-    baseline_name = BASELINE_NAMES.get(name, "guessing the average input" if attack.get("kind") == "reconstruction"
-                                       else "baseline")
-    return Table(["metric", "attack", f"baseline: {baseline_name}"], rows) if rows else None
+    described = baseline_name(name, str(attack.get("kind", "")))
+    return Table(["metric", "attack", f"baseline: {described}"], rows) if rows else None
 
 
 def _by_k(name: str, attack: dict, figures: Figures) -> tuple[Table | None, Figure | None]:
@@ -552,7 +539,7 @@ def _by_k(name: str, attack: dict, figures: Figures) -> tuple[Table | None, Figu
     chart = figures.add(f"{name}-accuracy-by-k", "Accuracy against labelled samples per class",
                         charts.accuracy_by_k_chart, ks, [by_k[k] for k in ks], [_num(std.get(k)) for k in ks],
                         [base[k] for k in ks] if has_base else [], [_num(base_std.get(k)) for k in ks],
-                        "baseline: " + BASELINE_NAMES.get(name, "baseline"))
+                        "baseline: " + baseline_name(name, "label"))
     return table, chart
 
 

@@ -61,7 +61,7 @@ def mlp(sizes: list[int]) -> nn.Sequential:
 
 
 def potential_energy_loss(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean of 1/arccos(cos angle) over same-class pairs (paper 000, eq. 7)."""
+    """Mean of 1/arccos(cos angle) over same-class pairs (Zheng et al., IJCAI 2024, eq. 7)."""
     u = F.normalize(z, dim=1)
     cos = (u @ u.T).clamp(-1 + 1e-6, 1 - 1e-6)
     same = (y[:, None] == y[None, :]) & ~torch.eye(len(y), dtype=torch.bool)

@@ -1,51 +1,86 @@
 """One conformance suite every registered attack passes (like scikit-learn's check_estimator):
-it declares its needs, skips cleanly with a reason, fills its metrics and baseline, is
-reproducible for a fixed seed, and handles noisy embeddings."""
+it describes itself, declares its needs, skips cleanly with a reason, fills its declared metrics
+and baseline, is reproducible for a fixed seed, handles noisy embeddings and checks its options
+before running. It reads the registry, so a new attack is checked without editing this file.
+
+The fast checks run on a tiny synthetic tabular context (8 features, 3 classes, a binary
+attribute, a one-layer encoder) with every attack's options turned down to a few steps; only the
+check on a real image model is slow."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import typing
 
 import pytest
+import torch
+import torch.nn as nn
+from conftest import sample
 
-from conftest import make_context
-from splitaudit.attacks import ATTACK_NAMES, get_attack
-from splitaudit.attacks.base import NEEDS
+from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class, get_attack
+from splitaudit.attacks.base import IMAGE_ONLY_METRICS, NEEDS, option_rule
+from splitaudit.context import AuditContext
+from splitaudit.data import Dataset
+from splitaudit.errors import InputError
+from splitaudit.models import prepare_encoder, wrap_module
 
-EXPECTED_METRICS = {
-    "fine-tune": {"accuracy", "accuracy_by_k"},
-    "kmeans": {"accuracy", "nmi", "ari"},
-    "attribute": {"accuracy", "auc"},
-    "decoder": {"mse", "psnr", "ssim"},
-    "optimization": {"mse", "psnr", "ssim"},
-    "sdar": {"mse", "psnr", "ssim"},
+# Each attack turned down to seconds on the tiny context (keys must be its declared options).
+TINY_OPTIONS = {
+    "fine-tune": {"k": [3], "epochs": 5},
+    "decoder": {"quick_epochs": 3},
+    "optimization": {"quick_steps": 5, "quick_samples": 8},
+    "sdar": {"iterations": 4, "batch_size": 16},
 }
 
-pytestmark = pytest.mark.slow
+
+def synthetic_part(n: int, generator: torch.Generator) -> Dataset:
+    """n samples of 8 features whose mean depends on the class; the attribute follows feature 0."""
+    y = torch.arange(n) % 3
+    x = torch.randn(n, 8, generator=generator) * 0.5 + y[:, None].float()
+    return Dataset(x=x, y=y, attr=(x[:, 0] > x[:, 0].median()).long())
 
 
-def test_registry_covers_the_cli_contract():
-    assert set(ATTACK_NAMES) == set(EXPECTED_METRICS)
+@pytest.fixture(scope="module")
+def tiny_ctx() -> AuditContext:
+    generator = torch.Generator().manual_seed(0)
+    aux, target = synthetic_part(48, generator), synthetic_part(48, generator)
+    torch.manual_seed(0)
+    encoder = prepare_encoder(wrap_module(nn.Sequential(nn.Linear(8, 6), nn.Tanh()), torch.device("cpu")), aux.x)
+    return AuditContext(encoder=encoder, aux=aux, target=target, quick=True, attack_options=TINY_OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def first_runs(tiny_ctx) -> dict[str, dict]:
+    return {name: get_attack(name).run(tiny_ctx) for name in ATTACK_NAMES}
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)
-def test_attack_declares_its_contract(name):
-    attack = get_attack(name)
-    assert attack.name == name
+def test_attack_describes_itself(name):
+    attack = attack_class(name)
+    assert attack.name == name and REGISTRY[name][1] == attack.__name__
     assert attack.kind in {"label", "reconstruction"}
     assert attack.primary_metric == ("mse" if attack.kind == "reconstruction" else "accuracy")
+    assert attack.primary_metric in attack.metrics
     assert set(attack.needs) <= NEEDS
-    assert len(attack.assumptions) > 20, "the report shows what the attacker is assumed to hold"
+    assert len(attack.title) > 5 and len(attack.assumptions) > 20, "the report shows both"
+    assert attack.kind == "reconstruction" or attack.baseline_name, "a label attack names its baseline"
+    assert attack.__doc__, "the class says what the attack does"
+
+
+def test_tiny_options_name_declared_options():
+    for name, table in TINY_OPTIONS.items():
+        assert set(table) <= attack_class(name).option_names()
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)
-def test_attack_runs_fills_metrics_and_is_reproducible(name, digits_ctx):
-    first, second = get_attack(name).run(digits_ctx), get_attack(name).run(digits_ctx)
+def test_attack_runs_fills_its_metrics_and_is_reproducible(name, tiny_ctx, first_runs):
+    first, second = first_runs[name], get_attack(name).run(tiny_ctx)
     assert first["status"] == "ok", first.get("reason")
-    assert EXPECTED_METRICS[name] <= set(first["metrics"])
+    assert set(attack_class(name).metrics) - IMAGE_ONLY_METRICS <= set(first["metrics"])
     assert first["primary_metric"] in first["baseline"]
     assert math.isfinite(first["advantage"]) and first["seconds"] > 0
+    assert "ssim" not in first["metrics"], "SSIM is for images only"
     json.dumps(first)  # report.json must be able to hold it
     assert flat(first["metrics"]) == pytest.approx(flat(second["metrics"]), rel=1e-5, abs=1e-6), \
         "same seed, same result"
@@ -63,20 +98,18 @@ def flat(metrics: dict, prefix: str = "") -> dict:
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)
-def test_attack_handles_noisy_embeddings(name, digits_ctx):
-    noisy = dataclasses.replace(digits_ctx, noise_sigma=5.0)
-    entry = get_attack(name).run(noisy)
+def test_attack_handles_noisy_embeddings(name, tiny_ctx):
+    entry = get_attack(name).run(dataclasses.replace(tiny_ctx, noise_sigma=5.0))
     assert entry["status"] == "ok", entry.get("reason")
-    primary = entry["metrics"][entry["primary_metric"]]
-    assert math.isfinite(primary)
+    assert math.isfinite(entry["metrics"][entry["primary_metric"]])
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)
-def test_attack_skips_with_a_reason_when_inputs_lack_what_it_needs(name, digits_ctx):
+def test_attack_skips_with_a_reason_when_inputs_lack_what_it_needs(name, tiny_ctx):
     unlabelled = dataclasses.replace(
-        digits_ctx,
-        aux=dataclasses.replace(digits_ctx.aux, y=None, attr=None),
-        target=dataclasses.replace(digits_ctx.target, y=None, attr=None),
+        tiny_ctx,
+        aux=dataclasses.replace(tiny_ctx.aux, y=None, attr=None),
+        target=dataclasses.replace(tiny_ctx.target, y=None, attr=None),
     )
     attack = get_attack(name)
     entry = attack.run(unlabelled)
@@ -87,16 +120,67 @@ def test_attack_skips_with_a_reason_when_inputs_lack_what_it_needs(name, digits_
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)
-def test_gradient_attacks_skip_black_box_models(name, digits_ctx):
-    blackbox = dataclasses.replace(digits_ctx, encoder=dataclasses.replace(digits_ctx.encoder, torch_fn=None))
+def test_gradient_attacks_skip_black_box_models(name, tiny_ctx):
+    blackbox = dataclasses.replace(tiny_ctx, encoder=dataclasses.replace(tiny_ctx.encoder, torch_fn=None))
     attack = get_attack(name)
-    reason = attack.missing(blackbox)
-    assert (reason is not None) == ("gradients" in attack.needs)
+    assert (attack.missing(blackbox) is not None) == ("gradients" in attack.needs)
 
 
-def test_tabular_data_runs_every_attack_without_ssim():
-    ctx = make_context("breast_cancer_mlp.onnx", "breast_cancer.npz")
+def bad_value(spec: dataclasses.Field, hint) -> object:
+    """A value outside what the option declares: a wrong choice, a number below its range, or a
+    value of the wrong type."""
+    meta = spec.metadata
+    if meta["choices"]:
+        return "no-such-choice"
+    for key, step in (("low", -1), ("above", 0), ("below", 0), ("high", 1)):
+        if meta[key] is not None:
+            return meta[key] + step
+    return "not-a-" + str(hint)
+
+
+@pytest.mark.parametrize("name", ATTACK_NAMES)
+def test_attack_checks_its_options_before_running(name, tiny_ctx):
+    attack = attack_class(name)
+    defaults = attack.parse_options({})
+    assert defaults == attack.Options(), "an empty table gives the declared defaults"
+    hints = typing.get_type_hints(attack.Options)
+    for spec in dataclasses.fields(attack.Options):
+        assert spec.metadata["help"], f"{name}.{spec.name} has a help line"
+        wrong = bad_value(spec, hints[spec.name])
+        with pytest.raises(InputError) as refused:
+            attack.parse_options({spec.name: wrong})
+        message = str(refused.value)
+        assert f"{name}.{spec.name}" in message and option_rule(spec, hints[spec.name]) in message
+        assert repr(wrong)[:20] in message
+        bad_ctx = dataclasses.replace(tiny_ctx, attack_options={name: {spec.name: wrong}})
+        with pytest.raises(InputError):
+            get_attack(name).run(bad_ctx)  # refused, not reported as the attack's failure
+    with pytest.raises(InputError, match="has no option 'no_such_option'"):
+        attack.parse_options({"no_such_option": 1})
+
+
+@pytest.mark.slow
+def test_every_attack_runs_on_the_digits_cnn_with_ssim(digits_ctx):
     for name in ATTACK_NAMES:
-        entry = get_attack(name).run(ctx)
+        entry = get_attack(name).run(digits_ctx)
         assert entry["status"] == "ok", (name, entry.get("reason"))
-        assert "ssim" not in entry["metrics"]
+        assert set(attack_class(name).metrics) <= set(entry["metrics"])
+        if entry["kind"] == "reconstruction":
+            assert IMAGE_ONLY_METRICS <= set(entry["metrics"])
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("fine-tune.head=nonsense", "fine-tune.head must be one of 'linear', 'mlp', 'top-model', got 'nonsense'"),
+    ("fine-tune.epochs=-1", "fine-tune.epochs must be an integer >= 1, got -1"),
+    ("sdar.ablation=yes", "sdar.ablation must be true or false, got 'yes'"),
+])
+def test_cli_refuses_a_bad_attack_option_up_front(setting, words, capsys, monkeypatch):
+    from splitaudit import pipeline
+    from splitaudit.cli import main
+
+    monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("ran before checking options"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", sample("digits_cnn.onnx"), "--aux", sample("digits.npz"), "--attacks", "fine-tune,sdar",
+              "--quick", "--attack-option", setting, "--out", "unused"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(words)

@@ -72,7 +72,7 @@ def test_finetune_on_undefended_cnn_beats_training_from_scratch(undefended):
     assert attack["10"] >= 0.88  # measured 0.93 (the split model itself: 0.99)
     assert attack["10"] >= baseline["10"] + 0.05  # measured +0.08
     assert attack["1"] >= baseline["1"] + 0.05  # measured 0.79 vs 0.67
-    # The advantage is the largest gain over the k sweep (the few-label regime of paper 000).
+    # The advantage is the largest gain over the k sweep (the few-label regime in Zheng et al., IJCAI 2024).
     assert result["advantage"] == pytest.approx(max(attack[k] - baseline[k] for k in attack))
 
 
@@ -85,7 +85,7 @@ def test_kmeans_on_undefended_cnn_is_well_above_chance(undefended):
 
 def test_peloss_removes_the_kmeans_advantage(undefended, peloss_ctx):
     defended = ok(get_attack("kmeans").run(peloss_ctx))["advantage"]
-    assert defended <= 0.0  # paper 000: at or below zero; measured -0.53
+    assert defended <= 0.0  # Zheng et al. (IJCAI 2024): at or below zero; measured -0.53
     assert defended <= undefended["kmeans"]["advantage"] - 0.3  # measured +0.13 vs -0.53
 
 
@@ -113,19 +113,6 @@ def test_large_noise_drives_each_attack_to_its_baseline(digits_ctx, undefended, 
     assert noisy["advantage"] <= clean["advantage"] - 0.1  # measured drops: 0.8 / 0.8 / 0.5
     chance = 0.5 if name == "attribute" else 0.1
     assert noisy["metrics"]["accuracy"] <= chance + 0.07  # measured 0.52 / 0.11 / 0.15
-
-
-@pytest.mark.parametrize("name", LABEL_ATTACKS)
-def test_results_are_reproducible_for_a_fixed_seed(digits_ctx, name):
-    noisy = dataclasses.replace(digits_ctx, noise_sigma=0.5, attack_options={"fine-tune": {"k": [10]}})
-    first, second = (get_attack(name).run_seed(noisy, seed=3) for _ in range(2))
-    assert first.metrics == second.metrics and first.baseline == second.baseline
-
-
-@pytest.mark.parametrize("name", ["fine-tune", "kmeans"])
-def test_label_attacks_are_skipped_without_labels(digits_ctx, name):
-    result = get_attack(name).run(without(digits_ctx, "y"))
-    assert result["status"] == "skipped" and "labels" in result["reason"]
 
 
 def test_attribute_attack_needs_the_attribute_not_the_labels(cancer_ctx):
@@ -161,12 +148,6 @@ def test_attacks_restore_the_thread_count(cancer_ctx):
     for name in LABEL_ATTACKS:
         ok(get_attack(name).run(ctx))
         assert torch.get_num_threads() == before
-
-
-def test_finetune_rejects_an_unknown_head(cancer_ctx):
-    ctx = dataclasses.replace(cancer_ctx, attack_options={"fine-tune": {"head": "forest"}})
-    result = get_attack("fine-tune").run(ctx)
-    assert result["status"] == "failed" and "forest" in result["reason"]
 
 
 def test_cli_fills_report_json_with_the_three_attacks(tmp_path):

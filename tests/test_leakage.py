@@ -135,7 +135,7 @@ def test_flag_violations_lists_reconstructions_below_the_bound_beyond_their_erro
     assert result["attacks"]["sdar"]["bound_check"]["margin"] == pytest.approx(2 * math.hypot(0.002, 0.001))
     assert "bound_check" not in result["attacks"]["kmeans"]
     assert "assumptions failed" in result["bounds"]["notes"][-1]
-    # With smoothing the likeliest cause is that the bound covers smoothed inputs (paper 004, A.1).
+    # With smoothing the likeliest cause is that the bound covers smoothed inputs (Maeng et al., NeurIPS 2023, A.1).
     causes = result["bounds"]["violation_causes"]
     assert "smoothed with noise tau = 0.25" in causes[0] and "prior term J" in causes[1]
 

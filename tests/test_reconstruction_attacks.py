@@ -191,13 +191,6 @@ def test_map_beats_unbiased_without_noise_when_the_encoder_is_not_injective():
     assert metrics["mse"] == metrics["mse_map"]
 
 
-def test_optimization_is_skipped_with_a_reason_for_black_box_models(digits_ctx):
-    black_box = variant(digits_ctx, encoder=dataclasses.replace(digits_ctx.encoder, torch_fn=None))
-    result = get_attack("optimization").run(black_box)
-    assert result["status"] == "skipped"
-    assert "gradients" in result["reason"]
-
-
 def test_optimization_on_tabular_data_is_seed_reproducible_and_has_no_ssim(cancer_ctx):
     attack = get_attack("optimization")
     noisy = variant(cancer_ctx, noise_sigma=0.1)

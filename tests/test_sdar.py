@@ -1,4 +1,4 @@
-"""SDAR (paper 003) on the sample models: it reconstructs without query access, query access
+"""SDAR (Zhu et al., NDSS 2025) on the sample models: it reconstructs without query access, query access
 does at least as well, noise hurts it, and it runs without g and on tables."""
 from __future__ import annotations
 
@@ -227,7 +227,7 @@ def test_u_shaped_attack_infers_labels_with_label_free_networks(digits_top_ctx):
 
 @pytest.mark.slow
 def test_removing_d1_makes_the_reconstruction_worse(digits_ctx):
-    """Issue 5 / paper 003's ablation (about 3x on CIFAR-10). Without g only d1 ties the simulator
+    """Issue 5 / Zhu et al.'s (NDSS 2025) ablation (about 3x on CIFAR-10). Without g only d1 ties the simulator
     to f: the decoder soon fits f~'s embeddings, but the target MSE stays above the mean guess
     (0.073) until d1 has pulled f~ onto f's embeddings, from ~1000 iterations on. Digits CNN,
     targets' labels, 2000 iterations, the same seed for both (about 90 s on one core): seed 0
@@ -269,7 +269,7 @@ def test_sdar_runs_without_a_top_model_on_a_jointly_trained_head(digits_ctx):
 def test_sdar_runs_on_tabular_data_with_its_top_model():
     """Runs with flat inputs and embeddings (MLP decoder and discriminators). On 285 aux rows
     with a binary label it is unstable (seed 0 with g: 0.013 at 600 iterations, 0.059 at 2000;
-    mean guess 0.021; paper 003 evaluates images only), so only sanity is asserted."""
+    mean guess 0.021; Zhu et al. (NDSS 2025) evaluates images only), so only sanity is asserted."""
     ctx = make_context("breast_cancer_mlp.onnx", "breast_cancer.npz",
                        top_model=sample("breast_cancer_mlp_top.pt"))
     entry = get_attack("sdar").run(ctx)
@@ -277,9 +277,3 @@ def test_sdar_runs_on_tabular_data_with_its_top_model():
     assert "ssim" not in entry["metrics"]
     assert 0 < entry["metrics"]["mse"] < 3 * entry["baseline"]["mse"]
     assert entry["examples"][0]["shape"] == [29]
-
-
-def test_sdar_is_skipped_without_labels(digits_top_ctx):
-    unlabelled = dataclasses.replace(digits_top_ctx, aux=dataclasses.replace(digits_top_ctx.aux, y=None))
-    entry = get_attack("sdar").run(unlabelled)
-    assert entry["status"] == "skipped" and "labels" in entry["reason"]
