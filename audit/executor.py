@@ -15,7 +15,8 @@ from typing import Callable, Protocol
 import torch
 from tqdm import tqdm
 
-from splitaudit.attacks import SeedOutcome, get_attack
+from splitaudit.attacks import get_attack
+from splitaudit.attacks.base import SeedOutcome
 from splitaudit.config import EXECUTORS
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError

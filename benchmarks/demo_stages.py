@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from splitaudit import cli, pipeline, reports
+from splitaudit import cli, executor, pipeline, reports
 
 HWM = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -107,22 +107,16 @@ def instrument(clock: StageClock, results: list[dict]) -> None:
     clock.wrap(leakage, "_jacobian_traces", "Jacobian traces")
     clock.wrap(leakage, "_prior", "prior J(pi)")
     clock.wrap(reports, "write_reports", "reports (write)")
-    get_attack, run_audit = pipeline.get_attack, pipeline.run_audit
+    run_task, run_audit = executor.run_seed_task, pipeline.run_audit
 
-    def timed_attack(name: str):
-        attack = get_attack(name)
-        run = attack.run
-
-        def timed_run(ctx):
-            with clock.stage(f"attack {name}"):
-                return run(ctx)
-        attack.run = timed_run
-        return attack
+    def timed_task(ctx, task):
+        with clock.stage(f"attack {task.attack} (seed {task.seed})"):
+            return run_task(ctx, task)
 
     def keep_result(*args, **kwargs):
         results.append(run_audit(*args, **kwargs))
         return results[-1]
-    pipeline.get_attack = timed_attack
+    executor.run_seed_task = timed_task
     pipeline.run_audit = keep_result
 
 

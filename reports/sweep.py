@@ -11,10 +11,11 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from splitaudit.attacks import attack_title
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
 from splitaudit.reports.view import (
-    DATA_LABELS, MODEL_LABELS, RUN_LABELS, ATTACK_TITLES, Figure, Figures, Item, Table, _facts, _gate_table,
+    DATA_LABELS, MODEL_LABELS, RUN_LABELS, Figure, Figures, Item, Table, _facts, _gate_table,
     _overview, headline, subtitle, utility_words, verdict_class,
 )
 from splitaudit.reports.terminal import _wrap
@@ -106,7 +107,7 @@ def recommendation_words(sweep: dict) -> Item:
     words = (f"Add Gaussian noise with σ = {number(sigma)} to the embeddings. This guarantees that no attacker "
              f"reconstructs inputs with a mean squared error below {number(rec.get('van_trees_mse'))} per dimension"
              f"{condition}, meeting the target {number(rec.get('target_mse'))}.")
-    checked = [ATTACK_TITLES.get(n, n) for n, a in (point.get("attacks") or {}).items()
+    checked = [attack_title(n) for n, a in (point.get("attacks") or {}).items()
                if a.get("kind") == "reconstruction" and a.get("status") == "ok"]
     words += (f" At this σ the attacks confirm it: {', '.join(checked)} stay above the bound." if checked
               else " No reconstruction attack was run at this σ, so the bound was not checked empirically.")

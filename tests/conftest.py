@@ -25,6 +25,13 @@ def make_context(model: str, data: str, **overrides):
     return prepare_context(options.validate())
 
 
+@pytest.fixture(autouse=True)
+def _in_a_fresh_folder(tmp_path, monkeypatch):
+    """Each test runs in its own empty folder: commands that write ./splitaudit-report by default
+    never touch the checkout, and parallel test workers never share (or lock) an output folder."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def digits_ctx():
     return make_context("digits_cnn.onnx", "digits.npz")

@@ -143,14 +143,15 @@ def test_presets_and_label_options(digits_ctx):
     """`preset=paper` is App. B-B's budget (20k iterations of 128), the default on a GPU; on CPU
     the default stays small; `labels=true` is the old name of `known`."""
     settings = (lambda ctx, **options: sdar_settings(dataclasses.replace(ctx, attack_options={"sdar": options})))
-    assert settings(digits_ctx)["iterations"] == 150 and settings(digits_ctx)["preset"] == "cpu"  # quick
+    on_cpu = dataclasses.replace(digits_ctx, encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cpu")))
+    assert settings(on_cpu)["iterations"] == 150 and settings(on_cpu)["preset"] == "cpu"  # quick
     paper = settings(digits_ctx, preset="paper")
     assert (paper["iterations"], paper["batch_size"]) == (20000, 128)
     assert settings(digits_ctx, preset="paper", iterations=50)["iterations"] == 50
     on_gpu = dataclasses.replace(digits_ctx, quick=False,
                                  encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cuda")))
     assert (settings(on_gpu)["preset"], settings(on_gpu)["iterations"]) == ("paper", 20000)
-    assert settings(dataclasses.replace(digits_ctx, quick=False))["iterations"] == 3000  # cpu, no g
+    assert settings(dataclasses.replace(on_cpu, quick=False))["iterations"] == 3000  # cpu, no g
     assert settings(digits_ctx, labels="true")["labels"] == "known"
     for bad in ({"preset": "fast"}, {"labels": "guess"}, {"batch_size": 1}, {"label_flip": 2.0}):
         with pytest.raises(ValueError):
