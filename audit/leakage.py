@@ -136,11 +136,13 @@ def _mean_dfil(m: Measurement, per_sample: torch.Tensor, sigma: float) -> tuple[
     """E[dFIL] over the samples and its standard error: that of the mean trace (sampling spread
     and probe noise together, estimators/mean_trace.py), scaled by 1 / (d sigma^2).
 
+    The mean is the mean trace's own (not re-averaged from per_sample), so the bounds and the
+    calibrated sigma rest on one number: at the calibrated sigma the bound is the target exactly.
     With sigma = 0 every value is exactly inf (or 0 where f is flat): no error to report."""
-    mean = float(per_sample.double().mean())
     if sigma == 0:
-        return mean, 0.0
-    return mean, m.mean_trace.stderr / (m.d * sigma**2)
+        return float(per_sample.double().mean()), 0.0
+    scale = m.d * sigma**2
+    return m.mean_trace.mean / scale, m.mean_trace.stderr / scale
 
 
 def _dfil_interval(mean: float, stderr: float) -> tuple[float, float]:
