@@ -18,7 +18,7 @@ from splitaudit.estimators.bounds import (
 from splitaudit.estimators.jacobian import TraceEstimate
 from splitaudit.estimators.mean_trace import Z_95, MeanOptions, MeanTrace, estimate_mean_trace
 from splitaudit.estimators.prior import (
-    QUICK_SCORE_SETTINGS, PriorEstimate, ScoreSettings, estimate_prior, mean_variance,
+    QUICK_SCORE_SETTINGS, PriorEstimate, ScoreSettings, estimate_prior, mean_variance, within_work_cap,
 )
 
 IMAGE_SMOOTHING = 0.25  # Maeng et al. (NeurIPS 2023), A.1: the randomized-smoothing noise that works for [0,1] images
@@ -106,7 +106,8 @@ def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
     settings = QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings()
     if method == "gaussian":
         return estimate_prior(ctx.aux.x, method, tau)
-    with ctx.progress(total=settings.max_epochs, desc=f"prior ({method})", unit="epoch") as bar:
+    epochs = within_work_cap(len(ctx.aux.x), ctx.aux.x[0].numel(), settings).max_epochs
+    with ctx.progress(total=epochs, desc=f"prior ({method})", unit="epoch") as bar:
         return estimate_prior(ctx.aux.x, method, tau, seed=ctx.seed, settings=settings,
                               on_epoch=lambda: bar.update())
 

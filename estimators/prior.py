@@ -17,6 +17,7 @@ as failed, and the bound uses the violated limit instead.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -37,6 +38,7 @@ MAX_SCORE_WIDTH = 32  # channels of the multi-scale score network, whatever the 
 MLP_MAX_INPUTS = 16384  # flat inputs beyond this would need a dense layer too large to train
 STORED_DRAW_VALUES = 2**24  # held-out draws kept in memory up to this many values, else regenerated
 MOMENT_BATCH = 256  # samples per step when taking means and variances in float64
+MIN_CAPPED_EPOCHS = 3  # the work cap shrinks the training set before it goes below this many epochs
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,10 @@ class ScoreSettings:
     """Training budget of the score network (early stopping on the held-out loss).
 
     The defaults fit the digits sample (1x8x8) in a few seconds on two CPU cores; the estimate
-    there moves by under 3% between 60 and 200 epochs.
+    there moves by under 3% between 60 and 200 epochs. max_work bounds training samples x epochs x
+    input dimensions, so that the cost stays bounded on large images (see within_work_cap): 1e8 is
+    ~660 SSM sample-steps at 3x224x224, about 9 minutes on two busy CPU cores, and never binds on
+    the digits sample.
     """
 
     max_epochs: int = 80
@@ -54,9 +59,30 @@ class ScoreSettings:
     max_samples: int = 2048
     heldout_fraction: float = 0.2
     eval_draws: int = 8  # smoothing draws per held-out sample when estimating J
+    max_work: float = 1e8  # training samples x epochs x input dimensions
 
 
-QUICK_SCORE_SETTINGS = ScoreSettings(max_epochs=20, patience=5, max_samples=512, eval_draws=4)
+QUICK_SCORE_SETTINGS = ScoreSettings(max_epochs=20, patience=5, max_samples=512, eval_draws=4, max_work=1e7)
+
+
+def within_work_cap(n_samples: int, d: int, settings: ScoreSettings) -> ScoreSettings:
+    """settings with fewer epochs, then fewer samples, so that training samples x epochs x d stays
+    within settings.max_work (the same settings when the cap does not bind).
+
+    Epochs go first (down to MIN_CAPPED_EPOCHS), since early stopping often ends training before
+    max_epochs anyway; below that the training set shrinks. The score net starts from the Gaussian
+    fit, so a short training moves the estimate less far from the floor, never past its checks.
+    """
+    n = min(n_samples, settings.max_samples)
+    n_train = n - max(1, int(round(settings.heldout_fraction * n)))
+    steps = settings.max_work / d  # sample-steps the cap allows
+    if n_train * settings.max_epochs <= steps:
+        return settings
+    epochs = min(settings.max_epochs, max(MIN_CAPPED_EPOCHS, int(steps // max(1, n_train))))
+    samples = n if n_train * epochs <= steps else \
+        max(2, int(steps / epochs / (1 - settings.heldout_fraction)))
+    return dataclasses.replace(settings, max_epochs=epochs, patience=min(settings.patience, epochs),
+                               max_samples=min(n, samples))
 
 
 @dataclass
@@ -156,6 +182,12 @@ def score_matching_prior(x: Tensor, method: str, smoothing: float, seed: int,
         noise = DSM_NOISE_FRACTION * math.sqrt(variance)
         notes.append(f"dsm needs a noise level: it estimates the prior smoothed by N(0, {noise:.3g}^2) "
                      "(no --smoothing given), which slightly underestimates J")
+    asked, settings = settings, within_work_cap(len(x), x[0].numel(), settings)
+    if settings != asked:
+        notes.append(f"training cut by the work cap ({asked.max_work:.3g} samples x epochs x dimensions): at most "
+                     f"{settings.max_epochs} epochs on at most {settings.max_samples} samples (asked "
+                     f"{asked.max_epochs} on {min(len(x), asked.max_samples)}); the estimate may sit nearer the "
+                     "Gaussian floor than a longer training would put it")
     generator = torch.Generator(device=x.device).manual_seed(seed)
     train, heldout = _split(x, settings, generator)
     loss = _ssm_vr_loss if method == "ssm" else _dsm_loss
@@ -166,7 +198,8 @@ def score_matching_prior(x: Tensor, method: str, smoothing: float, seed: int,
     return PriorEstimate(method=method, smoothing=smoothing, j_over_d=j / d, stderr=se / d,
                          gaussian_floor=1.0 / (variance + noise**2), stam_limit=stam_limit(noise),
                          notes=notes, details={**info, "noise": noise, "n_train": len(train),
-                                               "n_heldout": len(heldout)})
+                                               "n_heldout": len(heldout), "max_epochs": settings.max_epochs,
+                                               "work_capped": settings != asked})
 
 
 def _split(x: Tensor, settings: ScoreSettings, generator: torch.Generator) -> tuple[Tensor, Tensor]:

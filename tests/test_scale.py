@@ -13,7 +13,9 @@ from splitaudit import memory
 from splitaudit.attacks.features import COMPONENTS, reduced
 from splitaudit.attacks.kmeans import cluster_scores
 from splitaudit.attacks.optimization import invert
-from splitaudit.estimators.prior import MultiScaleResidual, ScoreSettings, estimate_prior, make_score_net
+from splitaudit.estimators.prior import (
+    QUICK_SCORE_SETTINGS, MultiScaleResidual, ScoreSettings, estimate_prior, make_score_net, within_work_cap,
+)
 from splitaudit.models import Encoder
 
 
@@ -69,6 +71,36 @@ def test_score_matching_on_64px_images_runs_in_bounded_batches(method, monkeypat
     assert np.isfinite(small.j_over_d) and (small.valid or small.notes)
     assert small.gaussian_floor <= small.j_over_d_used <= small.stam_limit
     assert estimate_prior(x, method, smoothing=0.25, settings=settings).j_over_d == pytest.approx(small.j_over_d)
+
+
+def test_work_cap_bounds_score_training_and_leaves_small_inputs_alone():
+    """samples x epochs x d stays within max_work (epochs cut first, down to 3, then samples);
+    the digits-sized case (1x8x8, 1797 samples) and the unit tests' sizes are not cut."""
+    for settings in (ScoreSettings(), QUICK_SCORE_SETTINGS):
+        assert within_work_cap(1797, 64, settings) == settings
+        assert within_work_cap(3000, 4, settings) == settings
+        for n, d in ((100, 3 * 224 * 224), (5000, 3 * 224 * 224), (400, 3 * 64 * 64), (10, 10**7)):
+            capped = within_work_cap(n, d, settings)
+            n_train = min(n, capped.max_samples) - max(1, round(capped.heldout_fraction * min(n, capped.max_samples)))
+            assert 1 <= capped.max_epochs <= settings.max_epochs and capped.patience <= capped.max_epochs
+            assert n_train * capped.max_epochs * d <= settings.max_work or capped.max_samples == 2
+    quick = within_work_cap(100, 3 * 224 * 224, QUICK_SCORE_SETTINGS)
+    assert quick.max_epochs == 3 and quick.max_samples < 100  # 1e7 / 150528 = 66 sample-steps
+
+
+@pytest.mark.parametrize("method", ["ssm", "dsm"])
+def test_capped_score_matching_states_the_cut_and_keeps_its_checks(method):
+    """With a cap of 6 sample-steps at 3x64x64, training is cut, the prior's details and notes say
+    so, and what the bound uses still lies between the Gaussian floor and Stam's limit."""
+    x, _ = smooth_images(40, 64)
+    settings = ScoreSettings(max_work=6 * x[0].numel())
+    estimate = estimate_prior(x, method, smoothing=0.25, settings=settings)
+    assert estimate.details["work_capped"] and estimate.details["max_epochs"] == 3
+    assert estimate.details["n_train"] * estimate.details["epochs"] <= 6
+    assert any("work cap" in note for note in estimate.notes)
+    assert estimate.gaussian_floor <= estimate.j_over_d_used <= estimate.stam_limit
+    uncapped = estimate_prior(x, method, smoothing=0.25, settings=ScoreSettings(max_epochs=2, patience=2))
+    assert not uncapped.details["work_capped"]
 
 
 def test_inversion_in_memory_sized_chunks_equals_one_batch(monkeypatch):
