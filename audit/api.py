@@ -85,12 +85,12 @@ def audit(model: Any, aux: Any, target: Any = None, attacks: str | list[str] = "
     return run(options, progress=_stderr_progress if progress else None)
 
 
-def run(options: AuditOptions, progress: Callable | None = None) -> AuditResult:
+def run(options: AuditOptions, progress: Callable | None = None, on_cost: Callable | None = None) -> AuditResult:
     """Run the audit that `options` describe (the CLI's and audit()'s one code path)."""
     from splitaudit.context import silent_progress
     from splitaudit.pipeline import run_audit
 
-    return AuditResult(run_audit(options, progress=progress or silent_progress))
+    return AuditResult(run_audit(options, progress=progress or silent_progress, on_cost=on_cost))
 
 
 def _stderr_progress(**kwargs):

@@ -24,6 +24,7 @@ from splitaudit.errors import InputError
 from splitaudit.safety import display_path, display_text, displayable
 
 EXIT_GATE_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+COST_NOTICE_SECONDS = 180  # the up-front cost estimate is printed when the audit may take longer
 
 
 def _comma_list(convert):
@@ -168,7 +169,7 @@ def _audit_and_report(options: AuditOptions) -> None:
     if options.junit:
         claim_output_folder(Path(options.junit).parent)
     with output_lock(claim_output_folder(options.out)):  # checked before any computation
-        outcome = run_api(options, progress=cli_progress)
+        outcome = run_api(options, progress=cli_progress, on_cost=print_long_cost)
         written = outcome.write(options.out, options.formats)
         if options.junit:
             written.append(write_junit(outcome.data, Path(options.junit)))
@@ -176,6 +177,12 @@ def _audit_and_report(options: AuditOptions) -> None:
     _echo_written(written)
     if not outcome.passed:
         raise SystemExit(EXIT_GATE_FAILED)
+
+
+def print_long_cost(estimate) -> None:
+    """The up-front cost estimate on stderr, when the audit will take more than a few minutes."""
+    if estimate.total > COST_NOTICE_SECONDS:
+        click.echo(f"splitaudit: {estimate.summary()}", err=True)
 
 
 @cli.command()

@@ -84,8 +84,12 @@ def _load(path: str, shape, options: AuditOptions) -> Dataset:
     return load_dataset(path, shape, label_column=options.label_column, attr_column=options.attr_column)
 
 
-def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
-    """Run the whole audit and return the result object (report.json's content)."""
+def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress,
+              on_cost: Callable[..., None] | None = None) -> dict:
+    """Run the whole audit and return the result object (report.json's content).
+
+    on_cost, when given, receives the up-front cost estimate (splitaudit.cost.CostEstimate)
+    before the long stages start."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     options.validate()
@@ -100,6 +104,11 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     from splitaudit.utility import utility_section
 
     result["utility"] = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
+    if on_cost is not None:
+        from splitaudit.cost import estimate_cost
+
+        on_cost(estimate_cost(ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), names,
+                              options.dfil_samples))
     with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
         stages.set_postfix_str("dFIL and bounds")
         result.update(leakage.assess(ctx, prior=options.prior, smoothing=options.smoothing,

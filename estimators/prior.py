@@ -245,6 +245,17 @@ def train_score_net(x: Tensor, train: Tensor, heldout: Tensor, loss_fn, noise: f
                         "parameters": sum(p.numel() for p in net.parameters())}
 
 
+def score_training_step(x: Tensor, method: str, noise: float, samples: int = 2) -> Callable[[], None]:
+    """One training step of the score network on the first `samples` samples of x, as a callable
+    (the audit's up-front cost estimate times it)."""
+    probe = x[:samples]
+    net = make_score_net(x, torch.arange(len(probe), device=x.device), noise, 0)
+    loss_fn = _ssm_vr_loss if method == "ssm" else _dsm_loss
+    generator = torch.Generator(device=x.device).manual_seed(0)
+    noise = noise if noise > 0 else DSM_NOISE_FRACTION
+    return lambda: loss_fn(net, probe, noise, _draws(probe, generator)).backward()
+
+
 def score_batch_size(net: nn.Module, probe: Tensor, loss_fn, noise: float, cap: int) -> int:
     """settings.batch_size, or fewer samples when one step's saved activations exceed the budget."""
     generator = torch.Generator(device=probe.device).manual_seed(0)

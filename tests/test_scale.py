@@ -128,3 +128,48 @@ def test_raw_inputs_over_4096_dimensions_are_reduced_and_still_cluster():
     assert cluster_scores(points, y.numpy(), 4, seed=0)["accuracy"] > 0.9
     (small,), none = reduced(torch.rand(10, 64))
     assert small.shape == (10, 64) and none["reduction"] == "none"
+
+
+def _cost(size: int, prior: str, quick: bool = False):
+    from splitaudit.context import AuditContext
+    from splitaudit.cost import estimate_cost
+    from splitaudit.data import Dataset
+
+    x, y = smooth_images(32, size)
+    ctx = AuditContext(encoder=encoder_of(build("resnet"), x), aux=Dataset(x=x[:16], y=y[:16]),
+                       target=Dataset(x=x[16:], y=y[16:]), quick=quick)
+    return estimate_cost(ctx, prior, 0.25, ["optimization", "kmeans"])
+
+
+def test_cost_estimate_is_positive_finite_and_grows_with_the_input():
+    """Per-stage seconds on a ResNet-style stem: every estimated stage positive and finite, the
+    attack without a cost model listed as not estimated, and 224 px costing more than 16 px
+    (196x the pixels; a factor 3 leaves room for 5x timing noise seen on a busy machine). The
+    large one is timed first: passes in a fresh process's first seconds ran up to 50x slower here."""
+    large, small = _cost(224, "dsm"), _cost(16, "dsm")
+    for estimate in (small, large):
+        assert set(estimate.stages) == {"dFIL", "prior (dsm)", "optimization"}
+        assert all(np.isfinite(s) and s > 0 for s in estimate.stages.values())
+        assert estimate.not_estimated == ["kmeans"] and "not estimated: kmeans" in estimate.summary()
+    assert large.total > 3 * small.total
+    assert large.stages["optimization"] > 3 * small.stages["optimization"]
+    assert large.stages["prior (dsm)"] > 3 * small.stages["prior (dsm)"]
+    quick = _cost(224, "gaussian", quick=True)
+    assert quick.stages["prior (gaussian)"] == 0 and quick.stages["optimization"] < large.stages["optimization"]
+
+
+def test_cli_prints_the_cost_estimate_on_stderr_only_for_long_audits(tmp_path, monkeypatch, capsys):
+    """Above COST_NOTICE_SECONDS the estimate is one line on stderr (stages under a second are not
+    named); below it (the digits sample takes seconds) nothing is printed."""
+    from conftest import sample
+    from splitaudit import cli
+
+    args = ["run", sample("digits_mlp.pt"), "--aux", sample("digits.npz"), "--attacks", "optimization,kmeans",
+            "--prior", "gaussian", "--quick", "--out", str(tmp_path / "a")]
+    for threshold, expected in ((1e9, False), (0.0, True)):
+        monkeypatch.setattr(cli, "COST_NOTICE_SECONDS", threshold)
+        with pytest.raises(SystemExit):
+            cli.main(args)
+        err = capsys.readouterr().err
+        assert ("this audit may take about" in err) == expected
+        assert not expected or (err.count("\n") == 1 and "not estimated: kmeans" in err)

@@ -1,0 +1,143 @@
+"""An up-front estimate of the audit's cost, stage by stage, so a long run says so before it starts.
+
+Forward and backward passes of the encoder (and one step of the score network) are timed on
+a small batch, then multiplied by the work each stage plans: the Jacobian products of the dFIL
+traces (the choice estimators/mean_trace.py's auto makes), the prior's capped training, and the
+inversion steps of the optimization attack on every seed. The estimate is rough (a randomised
+trace stops when its error target is met; training stops early), meant to tell minutes from
+hours. Attacks without a cost model are listed as not estimated. Pure computation, no I/O.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from splitaudit.context import AuditContext
+from splitaudit.estimators.jacobian import exact_costs, measure_plan
+from splitaudit.estimators.mean_trace import (
+    CHECK_PROBES, CHECK_SAMPLES, EXACT_PREFERENCE, EXACT_PRODUCTS, PILOT_PROBES, MeanOptions,
+)
+from splitaudit.estimators.prior import QUICK_SCORE_SETTINGS, ScoreSettings, score_training_step, within_work_cap
+from splitaudit.threads import threads_for
+
+TIMING_BATCH = 16  # samples per timed pass (batches amortise per-call overhead, as the stages do)
+MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 3, 100, 1.5  # each timing repeats its step for this long
+PRIOR_TIMING_BATCH = 2  # samples per timed score-network step
+RANDOMISED_PROBES = 2 * PILOT_PROBES  # a typical Hutchinson run's probes per sample (the pilot's, doubled)
+EVAL_PASSES_PER_EPOCH = 1  # the held-out loss: about one training step per held-out sample
+
+
+@dataclass
+class CostEstimate:
+    """Estimated seconds per stage (dFIL, prior, each estimated attack) and the attacks left out."""
+
+    stages: dict[str, float] = field(default_factory=dict)
+    not_estimated: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(self.stages.values())
+
+    def summary(self) -> str:
+        """One line: the total and each stage's share, and what was not estimated."""
+        parts = ", ".join(f"{name} {_duration(seconds)}" for name, seconds in self.stages.items() if seconds >= 1)
+        left_out = f"; not estimated: {', '.join(self.not_estimated)}" if self.not_estimated else ""
+        return f"this audit may take about {_duration(self.total)} ({parts}{left_out}); --quick is faster"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def estimate_cost(ctx: AuditContext, prior: str, smoothing: float, attacks: list[str],
+                  dfil_samples: int | None = None) -> CostEstimate:
+    """Seconds each long stage of the audit is expected to take on ctx's model, data and device."""
+    from splitaudit.leakage import DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES
+
+    with threads_for(ctx.aux.x.numel(), ctx.device):  # the threads the stages themselves use
+        pass_seconds = encoder_pass_seconds(ctx)
+        prior_stage = prior_seconds(ctx, prior, smoothing)
+    cap = dfil_samples or (QUICK_DFIL_MAX_SAMPLES if ctx.quick else DFIL_MAX_SAMPLES)
+    estimate = CostEstimate()
+    estimate.stages["dFIL"] = dfil_products(ctx, min(cap, len(ctx.target))) * pass_seconds
+    estimate.stages[f"prior ({prior})"] = prior_stage
+    for name in attacks:
+        seconds = attack_seconds(ctx, name, pass_seconds)
+        if seconds is None:
+            estimate.not_estimated.append(name)
+        else:
+            estimate.stages[name] = seconds
+    return estimate
+
+
+def encoder_pass_seconds(ctx: AuditContext) -> float:
+    """Per-sample seconds of one forward + backward pass of the encoder on a small batch (of a
+    forward pass for a black-box model: its Jacobians are finite differences)."""
+    x = ctx.target.x[:TIMING_BATCH]
+    if not ctx.encoder.differentiable:
+        return _timed(lambda: ctx.encoder(x)) / len(x)
+
+    def forward_backward() -> None:
+        point = x.detach().clone().requires_grad_(True)
+        torch.autograd.grad(ctx.encoder(point).sum(), point)
+
+    return _timed(forward_backward) / len(x)
+
+
+def _timed(step) -> float:
+    """The least seconds of `step` over calls repeated for TIMING_SECONDS (at least MIN_CALLS, the
+    first not counted). The least, since other work only ever adds time; the window outlasts the
+    slow first seconds of a process (thread pools and allocations warming up make early calls up
+    to ~100x slower on a busy machine)."""
+    start, seconds = time.perf_counter(), []
+    while len(seconds) < MIN_CALLS or (time.perf_counter() - start < TIMING_SECONDS and len(seconds) < MAX_CALLS):
+        begin = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - begin)
+    return min(seconds[1:])
+
+
+def dfil_products(ctx: AuditContext, n: int) -> float:
+    """Jacobian products the dFIL traces of n samples need: exact when auto would pick it
+    (estimators/mean_trace.py), else a typical randomised run; plus the runtime cross-check."""
+    x = ctx.target.x[:2]
+    randomised = min(n, MeanOptions().min_samples) * RANDOMISED_PROBES + CHECK_SAMPLES * CHECK_PROBES
+    if not ctx.encoder.differentiable:
+        return 2 * randomised  # central differences: two forward passes per probe
+    costs = exact_costs(ctx.encoder, x, measure_plan(ctx.encoder, x))
+    cheapest = min(costs.values()) if costs else None
+    if cheapest is not None and (cheapest <= EXACT_PRODUCTS or n * cheapest <= EXACT_PREFERENCE * randomised):
+        return n * cheapest + CHECK_SAMPLES * CHECK_PROBES
+    return randomised
+
+
+def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> float:
+    """The score network's training at most (early stopping may end it sooner), 0 for gaussian."""
+    if prior == "gaussian":
+        return 0.0
+    x = ctx.aux.x
+    settings = within_work_cap(len(x), x[0].numel(), QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings())
+    n = min(len(x), settings.max_samples)
+    steps_per_epoch = n + EVAL_PASSES_PER_EPOCH * max(1, round(settings.heldout_fraction * n))
+    step = _timed(score_training_step(x, prior, smoothing, PRIOR_TIMING_BATCH)) / PRIOR_TIMING_BATCH
+    return settings.max_epochs * steps_per_epoch * step
+
+
+def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> float | None:
+    """Seconds of an attack over all its seeds, for the attacks whose cost is encoder passes
+    (None for the others: their nets and solvers are not timed)."""
+    if name != "optimization":
+        return None
+    from splitaudit.attacks import get_attack
+
+    settings = dataclasses.asdict(get_attack(name).options(ctx))
+    n = min(len(ctx.target), settings["quick_samples"] if ctx.quick else settings["samples"])
+    steps = settings["quick_steps"] if ctx.quick else settings["steps"]
+    return len(ctx.seeds) * steps * 2 * n * pass_seconds  # unbiased and MAP inverted together
