@@ -68,10 +68,16 @@ class AuditContext:
         """f(x) for a data part, computed once (a stochastic encoder gets a fresh draw each call);
         every embedding is checked to be finite, so NaN never reaches an attack or a bound."""
         if self.encoder.stochastic:
-            return _finite_embeddings(self.encoder.embed(self.part(part).x), part)
+            return _finite_embeddings(self._embed(part), part)
         if part not in self._clean:
-            self._clean[part] = _finite_embeddings(self.encoder.embed(self.part(part).x), part)
+            self._clean[part] = _finite_embeddings(self._embed(part), part)
         return self._clean[part]
+
+    def _embed(self, part: str) -> torch.Tensor:
+        """f(x) of a data part, with a progress bar (large images take minutes on a CPU)."""
+        x = self.part(part).x
+        with self.progress(total=len(x), desc=f"embedding {part}", unit="sample") as bar:
+            return self.encoder.embed(x, on_samples=bar.update)
 
     def add_noise(self, z: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """z + N(0, sigma^2 I): what the client actually sends under --noise-sigma."""

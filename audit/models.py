@@ -99,15 +99,22 @@ class Encoder:
         return _in_batches(fn, x, self.fixed_batch)
 
     @torch.no_grad()
-    def embed(self, x: torch.Tensor, batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
+    def embed(self, x: torch.Tensor, batch_size: int = DEFAULT_BATCH,
+              on_samples: Callable[[int], object] | None = None) -> torch.Tensor:
         """f(x) for any number of samples, in batches, without gradients, on the model's device.
 
         Batches hold at most batch_size samples and memory.FORWARD_VALUES input values (a few
-        dozen 3x224x224 images), and only one batch is on the device at a time."""
+        dozen 3x224x224 images), and only one batch is on the device at a time; on_samples, when
+        given, is told how many samples each batch held (a progress bar's update)."""
         from splitaudit.memory import forward_batch
 
         size = forward_batch(tuple(x.shape[1:]), batch_size)
-        return torch.cat([self(chunk.to(self.device)) for chunk in x.split(size)])
+        parts = []
+        for chunk in x.split(size):
+            parts.append(self(chunk.to(self.device)))
+            if on_samples is not None:
+                on_samples(len(chunk))
+        return torch.cat(parts)
 
     def architecture(self) -> nn.Module | None:
         """The torch module (normalisation included) for re-initialised copies, if known."""

@@ -173,3 +173,29 @@ def test_cli_prints_the_cost_estimate_on_stderr_only_for_long_audits(tmp_path, m
         err = capsys.readouterr().err
         assert ("this audit may take about" in err) == expected
         assert not expected or (err.count("\n") == 1 and "not estimated: kmeans" in err)
+
+
+def test_embedding_reports_progress_batch_by_batch(monkeypatch):
+    """Embedding a data part moves its progress bar by each batch's samples up to the part's size
+    (batches forced small), and the cached second call opens no bar."""
+    import io
+
+    from tqdm import tqdm
+
+    from splitaudit.context import AuditContext
+    from splitaudit.data import Dataset
+
+    bars, steps = [], []
+
+    def progress(**kwargs):
+        bars.append(tqdm(file=io.StringIO(), **kwargs))
+        bars[-1].update = lambda n=1, bar=bars[-1]: (steps.append(n), tqdm.update(bar, n))
+        return bars[-1]
+
+    x, y = smooth_images(20, 32)
+    monkeypatch.setattr(memory, "FORWARD_VALUES", 6 * x[0].numel())
+    ctx = AuditContext(encoder=encoder_of(build("resnet"), x), aux=Dataset(x=x[:14]), target=Dataset(x=x[14:]),
+                       progress=progress)
+    first = ctx.clean_embeddings("aux")
+    assert steps == [6, 6, 2] and bars[0].n == 14 and bars[0].desc == "embedding aux"
+    assert torch.equal(ctx.clean_embeddings("aux"), first) and len(bars) == 1
