@@ -36,6 +36,7 @@ class CostEstimate:
 
     stages: dict[str, float] = field(default_factory=dict)
     not_estimated: list[str] = field(default_factory=list)
+    quick: bool = False  # the estimate is of a --quick audit
 
     @property
     def total(self) -> float:
@@ -45,7 +46,8 @@ class CostEstimate:
         """One line: the total and each stage's share, and what was not estimated."""
         parts = ", ".join(f"{name} {_duration(seconds)}" for name, seconds in self.stages.items() if seconds >= 1)
         left_out = f"; not estimated: {', '.join(self.not_estimated)}" if self.not_estimated else ""
-        return f"this audit may take about {_duration(self.total)} ({parts}{left_out}); --quick is faster"
+        hint = "" if self.quick else "; --quick is faster"
+        return f"this audit may take about {_duration(self.total)} ({parts}{left_out}){hint}"
 
 
 def _duration(seconds: float) -> str:
@@ -65,7 +67,7 @@ def estimate_cost(ctx: AuditContext, prior: str, smoothing: float, attacks: list
         pass_seconds = encoder_pass_seconds(ctx)
         prior_stage = prior_seconds(ctx, prior, smoothing)
     cap = dfil_samples or (QUICK_DFIL_MAX_SAMPLES if ctx.quick else DFIL_MAX_SAMPLES)
-    estimate = CostEstimate()
+    estimate = CostEstimate(quick=ctx.quick)
     estimate.stages["dFIL"] = dfil_products(ctx, min(cap, len(ctx.target))) * pass_seconds
     estimate.stages[f"prior ({prior})"] = prior_stage
     for name in attacks:

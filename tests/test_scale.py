@@ -154,7 +154,9 @@ def test_cost_estimate_is_positive_finite_and_grows_with_the_input():
     assert large.total > 3 * small.total
     assert large.stages["optimization"] > 3 * small.stages["optimization"]
     assert large.stages["prior (dsm)"] > 3 * small.stages["prior (dsm)"]
+    assert "--quick is faster" in large.summary()
     quick = _cost(224, "gaussian", quick=True)
+    assert "--quick" not in quick.summary()
     assert quick.stages["prior (gaussian)"] == 0 and quick.stages["optimization"] < large.stages["optimization"]
 
 
