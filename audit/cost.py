@@ -28,6 +28,7 @@ MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 3, 100, 1.5  # each timing repeats its st
 PRIOR_TIMING_BATCH = 2  # samples per timed score-network step
 RANDOMISED_PROBES = 2 * PILOT_PROBES  # a typical Hutchinson run's probes per sample (the pilot's, doubled)
 EVAL_PASSES_PER_EPOCH = 1  # the held-out loss: about one training step per held-out sample
+MIN_VALUES_TO_ESTIMATE = 2**20  # input values (aux + target); the bundled digits hold 115k
 
 
 @dataclass
@@ -56,6 +57,12 @@ def _duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def worth_estimating(ctx: AuditContext) -> bool:
+    """Whether the data is large enough for the audit to possibly run for minutes; below that,
+    the few seconds of timing an estimate costs would be most of the run (digits, tabular data)."""
+    return ctx.aux.x.numel() + ctx.target.x.numel() >= MIN_VALUES_TO_ESTIMATE
 
 
 def estimate_cost(ctx: AuditContext, prior: str, smoothing: float, attacks: list[str],

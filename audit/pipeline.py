@@ -104,9 +104,9 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     from splitaudit.utility import utility_section
 
     result["utility"] = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
-    if on_cost is not None:
-        from splitaudit.cost import estimate_cost
+    from splitaudit.cost import estimate_cost, worth_estimating
 
+    if on_cost is not None and worth_estimating(ctx):
         on_cost(estimate_cost(ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), names,
                               options.dfil_samples))
     with progress(total=1 + len(names), desc="audit", unit="stage") as stages:

@@ -162,9 +162,12 @@ def test_cost_estimate_is_positive_finite_and_grows_with_the_input():
 
 def test_cli_prints_the_cost_estimate_on_stderr_only_for_long_audits(tmp_path, monkeypatch, capsys):
     """Above COST_NOTICE_SECONDS the estimate is one line on stderr (stages under a second are not
-    named); below it (the digits sample takes seconds) nothing is printed."""
+    named); below it (the digits sample takes seconds) nothing is printed. The digits are below the
+    size worth estimating, so that floor is lowered here; at its default no timing runs at all."""
     from conftest import sample
-    from splitaudit import cli
+    from splitaudit import cli, cost
+
+    monkeypatch.setattr(cost, "MIN_VALUES_TO_ESTIMATE", 0)
 
     args = ["run", sample("digits_mlp.pt"), "--aux", sample("digits.npz"), "--attacks", "optimization,kmeans",
             "--prior", "gaussian", "--quick", "--out", str(tmp_path / "a")]
@@ -175,6 +178,10 @@ def test_cli_prints_the_cost_estimate_on_stderr_only_for_long_audits(tmp_path, m
         err = capsys.readouterr().err
         assert ("this audit may take about" in err) == expected
         assert not expected or (err.count("\n") == 1 and "not estimated: kmeans" in err)
+    monkeypatch.setattr(cost, "MIN_VALUES_TO_ESTIMATE", 2**20)
+    monkeypatch.setattr(cost, "estimate_cost", lambda *a, **k: pytest.fail("the digits are not worth estimating"))
+    with pytest.raises(SystemExit):
+        cli.main(args)
 
 
 def test_embedding_reports_progress_batch_by_batch(monkeypatch):
