@@ -182,6 +182,15 @@ def test_simulator_of_an_onnx_resnet_gets_back_its_folded_batch_norm_and_glorot_
     assert not restore_batch_norm(build("resnet"))
 
 
+def test_an_onnx_layer_normalised_bottom_gets_no_batch_norm(digits_ctx):
+    """The digits CNN was trained without batch norm and its ONNX graph keeps the LayerNorm
+    (onnx2pytorch's own class, not torch.nn's): its simulator must not get batch norm added."""
+    simulator = SDARNets.build(digits_ctx, 0, FULL).simulator
+    assert any(type(m).__name__ == "LayerNorm" for m in simulator.modules())
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in simulator.modules())
+    assert not restore_batch_norm(simulator)
+
+
 @pytest.mark.slow
 def test_sdar_beats_the_mean_guess_and_query_access_beats_sdar(digits_top_ctx, sdar_entry):
     """Issue 5: undefended digits CNN with g. Query access (the decoder attack) is worth something."""
