@@ -139,7 +139,7 @@ def main() -> None:
         quiet = io.StringIO()
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             try:
-                cli.demo.callback(out=out, quick=args.quick, device=args.device, debug=True)
+                cli.demo.callback(out=out, quick=args.quick, device=args.device, debug=True, as_sweep=False)
             except SystemExit as stop:  # a failing gate exits 1 after writing every report
                 exit_code = stop.code or 0
     print(f"splitaudit demo{' --quick' if args.quick else ''} on {args.device}, torch threads "
