@@ -330,6 +330,8 @@ class SDARNets:
         the targets' labels, batch 32, target MSE at 200/400/600/800 iterations, seed 0):
         Glorot 0.0471/0.0367/0.0316/0.0262, Kaiming 0.0411/0.0316/0.0267/0.0230; seed 1 at
         250/500/750/1000: Glorot 0.0370/0.0350/0.0290/0.0260, Kaiming 0.0324/0.0278/0.0238/0.0219.
+        Without g (seed 0, 250-1000): Glorot 0.0928/0.1054/0.1082/0.1063, Kaiming
+        0.0890/0.0991/0.1020/0.0967 (both still above the mean guess 0.073 at 1000).
         Decoder, discriminators and head keep PyTorch's initialisation: with Glorot they
         learned slower (seed 0, target MSE at 150/300/450 iterations: 0.0525/0.0436/0.0377 with
         Glorot, 0.0463/0.0374/0.0323 without)."""
