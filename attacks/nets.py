@@ -77,15 +77,22 @@ def glorot_bound(shape: torch.Size) -> float:
 NORMALIZATIONS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 
 
+def is_normalization(module: nn.Module) -> bool:
+    """torch.nn's normalisation layers, and onnx2pytorch's (LayerNorm, InstanceNorm, BatchNormalization...)."""
+    return isinstance(module, NORMALIZATIONS) or type(module).__name__.endswith(("Norm", "Normalization"))
+
+
 def restore_batch_norm(module: nn.Module) -> bool:
     """Put a BatchNorm2d after every Conv2d of a network that has no normalisation at all.
 
     ONNX export in inference mode folds BatchNorm into the preceding convolutions, so an
     ONNX-converted ResNet has none left, and a re-initialised copy of it trains without the
     batch norm the original was trained with. Returns whether anything was added (a network
-    that already normalises, or has no convolutions, is left as it is).
+    that already normalises, or has no convolutions, is left as it is; onnx2pytorch's own
+    LayerNorm counts: the bundled digits CNN, trained without batch norm, keeps its LayerNorm
+    through export and must not get batch norm added).
     """
-    if any(isinstance(m, NORMALIZATIONS) for m in module.modules()):
+    if any(is_normalization(m) for m in module.modules()):
         return False
     convs = [(parent, name, child) for parent in module.modules()
              for name, child in parent.named_children() if type(child) is nn.Conv2d]

@@ -1,4 +1,4 @@
-"""Wall time and peak memory of `splitaudit demo`, stage by stage, in one process.
+"""Wall time, process CPU time and peak memory of `splitaudit demo`, stage by stage, in one process.
 
 Runs the demo command itself (audit of the bundled digits CNN with every registered attack, then
 the reports), with its stages wrapped in timers: model + data load, leakage (dFIL traces, prior,
@@ -36,6 +36,7 @@ class Stage:
     name: str
     depth: int
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the process's CPU time (all threads) during the stage
     peak_rss: int = 0  # bytes
     python_peak: int | None = None
     running_peak: int = field(default=0, repr=False)
@@ -59,11 +60,12 @@ class StageClock:
         reset_peak_rss()
         if self.trace_python:
             tracemalloc.reset_peak()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             yield stage
         finally:
             stage.seconds = time.perf_counter() - start
+            stage.cpu_seconds = time.process_time() - cpu_start
             stage.peak_rss = max(stage.running_peak, peak_rss())
             if self.trace_python:
                 stage.python_peak = tracemalloc.get_traced_memory()[1]
@@ -137,7 +139,7 @@ def main() -> None:
         quiet = io.StringIO()
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             try:
-                cli.demo.callback(out=out, quick=args.quick, device=args.device, debug=True)
+                cli.demo.callback(out=out, quick=args.quick, device=args.device, debug=True, as_sweep=False)
             except SystemExit as stop:  # a failing gate exits 1 after writing every report
                 exit_code = stop.code or 0
     print(f"splitaudit demo{' --quick' if args.quick else ''} on {args.device}, torch threads "
@@ -148,7 +150,7 @@ def main() -> None:
 def print_stages(stages: list[Stage], result: dict) -> None:
     attacks = result.get("attacks", {})
     python = stages[0].python_peak is not None
-    header = f"{'stage':40s} {'seconds':>8s} {'share':>6s} {'peak RSS MiB':>13s}"
+    header = f"{'stage':40s} {'seconds':>8s} {'CPU s':>7s} {'share':>6s} {'peak RSS MiB':>13s}"
     print(header + (f" {'py peak MiB':>12s}" if python else "") + "  status")
     total = stages[0].seconds
     for s in stages[1:] + stages[:1]:
@@ -157,10 +159,10 @@ def print_stages(stages: list[Stage], result: dict) -> None:
         status = entry.get("status", "")
         if entry.get("reason"):
             status += f": {entry['reason'][:60]}"
-        line = f"{name:40s} {s.seconds:8.2f} {s.seconds / total:6.1%} {s.peak_rss / 2**20:13.0f}"
+        line = f"{name:40s} {s.seconds:8.2f} {s.cpu_seconds:7.1f} {s.seconds / total:6.1%} {s.peak_rss / 2**20:13.0f}"
         print(line + (f" {s.python_peak / 2**20:12.1f}" if python else "") + f"  {status}")
     top = sum(s.seconds for s in stages if s.depth == 1)
-    print(f"{'other (imports, gate, summary)':40s} {total - top:8.2f} {(total - top) / total:6.1%}")
+    print(f"{'other (imports, gate, summary)':40s} {total - top:8.2f} {'':7s} {(total - top) / total:6.1%}")
     if "run" in result:
         print(f"report.json run.seconds: {result['run']['seconds']:.2f} (run_audit, without writing reports)")
 

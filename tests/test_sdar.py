@@ -147,6 +147,8 @@ def test_presets_and_label_options(digits_ctx):
     assert settings(on_cpu)["iterations"] == 150 and settings(on_cpu)["preset"] == "cpu"  # quick
     paper = settings(digits_ctx, preset="paper")
     assert (paper["iterations"], paper["batch_size"]) == (20000, 128)
+    # the authors' Glorot simulator under the paper's preset; Kaiming (measured faster on digits) on cpu
+    assert (paper["simulator_init"], settings(on_cpu)["simulator_init"]) == ("glorot", "kaiming")
     assert settings(digits_ctx, preset="paper", iterations=50)["iterations"] == 50
     on_gpu = dataclasses.replace(digits_ctx, quick=False,
                                  encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cuda")))
@@ -180,6 +182,17 @@ def test_simulator_of_an_onnx_resnet_gets_back_its_folded_batch_norm_and_glorot_
     assert out.shape == model(torch.rand(4, 3, 32, 32)).shape
     assert not restore_batch_norm(fresh)  # already normalised: left alone
     assert not restore_batch_norm(build("resnet"))
+
+
+def test_an_onnx_layer_normalised_bottom_gets_no_batch_norm(digits_ctx):
+    """The digits CNN was trained without batch norm and its ONNX graph keeps the LayerNorm
+    (onnx2pytorch's own class, not torch.nn's): its simulator must not get batch norm added."""
+    simulator = SDARNets.build(digits_ctx, 0, FULL).simulator
+    assert any(type(m).__name__ == "LayerNorm" for m in simulator.modules())
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in simulator.modules())
+    assert not restore_batch_norm(simulator)
+    conv = next(m for m in simulator.modules() if type(m) is torch.nn.Conv2d)  # Kaiming: 1/sqrt(fan_in)
+    assert 0.9 / 3 < conv.weight.abs().max() <= 1 / 3  # fan_in 1 x 3 x 3 (Glorot's bound: 0.198)
 
 
 @pytest.mark.slow
