@@ -9,6 +9,7 @@ implements `run_seed`; then add one line to REGISTRY below. The CLI (--attacks),
 checking, the report's titles and baseline names and the conformance suite
 (tests/test_attack_contract.py) all read the registry.
 """
+
 from __future__ import annotations
 
 from importlib import import_module
@@ -63,5 +64,12 @@ def check_attack_options(options: dict[str, dict]) -> None:
         attack_class(name).parse_options(table)
 
 
-__all__ = ["ATTACK_NAMES", "REGISTRY", "attack_class", "attack_title", "baseline_name",
-           "check_attack_options", "get_attack"]
+__all__ = [
+    "ATTACK_NAMES",
+    "REGISTRY",
+    "attack_class",
+    "attack_title",
+    "baseline_name",
+    "check_attack_options",
+    "get_attack",
+]

@@ -16,6 +16,7 @@ Example::
 
     get_attack("attribute").run(ctx)["metrics"]  # {"accuracy": ..., "auc": ...}
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,8 @@ from sklearn.preprocessing import StandardScaler
 
 from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.features import reduced
-from splitaudit.threads import threads_for
 from splitaudit.context import AuditContext
+from splitaudit.threads import threads_for
 
 VALIDATION_FRACTION = 0.25
 MLP_HIDDEN = 64
@@ -64,15 +65,27 @@ class AttributeAttack(Attack):
         noise = ctx.generator(seed)
         aux_attr, target_attr = ctx.aux.attr.cpu().numpy(), ctx.target.attr.cpu().numpy()
         epochs = QUICK_MLP_EPOCHS if ctx.quick else MLP_EPOCHS
-        attack = probe_attack(ctx.observed_embeddings("aux", noise), aux_attr,
-                              ctx.observed_embeddings("target", noise), target_attr, seed, epochs)
+        attack = probe_attack(
+            ctx.observed_embeddings("aux", noise),
+            aux_attr,
+            ctx.observed_embeddings("target", noise),
+            target_attr,
+            seed,
+            epochs,
+        )
         raw = probe_attack(ctx.aux.x, aux_attr, ctx.target.x, target_attr, seed, epochs)
         majority = majority_guess(aux_attr, target_attr)
         baseline = max((raw, majority), key=lambda result: result["scores"]["accuracy"])
         return SeedOutcome(
-            metrics=attack["scores"], baseline=baseline["scores"],
-            details={"probe": attack["probe"], "validation_accuracy": attack["validation_accuracy"],
-                     "baseline": baseline["probe"], "raw_input_probe": raw, "majority": majority},
+            metrics=attack["scores"],
+            baseline=baseline["scores"],
+            details={
+                "probe": attack["probe"],
+                "validation_accuracy": attack["validation_accuracy"],
+                "baseline": baseline["probe"],
+                "raw_input_probe": raw,
+                "majority": majority,
+            },
         )
 
 
@@ -80,18 +93,21 @@ def probes(seed: int, epochs: int) -> dict[str, Pipeline]:
     """The candidate inference models, each on standardised features."""
     return {
         "logistic-regression": make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)),
-        "mlp": make_pipeline(StandardScaler(), MLPClassifier(hidden_layer_sizes=(MLP_HIDDEN,),
-                                                             max_iter=epochs, random_state=seed)),
+        "mlp": make_pipeline(
+            StandardScaler(), MLPClassifier(hidden_layer_sizes=(MLP_HIDDEN,), max_iter=epochs, random_state=seed)
+        ),
     }
 
 
-def probe_attack(aux: torch.Tensor, aux_attr: np.ndarray, target: torch.Tensor,
-                 target_attr: np.ndarray, seed: int, epochs: int) -> dict:
+def probe_attack(
+    aux: torch.Tensor, aux_attr: np.ndarray, target: torch.Tensor, target_attr: np.ndarray, seed: int, epochs: int
+) -> dict:
     """Fit every probe on part of the aux data, keep the best on the rest, score it on the target."""
     arrays, reduction = reduced(aux, target, seed=seed)
     features, target_features = (a.astype(np.float64) for a in arrays)
-    fit_x, val_x, fit_a, val_a = train_test_split(features, aux_attr, test_size=VALIDATION_FRACTION,
-                                                  random_state=seed, stratify=aux_attr)
+    fit_x, val_x, fit_a, val_a = train_test_split(
+        features, aux_attr, test_size=VALIDATION_FRACTION, random_state=seed, stratify=aux_attr
+    )
     fitted, validation = {}, {}
     with threads_for(features.size), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # the epoch cap is deliberate

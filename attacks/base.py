@@ -10,6 +10,7 @@ An attack describes itself on its class: `title` and `baseline_name` (the report
 are the keys its `[attack.NAME]` table takes, each declared with `option(...)` (default, help,
 range or choices). `parse_options` checks a user's table against it before anything runs.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,16 @@ class SeedOutcome:
     details: dict[str, Any] = field(default_factory=dict)  # extra JSON-ready facts (first seed's)
 
 
-def option(default: Any, help: str, *, low: float | None = None, high: float | None = None,
-           above: float | None = None, below: float | None = None, choices: tuple = ()) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    choices: tuple = (),
+) -> Any:
     """A field of an attack's Options: its default, one line of help, and the values it takes
     (low/high inclusive, above/below exclusive bounds; choices for strings)."""
     limits = {"low": low, "high": high, "above": above, "below": below, "choices": tuple(choices)}
@@ -64,8 +73,11 @@ def option_rule(spec: Any, hint: Any) -> str:
     meta = spec.metadata
     if meta["choices"]:
         return "one of " + ", ".join(repr(c) for c in meta["choices"])
-    bounds = [f"{sign} {meta[key]:g}" for key, sign in (("low", ">="), ("above", ">"), ("below", "<"), ("high", "<="))
-              if meta[key] is not None]
+    bounds = [
+        f"{sign} {meta[key]:g}"
+        for key, sign in (("low", ">="), ("above", ">"), ("below", "<"), ("high", "<="))
+        if meta[key] is not None
+    ]
     return words[hint] + (" " + " and ".join(bounds) if bounds else "")
 
 
@@ -85,8 +97,12 @@ def _accepts(spec: Any, hint: Any, value: Any) -> tuple[bool, Any]:
     if not isinstance(value, hint) or (hint is float and not math.isfinite(value)):
         return False, value
     meta = spec.metadata
-    inside = ((meta["low"] is None or value >= meta["low"]) and (meta["high"] is None or value <= meta["high"])
-              and (meta["above"] is None or value > meta["above"]) and (meta["below"] is None or value < meta["below"]))
+    inside = (
+        (meta["low"] is None or value >= meta["low"])
+        and (meta["high"] is None or value <= meta["high"])
+        and (meta["above"] is None or value > meta["above"])
+        and (meta["below"] is None or value < meta["below"])
+    )
     return inside and (not meta["choices"] or value in meta["choices"]), value
 
 
@@ -103,20 +119,23 @@ def parse_options(attack: str, options_type: type, table: dict) -> Any:
     for key, value in table.items():
         ok, values[key] = _accepts(specs[key], hints[key], value)
         if not ok:
-            raise InputError(f"attack option {attack}.{key} must be {option_rule(specs[key], hints[key])}, "
-                             f"got {value!r:.60}")
+            raise InputError(
+                f"attack option {attack}.{key} must be {option_rule(specs[key], hints[key])}, got {value!r:.60}"
+            )
     return options_type(**values)
 
 
 def options_help(options_type: type) -> list[str]:
     """One line per option: name, values it takes, default, help."""
     hints = typing.get_type_hints(options_type)
-    return [f"{f.name}: {f.metadata['help']}; {option_rule(f, hints[f.name])}{_default_words(f.default)}"
-            for f in fields(options_type)]
+    return [
+        f"{f.name}: {f.metadata['help']}; {option_rule(f, hints[f.name])}{_default_words(f.default)}"
+        for f in fields(options_type)
+    ]
 
 
 def _default_words(default: Any) -> str:
-    """", default X" in TOML spelling; nothing for None (the help says what the run decides)."""
+    """ ", default X" in TOML spelling; nothing for None (the help says what the run decides)."""
     if default is None:
         return ""
     return f", default {str(default).lower() if isinstance(default, bool) else repr(default)}"
@@ -190,8 +209,11 @@ class Attack(ABC):
 
     def header(self) -> dict[str, Any]:
         """The entry's fields that do not depend on a run."""
-        entry: dict[str, Any] = {"kind": self.kind, "assumptions": self.assumptions,
-                                 "primary_metric": self.primary_metric}
+        entry: dict[str, Any] = {
+            "kind": self.kind,
+            "assumptions": self.assumptions,
+            "primary_metric": self.primary_metric,
+        }
         if self.advantage_basis:
             entry["advantage_basis"] = self.advantage_basis
         return entry
@@ -208,12 +230,19 @@ class Attack(ABC):
         baseline, baseline_std = aggregate([o.baseline for o in outcomes])
         advantages = [self.advantage(o.metrics, o.baseline) for o in outcomes]
         return {
-            **self.header(), "status": "ok", "reason": "",
-            "metrics": metrics, "metrics_std": metrics_std,
-            "baseline": baseline, "baseline_std": baseline_std,
-            "advantage": float(np.mean(advantages)), "advantage_std": float(np.std(advantages)),
-            "seeds": list(seeds), "seconds": seconds,
-            "examples": outcomes[0].examples, "details": outcomes[0].details,
+            **self.header(),
+            "status": "ok",
+            "reason": "",
+            "metrics": metrics,
+            "metrics_std": metrics_std,
+            "baseline": baseline,
+            "baseline_std": baseline_std,
+            "advantage": float(np.mean(advantages)),
+            "advantage_std": float(np.std(advantages)),
+            "seeds": list(seeds),
+            "seconds": seconds,
+            "examples": outcomes[0].examples,
+            "details": outcomes[0].details,
         }
 
 

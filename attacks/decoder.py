@@ -5,6 +5,7 @@ and the query-access reference for SDAR (Zhu et al., NDSS 2025): the attacker em
 with the bottom model, adds the deployed noise itself, trains a decoder on the pairs
 (f(x_aux) + noise, x_aux) and applies it to the target embeddings it observes.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,10 +19,13 @@ import torch.nn as nn
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import Decoder, decode_batch, seeded
 from splitaudit.attacks.reconstruction import (
-    mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
+    mean_guess_baseline,
+    reconstruction_examples,
+    reconstruction_metrics,
 )
 from splitaudit.context import AuditContext
 from splitaudit.threads import threads_for
+
 
 # `epochs` is a cap; the hold-out early stopping decides. On the digits CNN the decoder still
 # improved at epoch 25 (target MSE 0.0114) and stopped by itself at epoch 58 (best 50: 0.0088).
@@ -35,7 +39,6 @@ class DecoderOptions:
     batch_size: int = option(64, "training batch size", low=1)
     patience: int = option(8, "epochs without a better hold-out MSE before stopping", low=1)
     holdout_fraction: float = option(0.1, "share of the aux data held out for early stopping", above=0, below=1)
-
 
 
 class DecoderAttack(Attack):
@@ -74,8 +77,7 @@ class DecoderAttack(Attack):
         )
 
 
-def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator,
-                  settings: dict) -> tuple[Decoder, dict]:
+def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, settings: dict) -> tuple[Decoder, dict]:
     """Adam on the MSE, fresh noise on the aux embeddings every epoch, early stopping on a
     held-out slice of the aux data; returns the decoder at its best hold-out epoch."""
     n = len(ctx.aux)
@@ -83,8 +85,7 @@ def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator,
     n_holdout = max(1, math.ceil(settings["holdout_fraction"] * n))
     holdout, train = order[:n_holdout], order[n_holdout:]
     with seeded(seed):
-        decoder = Decoder(ctx.encoder.output_shape, ctx.encoder.input_shape,
-                          ctx.aux.in_unit_range).to(ctx.device)
+        decoder = Decoder(ctx.encoder.output_shape, ctx.encoder.input_shape, ctx.aux.in_unit_range).to(ctx.device)
     optimizer = torch.optim.Adam(decoder.parameters(), lr=settings["lr"])
     epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
     best_mse, best_epoch, best_state = math.inf, 0, None
@@ -99,12 +100,23 @@ def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator,
             elif epoch - best_epoch >= settings["patience"]:
                 break
     decoder.load_state_dict(best_state)
-    return decoder, {"epochs_trained": epoch, "best_epoch": best_epoch, "holdout_mse": best_mse,
-                     "n_train": len(train), "n_holdout": n_holdout}
+    return decoder, {
+        "epochs_trained": epoch,
+        "best_epoch": best_epoch,
+        "holdout_mse": best_mse,
+        "n_train": len(train),
+        "n_holdout": n_holdout,
+    }
 
 
-def train_epoch(decoder: nn.Module, optimizer: torch.optim.Optimizer, z: torch.Tensor,
-                x: torch.Tensor, batch_size: int, gen: torch.Generator) -> None:
+def train_epoch(
+    decoder: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    z: torch.Tensor,
+    x: torch.Tensor,
+    batch_size: int,
+    gen: torch.Generator,
+) -> None:
     """One shuffled pass; batches of one sample are dropped (batch norm needs two)."""
     decoder.train()
     for batch in torch.randperm(len(z), generator=gen, device=gen.device).split(batch_size):

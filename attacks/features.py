@@ -8,6 +8,7 @@ projection keeps the directions of largest variance, which is where k-means' clu
 lies (Ding & He, ICML 2004: PCA is the continuous relaxation of k-means), so the reduced
 baseline is the honest one an attacker would run; the attack details say when it was applied.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,5 +35,7 @@ def reduced(fit_on: torch.Tensor, *others: torch.Tensor, seed: int = 0) -> tuple
     pca = PCA(n_components=components, svd_solver="randomized", random_state=seed).fit(arrays[0])
     explained = float(pca.explained_variance_ratio_.sum())
     return [pca.transform(a) for a in arrays], {
-        "dimensions": dims, "reduction": f"PCA to {components} components",
-        "explained_variance": explained}
+        "dimensions": dims,
+        "reduction": f"PCA to {components} components",
+        "explained_variance": explained,
+    }

@@ -12,6 +12,7 @@ Example::
     ctx.attack_options["fine-tune"] = {"head": "mlp", "k": [1, 5]}
     get_attack("fine-tune").run(ctx)["metrics"]["accuracy_by_k"]
 """
+
 from __future__ import annotations
 
 import math
@@ -44,10 +45,12 @@ HEADS = ("linear", "mlp", "top-model")
 class FineTuneOptions:
     """`[attack.fine-tune]`: the top model's head, the k sweep and the epoch cap."""
 
-    head: str = option("linear", "the fresh top model: linear, mlp, or the given top model re-initialised",
-                       choices=HEADS)
-    k: tuple[int, ...] | None = option(None, f"labelled samples per class to try (default {list(DEFAULT_KS)}, "
-                                             f"quick {list(QUICK_KS)})", low=1)
+    head: str = option(
+        "linear", "the fresh top model: linear, mlp, or the given top model re-initialised", choices=HEADS
+    )
+    k: tuple[int, ...] | None = option(
+        None, f"labelled samples per class to try (default {list(DEFAULT_KS)}, quick {list(QUICK_KS)})", low=1
+    )
     epochs: int | None = option(None, f"epoch cap (default {EPOCH_CAP}, quick {QUICK_EPOCH_CAP})", low=1)
 
 
@@ -118,8 +121,13 @@ class FineTuneAttack(Attack):
         return SeedOutcome(
             metrics={"accuracy": attack[largest], "accuracy_by_k": attack},
             baseline={"accuracy": baseline[largest], "accuracy_by_k": baseline},
-            details={"head": settings.head, "k": [int(k) for k in shots], "epoch_cap": settings.epoch_cap,
-                     "attack_epochs_by_k": epochs, "baseline_epochs_by_k": baseline_epochs},
+            details={
+                "head": settings.head,
+                "k": [int(k) for k in shots],
+                "epoch_cap": settings.epoch_cap,
+                "attack_epochs_by_k": epochs,
+                "baseline_epochs_by_k": baseline_epochs,
+            },
         )
 
 
@@ -139,8 +147,7 @@ def k_shot_indices(labels: torch.Tensor, ks: tuple[int, ...], seed: int) -> dict
     return shots
 
 
-def make_head(kind: str, ctx: AuditContext, features: torch.Tensor, labels: torch.Tensor,
-              seed: int) -> nn.Module:
+def make_head(kind: str, ctx: AuditContext, features: torch.Tensor, labels: torch.Tensor, seed: int) -> nn.Module:
     """A fresh top model for these features: linear (class-mean init), MLP, or the top model's architecture."""
     classes = ctx.num_classes
     with seeded(seed):
@@ -163,12 +170,11 @@ def class_mean_linear(features: torch.Tensor, labels: torch.Tensor, classes: int
     layer = nn.Linear(features.shape[1], classes)
     with torch.no_grad():
         layer.weight.copy_(means)
-        layer.bias.copy_(-0.5 * (means ** 2).sum(1))
+        layer.bias.copy_(-0.5 * (means**2).sum(1))
     return layer
 
 
-def from_scratch_model(kind: str, ctx: AuditContext, x: torch.Tensor, labels: torch.Tensor,
-                       seed: int) -> nn.Module:
+def from_scratch_model(kind: str, ctx: AuditContext, x: torch.Tensor, labels: torch.Tensor, seed: int) -> nn.Module:
     """Paper 000's A(D; null): the bottom architecture re-initialised, then the same kind of head."""
     bottom = bottom_architecture(ctx, seed)
     with torch.no_grad():
@@ -176,8 +182,7 @@ def from_scratch_model(kind: str, ctx: AuditContext, x: torch.Tensor, labels: to
     return nn.Sequential(bottom, make_head(kind, ctx, features, labels, seed))
 
 
-def train_classifier(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                     epoch_cap: int, seed: int) -> int:
+def train_classifier(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, epoch_cap: int, seed: int) -> int:
     """Adam on cross-entropy until the training error is below 0.01 or the epoch cap; returns
     the number of epochs run. Mini-batches of 64 in a seeded order, accumulated over smaller
     micro-batches when 64 samples' activations exceed the memory budget (large images; BatchNorm
@@ -204,6 +209,5 @@ def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> fl
     """Top-1 accuracy of a classifier, in eval mode and in batches (the target set may be large)."""
     model.eval()
     size = forward_batch(tuple(inputs.shape[1:]), EVAL_BATCH)
-    correct = sum(int((model(chunk).argmax(1) == y).sum())
-                  for chunk, y in zip(inputs.split(size), labels.split(size)))
+    correct = sum(int((model(chunk).argmax(1) == y).sum()) for chunk, y in zip(inputs.split(size), labels.split(size)))
     return correct / len(labels)

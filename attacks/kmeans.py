@@ -13,6 +13,7 @@ Example::
 
     get_attack("kmeans").run(ctx)["metrics"]  # {"accuracy": ..., "nmi": ..., "ari": ...}
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,19 +54,29 @@ class KMeansAttack(Attack):
         (raw,), baseline_features = reduced(ctx.target.x, seed=seed)
         attack = cluster_scores(points, labels, ctx.num_classes, seed)
         baseline = cluster_scores(raw, labels, ctx.num_classes, seed)
-        return SeedOutcome(metrics=attack, baseline=baseline,
-                           details={"n_clusters": ctx.num_classes, "n_init": N_INIT, "max_iter": MAX_ITER,
-                                    "n_samples": len(labels), "features": attack_features,
-                                    "baseline_features": baseline_features})
+        return SeedOutcome(
+            metrics=attack,
+            baseline=baseline,
+            details={
+                "n_clusters": ctx.num_classes,
+                "n_init": N_INIT,
+                "max_iter": MAX_ITER,
+                "n_samples": len(labels),
+                "features": attack_features,
+                "baseline_features": baseline_features,
+            },
+        )
 
 
-def cluster_scores(features: torch.Tensor | np.ndarray, labels: np.ndarray, n_clusters: int,
-                   seed: int) -> dict[str, float]:
+def cluster_scores(
+    features: torch.Tensor | np.ndarray, labels: np.ndarray, n_clusters: int, seed: int
+) -> dict[str, float]:
     """k-means on flattened features; accuracy under the best assignment, NMI and ARI."""
     points = (flat(features) if isinstance(features, torch.Tensor) else features).astype(np.float64)
     with threads_for(points.size):
-        clusters = KMeans(n_clusters=n_clusters, n_init=N_INIT, max_iter=MAX_ITER,
-                          random_state=seed).fit_predict(points)
+        clusters = KMeans(n_clusters=n_clusters, n_init=N_INIT, max_iter=MAX_ITER, random_state=seed).fit_predict(
+            points
+        )
     return {
         "accuracy": best_assignment_accuracy(clusters, labels),
         "nmi": float(normalized_mutual_info_score(labels, clusters)),

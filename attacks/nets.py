@@ -2,6 +2,7 @@
 
 Everything is built from shapes alone, so the attacks work for any bottom model.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,8 +32,7 @@ def clone_module(module: nn.Module) -> nn.Module:
         inside_script = any(name.startswith(prefix + ".") for prefix in scripted.values())
         if isinstance(sub, torch.jit.ScriptModule) and not inside_script:
             scripted[id(sub)] = name
-    memo = {key: _script_copy(sub) for key, sub in
-            ((id(s), s) for s in module.modules()) if key in scripted}
+    memo = {key: _script_copy(sub) for key, sub in ((id(s), s) for s in module.modules()) if key in scripted}
     return copy.deepcopy(module, memo)
 
 
@@ -94,8 +94,12 @@ def restore_batch_norm(module: nn.Module) -> bool:
     """
     if any(is_normalization(m) for m in module.modules()):
         return False
-    convs = [(parent, name, child) for parent in module.modules()
-             for name, child in parent.named_children() if type(child) is nn.Conv2d]
+    convs = [
+        (parent, name, child)
+        for parent in module.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Conv2d
+    ]
     for parent, name, conv in convs:
         setattr(parent, name, nn.Sequential(conv, nn.BatchNorm2d(conv.out_channels)))
     return bool(convs)
@@ -126,17 +130,20 @@ def generic_encoder(input_shape: tuple[int, ...], output_shape: tuple[int, ...])
     if len(input_shape) == 3:
         channels = input_shape[0]
         body = nn.Sequential(
-            nn.Conv2d(channels, 32, 3, padding=1), nn.GELU(),
-            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.GELU(),
-            nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(64 * 16, out),
+            nn.Conv2d(channels, 32, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1),
+            nn.GELU(),
+            nn.AdaptiveAvgPool2d(4),
+            nn.Flatten(),
+            nn.Linear(64 * 16, out),
         )
     else:
         body = mlp([math.prod(input_shape), 256, 256, out])
     return nn.Sequential(body, Reshape(output_shape))
 
 
-def bottom_architecture(ctx: AuditContext, seed: int, init: str = "kaiming",
-                        batch_norm: bool = False) -> nn.Module:
+def bottom_architecture(ctx: AuditContext, seed: int, init: str = "kaiming", batch_norm: bool = False) -> nn.Module:
     """The bottom model's architecture re-initialised when known, else a generic one (same shapes).
 
     `batch_norm`: give an ONNX model's convolutions back the batch norm that export folded
@@ -167,21 +174,28 @@ class Decoder(nn.Module):
     Flat inputs: an MLP. BN + ReLU after every conv; a sigmoid when the data lies in [0, 1].
     """
 
-    def __init__(self, embedding_shape: tuple[int, ...], input_shape: tuple[int, ...],
-                 unit_range: bool, num_classes: int | None = None) -> None:
+    def __init__(
+        self,
+        embedding_shape: tuple[int, ...],
+        input_shape: tuple[int, ...],
+        unit_range: bool,
+        num_classes: int | None = None,
+    ) -> None:
         super().__init__()
         self.input_shape = tuple(input_shape)
         self.spatial = len(embedding_shape) == 3 and len(input_shape) == 3
         if self.spatial:
             channels, height, width = embedding_shape
             self.label = LabelChannel(num_classes, (height, width)) if num_classes else None
-            self.body = nn.Sequential(*upsampling_stages(channels + (1 if num_classes else 0),
-                                                         (height, width), input_shape))
+            self.body = nn.Sequential(
+                *upsampling_stages(channels + (1 if num_classes else 0), (height, width), input_shape)
+            )
         else:
             self.label_embedding = nn.Embedding(num_classes, LABEL_EMBEDDING) if num_classes else None
             m = math.prod(embedding_shape) + (LABEL_EMBEDDING if num_classes else 0)
-            self.body = _image_decoder(m, input_shape) if len(input_shape) == 3 \
-                else mlp([m, 256, 256, math.prod(input_shape)])
+            self.body = (
+                _image_decoder(m, input_shape) if len(input_shape) == 3 else mlp([m, 256, 256, math.prod(input_shape)])
+            )
         self.squash = nn.Sigmoid() if unit_range else nn.Identity()
 
     def forward(self, z: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -200,8 +214,9 @@ class LabelChannel(nn.Module):
     def __init__(self, num_classes: int, size: tuple[int, int]) -> None:
         super().__init__()
         self.size = tuple(size)
-        self.net = nn.Sequential(nn.Embedding(num_classes, LABEL_EMBEDDING),
-                                 nn.Linear(LABEL_EMBEDDING, math.prod(self.size)))
+        self.net = nn.Sequential(
+            nn.Embedding(num_classes, LABEL_EMBEDDING), nn.Linear(LABEL_EMBEDDING, math.prod(self.size))
+        )
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
         return self.net(y).reshape(len(y), 1, *self.size)
@@ -230,9 +245,12 @@ def upsampling_stages(cin: int, size: tuple[int, int], input_shape: tuple[int, i
         layers += _conv_block(cin, 2 * DECODER_BASE_WIDTH)
         cin = 2 * DECODER_BASE_WIDTH
     for stage in reversed(range(doublings)):
-        width_out = min(DECODER_BASE_WIDTH * 2 ** stage, DECODER_MAX_WIDTH)
-        upsample = nn.Upsample(size=(height, width), mode="nearest") if stage == 0 else \
-            nn.Upsample(scale_factor=2, mode="nearest")
+        width_out = min(DECODER_BASE_WIDTH * 2**stage, DECODER_MAX_WIDTH)
+        upsample = (
+            nn.Upsample(size=(height, width), mode="nearest")
+            if stage == 0
+            else nn.Upsample(scale_factor=2, mode="nearest")
+        )
         layers += [upsample, *_conv_block(cin, min(2 * width_out, DECODER_MAX_WIDTH))]
         cin = min(2 * width_out, DECODER_MAX_WIDTH)
         for _ in range(3 if stage == 0 else 2):
@@ -255,13 +273,20 @@ def _image_decoder(m: int, input_shape: tuple[int, int, int]) -> nn.Sequential:
     """Flat embedding -> image: linear stem to a small map, then upsampling (see Decoder)."""
     channels, height, width = input_shape
     doublings = 0
-    while height % 2 ** (doublings + 1) == 0 and width % 2 ** (doublings + 1) == 0 and \
-            (doublings < 3 or min(height, width) // 2 ** doublings > 7):
+    while (
+        height % 2 ** (doublings + 1) == 0
+        and width % 2 ** (doublings + 1) == 0
+        and (doublings < 3 or min(height, width) // 2**doublings > 7)
+    ):
         doublings += 1
-    h0, w0 = height // 2 ** doublings, width // 2 ** doublings
+    h0, w0 = height // 2**doublings, width // 2**doublings
     start = 64
-    layers: list[nn.Module] = [nn.Linear(m, start * h0 * w0), Reshape((start, h0, w0)),
-                               nn.BatchNorm2d(start), nn.ReLU()]
+    layers: list[nn.Module] = [
+        nn.Linear(m, start * h0 * w0),
+        Reshape((start, h0, w0)),
+        nn.BatchNorm2d(start),
+        nn.ReLU(),
+    ]
     layers += _conv_block(start, 64, transpose=True)
     ch = 64
     for _ in range(doublings):
@@ -274,7 +299,7 @@ def _image_decoder(m: int, input_shape: tuple[int, int, int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def decode_batch(input_shape: tuple[int, ...], budget_values: int = 2 ** 25, cap: int = 512) -> int:
+def decode_batch(input_shape: tuple[int, ...], budget_values: int = 2**25, cap: int = 512) -> int:
     """Samples per inference batch so that a full-resolution 16-channel map stays near
     `budget_values` numbers (128 MiB): 512 for 8x8 digits and 32x32 images, 41 at 3x224x224."""
     return max(1, min(cap, budget_values // (DECODER_BASE_WIDTH * math.prod(input_shape[-2:]))))

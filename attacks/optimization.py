@@ -15,6 +15,7 @@ input that explains it, with Adam on x (He et al. 2019):
 
 On the digits CNN the Gaussian prior beat TV and their product at sigma in {0.1, 0.3, 1}.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +25,10 @@ import torch
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.reconstruction import (
-    data_range, mean_guess_baseline, reconstruction_examples, reconstruction_metrics,
+    data_range,
+    mean_guess_baseline,
+    reconstruction_examples,
+    reconstruction_metrics,
 )
 from splitaudit.context import AuditContext
 from splitaudit.data import in_unit_range
@@ -91,9 +95,13 @@ class OptimizationAttack(Attack):
             metrics={**best, "mse_unbiased": unbiased["mse"], "mse_map": posterior["mse"]},
             baseline=mean_guess_baseline(ctx.aux.x, x_true, is_image),
             examples=reconstruction_examples(x_true, x_best, index),
-            details={"samples": n, "steps": steps, "prior": settings["prior"],
-                     "map_weight": weight,
-                     "strongest": "map" if best is posterior else "unbiased"},
+            details={
+                "samples": n,
+                "steps": steps,
+                "prior": settings["prior"],
+                "map_weight": weight,
+                "strongest": "map" if best is posterior else "unbiased",
+            },
         )
 
 
@@ -103,17 +111,25 @@ def map_weight(ctx: AuditContext) -> float:
     return max(ctx.noise_sigma, MAP_SIGMA_FLOOR * spread) ** 2
 
 
-def invert_both(ctx: AuditContext, z: torch.Tensor, prior: str, weight: float, steps: int,
-                lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+def invert_both(
+    ctx: AuditContext, z: torch.Tensor, prior: str, weight: float, steps: int, lr: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(unbiased, MAP) reconstructions, optimised together as one batch (Adam is per
     coordinate, so this equals two separate runs)."""
     weights = torch.cat([torch.zeros(len(z)), torch.full((len(z),), weight)]).to(z.device)
     x = invert(ctx.encoder, torch.cat([z, z]), ctx.aux.x, prior, weights, steps, lr)
-    return x[:len(z)], x[len(z):]
+    return x[: len(z)], x[len(z) :]
 
 
-def invert(encoder: Encoder, z: torch.Tensor, aux_x: torch.Tensor, prior: str,
-           prior_weight: torch.Tensor, steps: int, lr: float) -> torch.Tensor:
+def invert(
+    encoder: Encoder,
+    z: torch.Tensor,
+    aux_x: torch.Tensor,
+    prior: str,
+    prior_weight: torch.Tensor,
+    steps: int,
+    lr: float,
+) -> torch.Tensor:
     """argmin_x ||f(x) - z||^2 + 2 w (-log pi(x)) per sample, by Adam from the aux mean.
 
     Iterates are clamped to [0, 1] when the aux data lies there (projected gradient descent).
@@ -122,16 +138,35 @@ def invert(encoder: Encoder, z: torch.Tensor, aux_x: torch.Tensor, prior: str,
     """
     neg_log_prior = fit_prior(aux_x, prior)
     start = aux_x.mean(dim=0, keepdim=True)
-    size = batch_within(per_sample_bytes(lambda x: encoder(x.clone().requires_grad_(True)), start.expand(2, *start.shape[1:])),
-                        len(z))
-    parts = [_invert_chunk(encoder, z[i:i + size], start, neg_log_prior, prior_weight[i:i + size], steps,
-                           lr * data_range(aux_x), in_unit_range(aux_x))
-             for i in range(0, len(z), size)]
+    size = batch_within(
+        per_sample_bytes(lambda x: encoder(x.clone().requires_grad_(True)), start.expand(2, *start.shape[1:])), len(z)
+    )
+    parts = [
+        _invert_chunk(
+            encoder,
+            z[i : i + size],
+            start,
+            neg_log_prior,
+            prior_weight[i : i + size],
+            steps,
+            lr * data_range(aux_x),
+            in_unit_range(aux_x),
+        )
+        for i in range(0, len(z), size)
+    ]
     return torch.cat(parts)
 
 
-def _invert_chunk(encoder: Encoder, z: torch.Tensor, start: torch.Tensor, neg_log_prior, prior_weight: torch.Tensor,
-                  steps: int, lr: float, unit_range: bool) -> torch.Tensor:
+def _invert_chunk(
+    encoder: Encoder,
+    z: torch.Tensor,
+    start: torch.Tensor,
+    neg_log_prior,
+    prior_weight: torch.Tensor,
+    steps: int,
+    lr: float,
+    unit_range: bool,
+) -> torch.Tensor:
     x = start.expand(len(z), *start.shape[1:]).clone().requires_grad_(True)
     optimizer = torch.optim.Adam([x], lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)

@@ -6,6 +6,7 @@ Cramér-Rao and van Trees bounds of Maeng et al. (NeurIPS 2023) bound, and the M
 PSNR and SSIM (images only) follow, and the best, median and worst reconstructions are kept as
 JSON-ready examples for the report.
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,7 +47,7 @@ def reconstruction_metrics(x_true: torch.Tensor, x_hat: torch.Tensor, is_image: 
     x_true, x_hat = x_true.detach().float(), x_hat.detach().float().to(x_true.device)
     errors = per_sample_mse(x_true, x_hat)
     value_range = data_range(x_true)
-    psnr = 10 * torch.log10(value_range ** 2 / errors.clamp_min(MIN_MSE_FOR_PSNR))
+    psnr = 10 * torch.log10(value_range**2 / errors.clamp_min(MIN_MSE_FOR_PSNR))
     metrics = {"mse": float(errors.mean()), "psnr": float(psnr.mean())}
     if is_image:
         window = ssim_window(*x_true.shape[-2:])
@@ -60,8 +61,9 @@ def mean_guess_baseline(aux_x: torch.Tensor, target_x: torch.Tensor, is_image: b
     return reconstruction_metrics(target_x, guess.expand_as(target_x), is_image)
 
 
-def reconstruction_examples(x_true: torch.Tensor, x_hat: torch.Tensor,
-                            target_indices: torch.Tensor | None = None) -> list[dict]:
+def reconstruction_examples(
+    x_true: torch.Tensor, x_hat: torch.Tensor, target_indices: torch.Tensor | None = None
+) -> list[dict]:
     """The best, median and worst reconstructions (by per-sample MSE), JSON-ready for the report.
 
     target_indices: the target-set index of each row (when the rows are a subsample).
@@ -71,9 +73,14 @@ def reconstruction_examples(x_true: torch.Tensor, x_hat: torch.Tensor,
     picks = {"best": order[0], "median": order[len(order) // 2], "worst": order[-1]}
     indices = torch.arange(len(errors)) if target_indices is None else target_indices.cpu()
     return [
-        {"label": label, "index": int(indices[row]), "mse": float(errors[row]),
-         "shape": list(x_true.shape[1:]),
-         "original": _rounded(x_true[row]), "reconstruction": _rounded(x_hat[row])}
+        {
+            "label": label,
+            "index": int(indices[row]),
+            "mse": float(errors[row]),
+            "shape": list(x_true.shape[1:]),
+            "original": _rounded(x_true[row]),
+            "reconstruction": _rounded(x_hat[row]),
+        }
         for label, row in picks.items()
     ]
 

@@ -25,6 +25,7 @@ that sigma in the protocol, so the attacker adds the same noise to f~'s outputs.
 what it was trained on, d1 compares like with like (otherwise it separates real from simulated
 embeddings by their noise alone), and the decoder learns to decode noisy embeddings.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,10 +37,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
-from splitaudit.attacks.nets import (LABEL_EMBEDDING, Decoder, LabelChannel, bottom_architecture, decode_batch,
-                                     mlp, seeded)
-from splitaudit.attacks.reconstruction import (mean_guess_baseline, reconstruction_examples,
-                                               reconstruction_metrics)
+from splitaudit.attacks.nets import (
+    LABEL_EMBEDDING,
+    Decoder,
+    LabelChannel,
+    bottom_architecture,
+    decode_batch,
+    mlp,
+    seeded,
+)
+from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_examples, reconstruction_metrics
 from splitaudit.context import AuditContext
 from splitaudit.threads import threads_for
 
@@ -72,8 +79,10 @@ LEAKY_SLOPE = 0.3  # Table IX's LeakyReLU() is Keras's, whose default slope is 0
 # The simulator's initial weights: "paper" keeps the authors' (Keras's Glorot-uniform, from their
 # released code; the paper names none), "cpu" PyTorch's Kaiming-uniform, which trains the digits
 # CNN's simulator faster (SDARNets.build has the numbers).
-PRESETS = {"cpu": {"iterations": 2000, "batch_size": 32, "simulator_init": "kaiming"},
-           "paper": {"iterations": 20000, "batch_size": 128, "simulator_init": "glorot"}}
+PRESETS = {
+    "cpu": {"iterations": 2000, "batch_size": 32, "simulator_init": "kaiming"},
+    "paper": {"iterations": 20000, "batch_size": 128, "simulator_init": "glorot"},
+}
 ITERATIONS_WITHOUT_G = 3000  # the cpu preset's budget when no top model is given
 QUICK_ITERATIONS = 150
 DROPOUT = 0.4  # Table IX discriminators
@@ -102,7 +111,7 @@ class Regularizers:
 LABEL_SOURCES = {
     "known": "the targets' own labels (vanilla SL: the server holds them)",
     "inferred": "inferred by the attack (U-shaped SL: label-free decoder and discriminators, "
-                "labels from the classifier)",
+    "labels from the classifier)",
     "predicted": "predicted by the classifier, and the decoder conditioned on them",
 }
 LABEL_ALIASES = {"true": "known"}
@@ -115,13 +124,18 @@ class SDAROptions:
     """`[attack.sdar]`: budget (preset or iterations/batch_size), target labels, label flips, ablation.
     Checked up front; sdar_settings fills in the defaults that depend on the device and --quick."""
 
-    preset: str | None = option(None, "training budget: paper (GPU default) or cpu (CPU default)",
-                                choices=tuple(PRESETS))
-    iterations: int | None = option(None, f"training iterations (default: the preset's; quick {QUICK_ITERATIONS})",
-                                    low=1)
+    preset: str | None = option(
+        None, "training budget: paper (GPU default) or cpu (CPU default)", choices=tuple(PRESETS)
+    )
+    iterations: int | None = option(
+        None, f"training iterations (default: the preset's; quick {QUICK_ITERATIONS})", low=1
+    )
     batch_size: int | None = option(None, "training batch size (default: the preset's)", low=2)
-    labels: str = option("known", "the target labels: known (vanilla SL) or inferred (U-shaped SL)",
-                         choices=tuple(LABEL_SOURCES) + tuple(LABEL_ALIASES))
+    labels: str = option(
+        "known",
+        "the target labels: known (vanilla SL) or inferred (U-shaped SL)",
+        choices=tuple(LABEL_SOURCES) + tuple(LABEL_ALIASES),
+    )
     label_flip: float = option(LABEL_FLIP, "probability of replacing an aux label by a uniform one", low=0, high=1)
     ablation: bool = option(False, "also run without d1 and without d2 (mse_no_d1, mse_no_d2)")
 
@@ -193,10 +207,18 @@ class SDARAttack(Attack):
         target = ctx.target
         known_labels = target.y if settings["labels"] == "known" else None
         observed = ctx.observed_embeddings("target", ctx.generator(seed))
-        run = (lambda regularizers: sdar_reconstruct(
-            ctx, observed, known_labels, seed, settings["iterations"], settings["batch_size"], regularizers,
-            conditional=settings["labels"] != "inferred", label_flip=settings["label_flip"],
-            simulator_init=settings["simulator_init"]))
+        run = lambda regularizers: sdar_reconstruct(
+            ctx,
+            observed,
+            known_labels,
+            seed,
+            settings["iterations"],
+            settings["batch_size"],
+            regularizers,
+            conditional=settings["labels"] != "inferred",
+            label_flip=settings["label_flip"],
+            simulator_init=settings["simulator_init"],
+        )
         x_hat, labels = run(FULL)
         metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
         baseline = mean_guess_baseline(ctx.aux.x, target.x, target.is_image)
@@ -207,18 +229,23 @@ class SDARAttack(Attack):
             for key, regularizers in ABLATIONS.items():
                 metrics[key] = reconstruction_metrics(target.x, run(regularizers)[0], target.is_image)["mse"]
         details = {
-            "preset": settings["preset"], "iterations": settings["iterations"],
-            "batch_size": settings["batch_size"], "lambda1": LAMBDA1, "lambda2": LAMBDA2,
+            "preset": settings["preset"],
+            "iterations": settings["iterations"],
+            "batch_size": settings["batch_size"],
+            "lambda1": LAMBDA1,
+            "lambda2": LAMBDA2,
             "simulator_init": settings["simulator_init"],
             "simulator": "bottom model's architecture, re-initialised"
-            if ctx.encoder.architecture() is not None else "generic network of the same shapes",
+            if ctx.encoder.architecture() is not None
+            else "generic network of the same shapes",
             "classifier": "top model g (frozen)" if ctx.top_model is not None else "head trained jointly",
             "target_labels": LABEL_SOURCES[settings["labels"]],
         }
         if settings["labels"] == "inferred":
             details["label_flip"] = settings["label_flip"]
-        return SeedOutcome(metrics=metrics, baseline=baseline,
-                           examples=reconstruction_examples(target.x, x_hat), details=details)
+        return SeedOutcome(
+            metrics=metrics, baseline=baseline, examples=reconstruction_examples(target.x, x_hat), details=details
+        )
 
 
 def sdar_settings(ctx: AuditContext) -> dict:
@@ -240,15 +267,25 @@ def sdar_settings(ctx: AuditContext) -> dict:
         budget["iterations"] = ITERATIONS_WITHOUT_G
     if ctx.quick and "preset" not in options:
         budget["iterations"] = QUICK_ITERATIONS
-    iterations, batch_size = int(options.get("iterations", budget["iterations"])), \
-        int(options.get("batch_size", budget["batch_size"]))
+    iterations, batch_size = (
+        int(options.get("iterations", budget["iterations"])),
+        int(options.get("batch_size", budget["batch_size"])),
+    )
     label_flip = float(options.get("label_flip", LABEL_FLIP))
     if iterations < 1 or batch_size < 2 or not 0 <= label_flip <= 1:
-        raise ValueError("sdar needs iterations >= 1, batch_size >= 2 and 0 <= label_flip <= 1, got "
-                         f"{iterations}, {batch_size}, {label_flip}")
-    return {"preset": preset, "labels": labels, "iterations": iterations, "batch_size": batch_size,
-            "simulator_init": budget["simulator_init"], "label_flip": label_flip,
-            "ablation": bool(options.get("ablation", False))}
+        raise ValueError(
+            "sdar needs iterations >= 1, batch_size >= 2 and 0 <= label_flip <= 1, got "
+            f"{iterations}, {batch_size}, {label_flip}"
+        )
+    return {
+        "preset": preset,
+        "labels": labels,
+        "iterations": iterations,
+        "batch_size": batch_size,
+        "simulator_init": budget["simulator_init"],
+        "label_flip": label_flip,
+        "ablation": bool(options.get("ablation", False)),
+    }
 
 
 def majority_class_accuracy(aux_y: torch.Tensor, target_y: torch.Tensor) -> float:
@@ -269,15 +306,23 @@ class BatchStream:
         while len(self.pending) < self.batch_size:
             fresh = torch.randperm(self.n, generator=self.gen, device=self.gen.device)
             self.pending = torch.cat([self.pending, fresh])
-        batch, self.pending = self.pending[:self.batch_size], self.pending[self.batch_size:]
+        batch, self.pending = self.pending[: self.batch_size], self.pending[self.batch_size :]
         return batch
 
 
-def sdar_reconstruct(ctx: AuditContext, observed: torch.Tensor, known_labels: torch.Tensor | None,
-                     seed: int, iterations: int, batch_size: int, regularizers: Regularizers,
-                     after_iteration: Callable[[int, "SDARNets"], None] | None = None,
-                     conditional: bool = True, label_flip: float = 0.0,
-                     simulator_init: str = "kaiming") -> tuple[torch.Tensor, torch.Tensor]:
+def sdar_reconstruct(
+    ctx: AuditContext,
+    observed: torch.Tensor,
+    known_labels: torch.Tensor | None,
+    seed: int,
+    iterations: int,
+    batch_size: int,
+    regularizers: Regularizers,
+    after_iteration: Callable[[int, "SDARNets"], None] | None = None,
+    conditional: bool = True,
+    label_flip: float = 0.0,
+    simulator_init: str = "kaiming",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Train SDAR's networks for `iterations`; decode the observed target embeddings.
 
     `known_labels` are the targets' labels when the server holds them, else None (the
@@ -305,24 +350,40 @@ def sdar_reconstruct(ctx: AuditContext, observed: torch.Tensor, known_labels: to
 class SDARNets:
     """f~, the classifier (frozen g, or a head trained with f~), f~^-1, d1, d2 and their optimisers."""
 
-    def __init__(self, simulator: nn.Module, classifier: nn.Module, decoder: Decoder,
-                 d1: nn.Module | None, d2: nn.Module | None, train_classifier: bool,
-                 known_labels: torch.Tensor | None = None, conditional: bool = True,
-                 label_flip: float = 0.0, num_classes: int | None = None) -> None:
+    def __init__(
+        self,
+        simulator: nn.Module,
+        classifier: nn.Module,
+        decoder: Decoder,
+        d1: nn.Module | None,
+        d2: nn.Module | None,
+        train_classifier: bool,
+        known_labels: torch.Tensor | None = None,
+        conditional: bool = True,
+        label_flip: float = 0.0,
+        num_classes: int | None = None,
+    ) -> None:
         self.simulator, self.classifier, self.decoder, self.d1, self.d2 = simulator, classifier, decoder, d1, d2
         self.known_labels, self.conditional = known_labels, conditional
         self.label_flip, self.num_classes = label_flip, num_classes
         simulated = list(simulator.parameters()) + (list(classifier.parameters()) if train_classifier else [])
-        adam = (lambda params, lr: torch.optim.Adam(params, lr=lr, eps=ADAM_EPS))
+        adam = lambda params, lr: torch.optim.Adam(params, lr=lr, eps=ADAM_EPS)
         self.simulator_opt = adam(simulated, SIMULATOR_LR)
         self.decoder_opt = adam(decoder.parameters(), DECODER_LR)
         self.d1_opt = adam(d1.parameters(), D1_LR) if d1 is not None else None
         self.d2_opt = adam(d2.parameters(), D2_LR) if d2 is not None else None
 
     @classmethod
-    def build(cls, ctx: AuditContext, seed: int, regularizers: Regularizers,
-              known_labels: torch.Tensor | None = None, conditional: bool = True,
-              label_flip: float = 0.0, simulator_init: str = "kaiming") -> "SDARNets":
+    def build(
+        cls,
+        ctx: AuditContext,
+        seed: int,
+        regularizers: Regularizers,
+        known_labels: torch.Tensor | None = None,
+        conditional: bool = True,
+        label_flip: float = 0.0,
+        simulator_init: str = "kaiming",
+    ) -> "SDARNets":
         """The simulator starts from `simulator_init` weights (preset "paper": Keras's Glorot-uniform,
         as the authors' TensorFlow code; "cpu": PyTorch's Kaiming-uniform), and an ONNX bottom
         model's simulator gets back the batch norm that export folded away (not when the graph
@@ -343,13 +404,25 @@ class SDARNets:
             head = mlp([math.prod(embedding_shape), HEAD_WIDTH, classes]) if ctx.top_model is None else None
             decoder = Decoder(embedding_shape, input_shape, ctx.aux.in_unit_range, label_classes)
             d1 = d1_discriminator(embedding_shape, label_classes) if regularizers.d1 else None
-            d2 = discriminator(input_shape, label_classes, D2_CONVS, D2_SIDE, last_activation=True) \
-                if regularizers.d2 else None
-        on_device = (lambda net: None if net is None else net.to(ctx.device).train())
+            d2 = (
+                discriminator(input_shape, label_classes, D2_CONVS, D2_SIDE, last_activation=True)
+                if regularizers.d2
+                else None
+            )
+        on_device = lambda net: None if net is None else net.to(ctx.device).train()
         classifier = on_device(head) if head is not None else ctx.top_model
-        return cls(simulator, classifier, on_device(decoder), on_device(d1), on_device(d2),
-                   train_classifier=head is not None, known_labels=known_labels,
-                   conditional=conditional, label_flip=label_flip, num_classes=classes)
+        return cls(
+            simulator,
+            classifier,
+            on_device(decoder),
+            on_device(d1),
+            on_device(d2),
+            train_classifier=head is not None,
+            known_labels=known_labels,
+            conditional=conditional,
+            label_flip=label_flip,
+            num_classes=classes,
+        )
 
     @torch.no_grad()
     def target_labels(self, observed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -378,13 +451,19 @@ class SDARNets:
         self.decoder.eval()
         labels = self.target_labels(observed, torch.arange(len(observed), device=observed.device))
         batch = decode_batch(self.decoder.input_shape)
-        x_hat = torch.cat([self.decoder(z, self.condition(y)) for z, y in
-                           zip(observed.split(batch), labels.split(batch))])
+        x_hat = torch.cat(
+            [self.decoder(z, self.condition(y)) for z, y in zip(observed.split(batch), labels.split(batch))]
+        )
         return x_hat, labels
 
 
-def sdar_iteration(ctx: AuditContext, nets: SDARNets, observed: torch.Tensor,
-                   gen: torch.Generator, streams: tuple[BatchStream, BatchStream]) -> None:
+def sdar_iteration(
+    ctx: AuditContext,
+    nets: SDARNets,
+    observed: torch.Tensor,
+    gen: torch.Generator,
+    streams: tuple[BatchStream, BatchStream],
+) -> None:
     """One SDAR iteration (Zhu et al., NDSS 2025, App. A, Fig. 14 lines 22-33), in two steps.
 
     1. f~ and d1 step on the gradients of their losses from one forward pass of f~:
@@ -433,8 +512,7 @@ def bce(logits: torch.Tensor, target: float) -> torch.Tensor:
 
 def simultaneous_step(updates: list[tuple[torch.Tensor, torch.optim.Optimizer]]) -> None:
     """Each optimiser steps on its own loss's gradient; all gradients are taken before any step."""
-    grads = [torch.autograd.grad(loss, _params(opt), retain_graph=True)
-             for loss, opt in updates]
+    grads = [torch.autograd.grad(loss, _params(opt), retain_graph=True) for loss, opt in updates]
     for (_, opt), opt_grads in zip(updates, grads):
         for p, g in zip(_params(opt), opt_grads):
             p.grad = g
@@ -460,8 +538,9 @@ class LabelConditioned(nn.Module):
         if num_classes and len(sample_shape) == 3:
             self.label = LabelChannel(num_classes, sample_shape[1:])
         elif num_classes:
-            self.label = nn.Sequential(nn.Embedding(num_classes, LABEL_EMBEDDING),
-                                       nn.Linear(LABEL_EMBEDDING, LABEL_EMBEDDING))
+            self.label = nn.Sequential(
+                nn.Embedding(num_classes, LABEL_EMBEDDING), nn.Linear(LABEL_EMBEDDING, LABEL_EMBEDDING)
+            )
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         if len(self.sample_shape) != 3:
@@ -478,9 +557,13 @@ def d1_discriminator(embedding_shape: tuple[int, ...], num_classes: int | None) 
     return discriminator(embedding_shape, num_classes, convs, side, last_activation=False)
 
 
-def discriminator(sample_shape: tuple[int, ...], num_classes: int | None,
-                  convs: tuple[tuple[int, int], ...], table_side: int,
-                  last_activation: bool) -> LabelConditioned:
+def discriminator(
+    sample_shape: tuple[int, ...],
+    num_classes: int | None,
+    convs: tuple[tuple[int, int], ...],
+    table_side: int,
+    last_activation: bool,
+) -> LabelConditioned:
     """A discriminator (logit output) for samples of `sample_shape`, label-conditional when
     num_classes is given.
 
@@ -508,8 +591,12 @@ def discriminator(sample_shape: tuple[int, ...], num_classes: int | None,
             height, width, cin = -(-height // stride), -(-width // stride), cout
         features = cin * height * width
     else:
-        layers = [nn.Linear(math.prod(sample_shape) + extra, FLAT_WIDTH), nn.LeakyReLU(LEAKY_SLOPE),
-                  nn.Linear(FLAT_WIDTH, FLAT_WIDTH), nn.LeakyReLU(LEAKY_SLOPE)]
+        layers = [
+            nn.Linear(math.prod(sample_shape) + extra, FLAT_WIDTH),
+            nn.LeakyReLU(LEAKY_SLOPE),
+            nn.Linear(FLAT_WIDTH, FLAT_WIDTH),
+            nn.LeakyReLU(LEAKY_SLOPE),
+        ]
         features = FLAT_WIDTH
     body = nn.Sequential(*layers, nn.Flatten(), nn.Dropout(DROPOUT), nn.Linear(features, 1))
     return LabelConditioned(body, sample_shape, num_classes)

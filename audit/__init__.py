@@ -1,4 +1,5 @@
 """splitaudit: audit what a split-learning bottom model's embeddings leak."""
+
 from importlib.metadata import PackageNotFoundError, version
 
 try:

@@ -4,6 +4,7 @@ It takes an in-memory torch module or a model file, and arrays, tensors or data 
 same pipeline as `splitaudit run` (the CLI calls `run` below), and returns an `AuditResult`:
 the report.json content with ways to render and save it.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,13 +61,30 @@ class AuditResult:
         return f"<AuditResult {self.data['model']['path']}: {headline(self.data)}>"
 
 
-def audit(model: Any, aux: Any, target: Any = None, attacks: str | list[str] = "all", noise_sigma: float = 0.0,
-          *, top_model: Any = None, prior: str = "ssm", smoothing: float | None = None,
-          input_shape: list[int] | None = None, normalize: list[float] | None = None,
-          label_column: str | None = None, attr_column: str | None = None, target_fraction: float = 0.5,
-          fail_under_mse: float | None = None, fail_under_attack_mse: float | None = None,
-          max_advantage: float | None = None, attack_options: dict[str, dict] | None = None,
-          seed: int = 0, device: str = "auto", quick: bool = False, progress: bool = False) -> AuditResult:
+def audit(
+    model: Any,
+    aux: Any,
+    target: Any = None,
+    attacks: str | list[str] = "all",
+    noise_sigma: float = 0.0,
+    *,
+    top_model: Any = None,
+    prior: str = "ssm",
+    smoothing: float | None = None,
+    input_shape: list[int] | None = None,
+    normalize: list[float] | None = None,
+    label_column: str | None = None,
+    attr_column: str | None = None,
+    target_fraction: float = 0.5,
+    fail_under_mse: float | None = None,
+    fail_under_attack_mse: float | None = None,
+    max_advantage: float | None = None,
+    attack_options: dict[str, dict] | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    quick: bool = False,
+    progress: bool = False,
+) -> AuditResult:
     """Audit a bottom model and return the result.
 
     model: a torch.nn.Module (copied, left unchanged) or a .onnx / TorchScript file.
@@ -76,12 +94,27 @@ def audit(model: Any, aux: Any, target: Any = None, attacks: str | list[str] = "
     options. Bad input raises splitaudit.errors.InputError.
     """
     options = AuditOptions(
-        model=_model_source(model), aux=_data_source(aux, "aux"), target=_data_source(target, "target"),
-        attacks=attacks.split(",") if isinstance(attacks, str) else list(attacks), noise_sigma=noise_sigma,
-        prior=prior, smoothing=smoothing, top_model=None if top_model is None else _model_source(top_model),
-        input_shape=input_shape, normalize=normalize, label_column=label_column, attr_column=attr_column,
-        target_fraction=target_fraction, fail_under_mse=fail_under_mse, fail_under_attack_mse=fail_under_attack_mse,
-        max_advantage=max_advantage, attack_options=attack_options or {}, seed=seed, device=device, quick=quick)
+        model=_model_source(model),
+        aux=_data_source(aux, "aux"),
+        target=_data_source(target, "target"),
+        attacks=attacks.split(",") if isinstance(attacks, str) else list(attacks),
+        noise_sigma=noise_sigma,
+        prior=prior,
+        smoothing=smoothing,
+        top_model=None if top_model is None else _model_source(top_model),
+        input_shape=input_shape,
+        normalize=normalize,
+        label_column=label_column,
+        attr_column=attr_column,
+        target_fraction=target_fraction,
+        fail_under_mse=fail_under_mse,
+        fail_under_attack_mse=fail_under_attack_mse,
+        max_advantage=max_advantage,
+        attack_options=attack_options or {},
+        seed=seed,
+        device=device,
+        quick=quick,
+    )
     return run(options, progress=_stderr_progress if progress else None)
 
 
@@ -107,7 +140,9 @@ def _model_source(model: Any) -> Any:
 
     if isinstance(model, nn.Module):
         return model
-    raise InputError(f"model must be a torch.nn.Module or a path to a .onnx/TorchScript file, got {type(model).__name__}")
+    raise InputError(
+        f"model must be a torch.nn.Module or a path to a .onnx/TorchScript file, got {type(model).__name__}"
+    )
 
 
 def _data_source(data: Any, name: str) -> Any:

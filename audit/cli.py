@@ -4,6 +4,7 @@ Exit codes: 0 audit done and every gate passed; 1 a gate failed (reports still w
 2 bad usage or input (one line on stderr; --debug shows the traceback); 3 internal error;
 130 interrupted (SIGINT, Ctrl-C).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,6 +30,7 @@ COST_NOTICE_SECONDS = 180  # the up-front cost estimate is printed when the audi
 
 def _comma_list(convert):
     """A click callback turning 'a,b,c' into [convert(a), ...] with a clear error."""
+
     def callback(_ctx, param, value):
         if value is None:
             return None
@@ -36,6 +38,7 @@ def _comma_list(convert):
             return [convert(v.strip()) for v in value.split(",") if v.strip()]
         except ValueError as exc:
             raise click.BadParameter(f"expected a comma-separated list ({exc})", param=param) from exc
+
     return callback
 
 
@@ -46,24 +49,44 @@ def model_data_options(func, noise_sigma_option=None):
         click.option("--aux", help="Auxiliary data: .npz (x, y, attr), CSV, or an image folder."),
         click.option("--target", help="Separate target data (default: a seeded split of --aux)."),
         click.option("--input-shape", callback=_comma_list(int), help="Per-sample input shape, e.g. 3,32,32."),
-        click.option("--normalize", callback=_comma_list(float),
-                     help="MEAN,STD (or C means then C stds) folded into the encoder; MSEs stay in data space."),
+        click.option(
+            "--normalize",
+            callback=_comma_list(float),
+            help="MEAN,STD (or C means then C stds) folded into the encoder; MSEs stay in data space.",
+        ),
         click.option("--label-column", help="CSV column with class labels."),
         click.option("--attr-column", help="CSV column with the sensitive attribute."),
-        click.option("--prior", type=click.Choice(PRIORS), help="Prior-term estimator for the van Trees bound (default ssm)."),
-        click.option("--smoothing", type=float, help="Randomized-smoothing tau (default 0.25 for [0,1] images, else 0)."),
-        noise_sigma_option or click.option("--noise-sigma", type=float,
-                                           help="Std of the Gaussian noise added to embeddings (default 0)."),
+        click.option(
+            "--prior", type=click.Choice(PRIORS), help="Prior-term estimator for the van Trees bound (default ssm)."
+        ),
+        click.option(
+            "--smoothing", type=float, help="Randomized-smoothing tau (default 0.25 for [0,1] images, else 0)."
+        ),
+        noise_sigma_option
+        or click.option("--noise-sigma", type=float, help="Std of the Gaussian noise added to embeddings (default 0)."),
         click.option("--seed", type=int, help="Seed for splits, attacks and estimators (default 0)."),
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where to compute (default auto)."),
         click.option("--quick", is_flag=True, help="Smoke run: fewer seeds, epochs and probes."),
-        click.option("--config", "config_file", type=click.Path(dir_okay=False),
-                     help="TOML file with the same options; command-line flags win."),
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(dir_okay=False),
+            help="TOML file with the same options; command-line flags win.",
+        ),
         click.option("--debug", is_flag=True, help="Show tracebacks for errors."),
-        click.option("--output-name", help="Which output of a multi-output ONNX model is the embedding (default: the first)."),
-        click.option("--dfil-rtol", type=float,
-                     help="Target relative standard error of the mean dFIL when it is estimated (default 0.02)."),
-        click.option("--dfil-samples", type=int, help="At most this many target samples for dFIL (default 2048, 256 with --quick)."),
+        click.option(
+            "--output-name", help="Which output of a multi-output ONNX model is the embedding (default: the first)."
+        ),
+        click.option(
+            "--dfil-rtol",
+            type=float,
+            help="Target relative standard error of the mean dFIL when it is estimated (default 0.02).",
+        ),
+        click.option(
+            "--dfil-samples",
+            type=int,
+            help="At most this many target samples for dFIL (default 2048, 256 with --quick).",
+        ),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -73,11 +96,20 @@ def model_data_options(func, noise_sigma_option=None):
 def executor_options(func):
     """Where the attack tasks run (--executor local|ray), shared by run and sweep."""
     decorators = [
-        click.option("--executor", type=click.Choice(EXECUTORS),
-                     help="Run attack tasks in this process (local, default) or on Ray (ray; pip install \"splitaudit[ray]\")."),
-        click.option("--ray-address", help="An existing Ray cluster (ray start --head); default: start a local instance."),
-        click.option("--task-timeout", type=float, metavar="S",
-                     help="Seconds one task (an attack's seed) may run before it is retried once, then failed."),
+        click.option(
+            "--executor",
+            type=click.Choice(EXECUTORS),
+            help='Run attack tasks in this process (local, default) or on Ray (ray; pip install "splitaudit[ray]").',
+        ),
+        click.option(
+            "--ray-address", help="An existing Ray cluster (ray start --head); default: start a local instance."
+        ),
+        click.option(
+            "--task-timeout",
+            type=float,
+            metavar="S",
+            help="Seconds one task (an attack's seed) may run before it is retried once, then failed.",
+        ),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -121,13 +153,19 @@ def cli() -> None:
 @cli.command()
 @click.argument("model", required=False)
 @model_data_options
-@click.option("--attacks", callback=_comma_list(str),
-              help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}.")
+@click.option("--attacks", callback=_comma_list(str), help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}.")
 @click.option("--top-model", help="The top model g (TorchScript/ONNX), for attacks that use one.")
-@click.option("--attack-option", "attack_option", multiple=True, metavar="NAME.KEY=VALUE",
-              help="An attack setting, e.g. sdar.ablation=true (repeatable; `splitaudit attacks` lists them).")
+@click.option(
+    "--attack-option",
+    "attack_option",
+    multiple=True,
+    metavar="NAME.KEY=VALUE",
+    help="An attack setting, e.g. sdar.ablation=true (repeatable; `splitaudit attacks` lists them).",
+)
 @click.option("--out", help="Output folder (default ./splitaudit-report).")
-@click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json,sarif (default html,md,json).")
+@click.option(
+    "--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json,sarif (default html,md,json)."
+)
 @click.option("--fail-under-mse", type=float, help="Gate: fail when the van Trees bound MSE is below T.")
 @click.option("--fail-under-attack-mse", type=float, help="Gate: fail when any reconstruction attack's MSE is below T.")
 @click.option("--max-advantage", type=float, help="Gate: fail when any attack's advantage over its baseline exceeds A.")
@@ -144,15 +182,24 @@ def run(model: str | None, **flags) -> None:
 @click.option("--quick", is_flag=True, help="Smoke run: fewer seeds, epochs and probes.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-@click.option("--sweep", "as_sweep", is_flag=True,
-              help="Sweep the noise instead: sigma 0 and the calibrated sigma with points around it, every "
-                   "attack but SDAR (sweep.html).")
+@click.option(
+    "--sweep",
+    "as_sweep",
+    is_flag=True,
+    help="Sweep the noise instead: sigma 0 and the calibrated sigma with points around it, every "
+    "attack but SDAR (sweep.html).",
+)
 def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool) -> None:
     """Audit the bundled digits CNN with every attack (nothing to download)."""
     samples = files("splitaudit.sample_models")
-    options = AuditOptions(model=str(samples / "digits_cnn.onnx"), aux=str(samples / "digits.npz"),
-                           top_model=str(samples / "digits_cnn_top.pt"), out=out, quick=quick,
-                           device=device).validate()
+    options = AuditOptions(
+        model=str(samples / "digits_cnn.onnx"),
+        aux=str(samples / "digits.npz"),
+        top_model=str(samples / "digits_cnn_top.pt"),
+        out=out,
+        quick=quick,
+        device=device,
+    ).validate()
     if as_sweep:
         from splitaudit.sweep import demo_sweep_options
 
@@ -200,8 +247,14 @@ def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> N
 
     options = build_options(model, {**given_flags(flags), "attacks": ["none"]})
     ctx = prepare_context(options, progress=cli_progress)
-    answer = leakage.calibrate(ctx, target_mse, prior=options.prior, smoothing=options.smoothing,
-                               dfil_rtol=options.dfil_rtol, dfil_samples=options.dfil_samples)
+    answer = leakage.calibrate(
+        ctx,
+        target_mse,
+        prior=options.prior,
+        smoothing=options.smoothing,
+        dfil_rtol=options.dfil_rtol,
+        dfil_samples=options.dfil_samples,
+    )
     if as_json:
         click.echo(json.dumps(to_strict_json(answer), indent=2, allow_nan=False))
     else:
@@ -260,26 +313,46 @@ def schema() -> None:
 
 @cli.command()
 @click.argument("model", required=False)
-@lambda func: model_data_options(func, click.option(
-    "--noise-sigma", "noise_sigmas", callback=_comma_list(float),
-    help="Comma list of noise sigmas to audit, e.g. 0,0.1,0.3,1."))
-@click.option("--auto-sigma", is_flag=True,
-              help="Also audit the sigma calibrated for --target-mse and points around it (log scale).")
-@click.option("--target-mse", type=float,
-              help="The bound MSE the recommended sigma must guarantee (default --fail-under-mse, else half "
-                   "the mean-guess MSE).")
+@lambda func: model_data_options(
+    func,
+    click.option(
+        "--noise-sigma",
+        "noise_sigmas",
+        callback=_comma_list(float),
+        help="Comma list of noise sigmas to audit, e.g. 0,0.1,0.3,1.",
+    ),
+)
+@click.option(
+    "--auto-sigma",
+    is_flag=True,
+    help="Also audit the sigma calibrated for --target-mse and points around it (log scale).",
+)
+@click.option(
+    "--target-mse",
+    type=float,
+    help="The bound MSE the recommended sigma must guarantee (default --fail-under-mse, else half the mean-guess MSE).",
+)
 @click.option("--max-utility-loss", type=float, help="Gate: fail when the recommended sigma costs more accuracy.")
-@click.option("--attacks", callback=_comma_list(str),
-              help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}.")
+@click.option("--attacks", callback=_comma_list(str), help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}.")
 @click.option("--top-model", help="The top model g; utility is its accuracy under noise (else a probe's).")
-@click.option("--attack-option", "attack_option", multiple=True, metavar="NAME.KEY=VALUE",
-              help="An attack setting, e.g. sdar.ablation=true (repeatable).")
+@click.option(
+    "--attack-option",
+    "attack_option",
+    multiple=True,
+    metavar="NAME.KEY=VALUE",
+    help="An attack setting, e.g. sdar.ablation=true (repeatable).",
+)
 @click.option("--out", help="Output folder (default ./splitaudit-report).")
 @click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json (default all).")
 @click.option("--fail-under-mse", type=float, help="Gate: fail when the recommended sigma's bound MSE is below T.")
-@click.option("--fail-under-attack-mse", type=float,
-              help="Gate: fail when an attack at the recommended sigma reconstructs with MSE below T.")
-@click.option("--max-advantage", type=float, help="Gate: fail when an attack's advantage at the recommended sigma exceeds A.")
+@click.option(
+    "--fail-under-attack-mse",
+    type=float,
+    help="Gate: fail when an attack at the recommended sigma reconstructs with MSE below T.",
+)
+@click.option(
+    "--max-advantage", type=float, help="Gate: fail when an attack's advantage at the recommended sigma exceeds A."
+)
 @click.option("--junit", type=click.Path(dir_okay=False), help="Also write the gates as JUnit XML test cases.")
 @executor_options
 def sweep(model: str | None, **flags) -> None:

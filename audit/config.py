@@ -1,4 +1,5 @@
 """Run options: one dataclass, filled from a TOML file and then from command-line flags."""
+
 from __future__ import annotations
 
 import math
@@ -110,9 +111,17 @@ class AuditOptions:
 
 # What each option may hold, by its annotation (TOML gives any type; flags are already typed).
 OPTION_TYPES = {
-    "str": (str,), "str | None": (str, type(None)), "float": (int, float), "float | None": (int, float, type(None)),
-    "int": (int,), "int | None": (int, type(None)), "bool": (bool,), "list[str]": (list,), "list[int] | None": (list, type(None)),
-    "list[float] | None": (list, type(None)), "dict[str, dict]": (dict,),
+    "str": (str,),
+    "str | None": (str, type(None)),
+    "float": (int, float),
+    "float | None": (int, float, type(None)),
+    "int": (int,),
+    "int | None": (int, type(None)),
+    "bool": (bool,),
+    "list[str]": (list,),
+    "list[int] | None": (list, type(None)),
+    "list[float] | None": (list, type(None)),
+    "dict[str, dict]": (dict,),
 }
 ITEM_TYPES = {"list[str]": (str,), "list[int] | None": (int,), "list[float] | None": (int, float)}
 SOURCE_FIELDS = {"model", "aux", "target", "top_model"}  # paths, or (Python API) a module or a Dataset
@@ -135,8 +144,9 @@ def check_option_types(options: AuditOptions) -> None:
         bad_bool = isinstance(value, bool) and bool not in allowed
         if not isinstance(value, allowed) or bad_bool or wrong_item is not None:
             shown = wrong_item if wrong_item is not None else value
-            raise InputError(f"option {f.name} must be {f.type.replace(' | None', '')}, got "
-                             f"{type(shown).__name__} {shown!r:.60}")
+            raise InputError(
+                f"option {f.name} must be {f.type.replace(' | None', '')}, got {type(shown).__name__} {shown!r:.60}"
+            )
     for attack, table in options.attack_options.items():
         if not isinstance(table, dict):
             raise InputError(f"attack options for {attack!r} must be a table of KEY = VALUE, got {table!r:.60}")
@@ -145,9 +155,17 @@ def check_option_types(options: AuditOptions) -> None:
 def check_finite_options(options: AuditOptions) -> None:
     """nan passes every `<` check unnoticed (a gate "bound 0 >= nan" would pass): refuse non-finite
     numbers, and magnitudes that overflow float32 arithmetic, before anything is computed."""
-    numbers = {name: getattr(options, name) for name in
-               ("noise_sigma", "smoothing", "target_fraction", "fail_under_mse", "fail_under_attack_mse",
-                "max_advantage")}
+    numbers = {
+        name: getattr(options, name)
+        for name in (
+            "noise_sigma",
+            "smoothing",
+            "target_fraction",
+            "fail_under_mse",
+            "fail_under_attack_mse",
+            "max_advantage",
+        )
+    }
     numbers.update({f"normalize[{i}]": v for i, v in enumerate(options.normalize or [])})
     for name, value in numbers.items():
         if value is not None and not math.isfinite(value):
@@ -155,8 +173,10 @@ def check_finite_options(options: AuditOptions) -> None:
     for name in ("noise_sigma", "smoothing"):
         value = getattr(options, name)
         if value is not None and value > MAX_SCALE:
-            raise InputError(f"--{name.replace('_', '-')} {value:g} is above the limit {MAX_SCALE:g} "
-                             "(larger values overflow float32 arithmetic)")
+            raise InputError(
+                f"--{name.replace('_', '-')} {value:g} is above the limit {MAX_SCALE:g} "
+                "(larger values overflow float32 arithmetic)"
+            )
 
 
 def load_config(path: str | Path) -> dict:

@@ -2,6 +2,7 @@
 
 Estimators and attacks read everything they need from here; nothing in it prints or exits.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -95,10 +96,13 @@ class AuditContext:
         data and clean-embedding cache (the cache dict is shared, so f(x) is computed once)."""
         return replace(self, noise_sigma=noise_sigma, seed=self.seed if seed is None else seed)
 
+
 def _finite_embeddings(z: torch.Tensor, part: str) -> torch.Tensor:
     """z, or InputError naming the first sample whose embedding is NaN or infinite."""
     bad = ~torch.isfinite(z.flatten(1)).all(dim=1)
     if bad.any():
-        raise InputError(f"the model returns NaN or infinite embeddings for {int(bad.sum())} of {len(z)} "
-                         f"{part} samples (first: sample {int(bad.nonzero()[0])} of the {part} part)")
+        raise InputError(
+            f"the model returns NaN or infinite embeddings for {int(bad.sum())} of {len(z)} "
+            f"{part} samples (first: sample {int(bad.nonzero()[0])} of the {part} part)"
+        )
     return z

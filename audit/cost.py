@@ -7,6 +7,7 @@ inversion steps of the optimization attack on every seed. The estimate is rough 
 trace stops when its error target is met; training stops early), meant to tell minutes from
 hours. Attacks without a cost model are listed as not estimated. Pure computation, no I/O.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,12 @@ import torch
 from splitaudit.context import AuditContext
 from splitaudit.estimators.jacobian import exact_costs, measure_plan
 from splitaudit.estimators.mean_trace import (
-    CHECK_PROBES, CHECK_SAMPLES, EXACT_PREFERENCE, EXACT_PRODUCTS, PILOT_PROBES, MeanOptions,
+    CHECK_PROBES,
+    CHECK_SAMPLES,
+    EXACT_PREFERENCE,
+    EXACT_PRODUCTS,
+    PILOT_PROBES,
+    MeanOptions,
 )
 from splitaudit.estimators.prior import QUICK_SCORE_SETTINGS, ScoreSettings, score_training_step, within_work_cap
 from splitaudit.threads import threads_for
@@ -65,8 +71,9 @@ def worth_estimating(ctx: AuditContext) -> bool:
     return ctx.aux.x.numel() + ctx.target.x.numel() >= MIN_VALUES_TO_ESTIMATE
 
 
-def estimate_cost(ctx: AuditContext, prior: str, smoothing: float, attacks: list[str],
-                  dfil_samples: int | None = None) -> CostEstimate:
+def estimate_cost(
+    ctx: AuditContext, prior: str, smoothing: float, attacks: list[str], dfil_samples: int | None = None
+) -> CostEstimate:
     """Seconds each long stage of the audit is expected to take on ctx's model, data and device."""
     from splitaudit.leakage import DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES
 

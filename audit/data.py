@@ -3,6 +3,7 @@
 Every loader checks what a model will need (shape, finite values, non-empty) and raises
 InputError with a one-line reason otherwise.
 """
+
 from __future__ import annotations
 
 import csv
@@ -52,11 +53,11 @@ class Dataset:
         return None if self.y is None else int(self.y.max()) + 1
 
     def subset(self, index: torch.Tensor) -> "Dataset":
-        pick = (lambda t: None if t is None else t[index])
+        pick = lambda t: None if t is None else t[index]
         return replace(self, x=self.x[index], y=pick(self.y), attr=pick(self.attr))
 
     def to(self, device) -> "Dataset":
-        move = (lambda t: None if t is None else t.to(device))
+        move = lambda t: None if t is None else t.to(device)
         return replace(self, x=self.x.to(device), y=move(self.y), attr=move(self.attr))
 
 
@@ -65,8 +66,12 @@ def in_unit_range(x: torch.Tensor) -> bool:
     return bool(x.min() >= 0 and x.max() <= 1)
 
 
-def load_dataset(path: "str | Path | Dataset", input_shape: tuple[int, ...] | None = None,
-                 label_column: str | None = None, attr_column: str | None = None) -> Dataset:
+def load_dataset(
+    path: "str | Path | Dataset",
+    input_shape: tuple[int, ...] | None = None,
+    label_column: str | None = None,
+    attr_column: str | None = None,
+) -> Dataset:
     """Load .npz, CSV or an image folder; reshape/resize to input_shape when it is known.
     A Dataset already in memory (the Python API) gets the same checks."""
     if isinstance(path, Dataset):
@@ -98,7 +103,9 @@ def _load_folder(path: Path, input_shape, label_column, attr_column) -> Dataset:
         return _load_image_folder(path, input_shape)
     tables = [p for p in entries if p.suffix.lower() in {".npz", ".csv", ".tsv"}]
     if len(tables) != 1:
-        raise InputError(f"data folder {path} must hold class subfolders of images, or exactly one .npz/.csv file (found {len(tables)})")
+        raise InputError(
+            f"data folder {path} must hold class subfolders of images, or exactly one .npz/.csv file (found {len(tables)})"
+        )
     return _load_file(require_regular_file(tables[0], "data file"), label_column, attr_column)
 
 
@@ -136,11 +143,15 @@ def check_npz_sizes(path: Path, limit: int | None = None) -> None:
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise InputError(f"cannot read {display_path(path)} as .npz ({exc})") from exc
     if max(declared, arrays) > limit:
-        raise InputError(f"{display_path(path)} declares {describe_bytes(max(declared, arrays))} of arrays; "
-                         f"splitaudit loads at most {describe_bytes(limit)} (a quarter of this machine's memory)")
+        raise InputError(
+            f"{display_path(path)} declares {describe_bytes(max(declared, arrays))} of arrays; "
+            f"splitaudit loads at most {describe_bytes(limit)} (a quarter of this machine's memory)"
+        )
     if declared > 64 * 1024**2 and declared > MAX_COMPRESSION_RATIO * max(compressed, 1):
-        raise InputError(f"{display_path(path)} expands {declared / max(compressed, 1):.0f} times (over "
-                         f"{MAX_COMPRESSION_RATIO}): a zip bomb, or data too repetitive to audit")
+        raise InputError(
+            f"{display_path(path)} expands {declared / max(compressed, 1):.0f} times (over "
+            f"{MAX_COMPRESSION_RATIO}): a zip bomb, or data too repetitive to audit"
+        )
 
 
 def _npy_declared_bytes(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> int:
@@ -148,8 +159,11 @@ def _npy_declared_bytes(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> in
     with archive.open(member) as handle:
         try:
             version = np.lib.format.read_magic(handle)
-            shape, _, dtype = (np.lib.format.read_array_header_1_0(handle) if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0(handle))
+            shape, _, dtype = (
+                np.lib.format.read_array_header_1_0(handle)
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0(handle)
+            )
         except ValueError:
             return 0  # not an .npy member: np.load reports it
     return int(np.prod(shape, dtype=object)) * dtype.itemsize
@@ -163,8 +177,10 @@ def _load_csv(path: Path, label_column: str | None, attr_column: str | None) -> 
     header, body = [h.strip() for h in rows[0]], rows[1:]
     duplicates = sorted({h for h in header if header.count(h) > 1})
     if duplicates:
-        raise InputError(f"{path} has duplicate column names ({', '.join(repr(d) for d in duplicates)}); "
-                         "every column needs its own name")
+        raise InputError(
+            f"{path} has duplicate column names ({', '.join(repr(d) for d in duplicates)}); "
+            "every column needs its own name"
+        )
     for name, flag in ((label_column, "--label-column"), (attr_column, "--attr-column")):
         if name is not None and name not in header:
             raise InputError(f"{flag} {name!r} is not a column of {path} (columns: {', '.join(header)})")
@@ -177,7 +193,9 @@ def _load_csv(path: Path, label_column: str | None, attr_column: str | None) -> 
     try:
         x = np.array([[float(columns[h][i]) for h in features] for i in range(len(body))], dtype=np.float32)
     except ValueError as exc:
-        raise InputError(f"{path}: every feature column must be numeric ({exc}); name label/attribute columns with --label-column/--attr-column") from exc
+        raise InputError(
+            f"{path}: every feature column must be numeric ({exc}); name label/attribute columns with --label-column/--attr-column"
+        ) from exc
     return Dataset(x=torch.from_numpy(x), y=y, attr=attr, class_names=names, source=str(path))
 
 
@@ -197,8 +215,10 @@ def _labels(values, name, n: int, path: Path) -> tuple[torch.Tensor | None, list
     if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
         raise InputError(f"{path}: {name!r} holds NaN or infinite values")
     if values.dtype.kind == "f" and not np.all(values == np.round(values)):
-        raise InputError(f"{path}: {name!r} holds non-integer numbers (e.g. {values[values != np.round(values)][0]:g}); "
-                         "labels and attributes are classes: integers or text")
+        raise InputError(
+            f"{path}: {name!r} holds non-integer numbers (e.g. {values[values != np.round(values)][0]:g}); "
+            "labels and attributes are classes: integers or text"
+        )
     names, codes = np.unique(values, return_inverse=True)
     return torch.as_tensor(codes, dtype=torch.long), [str(v) for v in names]
 
@@ -208,8 +228,12 @@ def _load_image_folder(path: Path, input_shape) -> Dataset:
     from PIL import Image, UnidentifiedImageError
 
     classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-    files = [(f, c) for c, name in enumerate(classes) for f in sorted((path / name).rglob("*"))
-             if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()]  # no FIFOs or devices
+    files = [
+        (f, c)
+        for c, name in enumerate(classes)
+        for f in sorted((path / name).rglob("*"))
+        if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()
+    ]  # no FIFOs or devices
     if not files:
         raise InputError(f"no images found in {path}: expected class_name/*.png or *.jpg, or one .npz/.csv file")
     channels, size = _image_geometry(input_shape, files[0][0])
@@ -247,8 +271,9 @@ def _validated(data: Dataset, input_shape) -> Dataset:
     if not torch.isfinite(data.x).all():
         raise InputError(f"{data.source} holds NaN or infinite values in 'x'; clean or impute them first")
     if len(data) > 1 and bool((data.x == data.x[:1]).all()):
-        raise InputError(f"{data.source}: every sample of 'x' is the same (constant data): nothing to "
-                         "reconstruct or classify")
+        raise InputError(
+            f"{data.source}: every sample of 'x' is the same (constant data): nothing to reconstruct or classify"
+        )
     if input_shape is None or data.sample_shape == tuple(input_shape):
         return data
     if data.x[0].numel() == int(np.prod(input_shape)):
@@ -265,8 +290,10 @@ def split_dataset(data: Dataset, target_fraction: float, seed: int) -> tuple[Dat
     perm = torch.randperm(len(data), generator=gen)
     n_target = int(round(target_fraction * len(data)))
     if min(n_target, len(data) - n_target) < MIN_PART_SAMPLES:
-        raise InputError(f"{data.source} has {len(data)} samples: too few to split into aux and target parts "
-                         f"of at least {MIN_PART_SAMPLES} samples each")
+        raise InputError(
+            f"{data.source} has {len(data)} samples: too few to split into aux and target parts "
+            f"of at least {MIN_PART_SAMPLES} samples each"
+        )
     return data.subset(perm[n_target:]), data.subset(perm[:n_target])
 
 
@@ -275,7 +302,7 @@ def dataset_from_arrays(x, y=None, attr=None, source: str = "<in-memory arrays>"
     x = np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x)
     if not np.issubdtype(x.dtype, np.number) or x.ndim < 2:
         raise InputError(f"{source}: x must be a numeric array of samples (N, ...), got {x.dtype} of shape {x.shape}")
-    as_numpy = (lambda v: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)
+    as_numpy = lambda v: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
     labels, names = _labels(as_numpy(y), "y", len(x), Path(source))
     attrs, _ = _labels(as_numpy(attr), "attr", len(x), Path(source))
     return Dataset(x=torch.as_tensor(x, dtype=torch.float32), y=labels, attr=attrs, class_names=names, source=source)

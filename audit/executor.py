@@ -6,6 +6,7 @@ task's answer does not depend on which tasks ran before it in the same process: 
 numbers are the same whichever backend (and however many workers) ran them. The Ray backend
 lives in `splitaudit.ray_executor` and is imported only when asked for, so nothing else needs Ray.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,9 +47,15 @@ class TaskResult:
 
     def record(self) -> dict:
         """The task's line in report.json's run.tasks."""
-        return {"attack": self.task.attack, "seed": self.task.seed, "noise_sigma": self.task.noise_sigma,
-                "status": "ok" if self.error is None else "failed", "seconds": self.seconds,
-                "attempts": self.attempts, "worker": self.worker}
+        return {
+            "attack": self.task.attack,
+            "seed": self.task.seed,
+            "noise_sigma": self.task.noise_sigma,
+            "status": "ok" if self.error is None else "failed",
+            "seconds": self.seconds,
+            "attempts": self.attempts,
+            "worker": self.worker,
+        }
 
 
 class Executor(Protocol):
@@ -119,8 +126,13 @@ def open_executor(name: str, options, ctx: AuditContext) -> Executor:
     return RayExecutor(options, ctx, address=options.ray_address, task_timeout=options.task_timeout)
 
 
-def run_attack_grid(ctx: AuditContext, names: list[str], sigmas: list[float], executor: Executor,
-                    progress: Callable[..., tqdm] = silent_progress) -> tuple[dict[float, dict], list[TaskResult]]:
+def run_attack_grid(
+    ctx: AuditContext,
+    names: list[str],
+    sigmas: list[float],
+    executor: Executor,
+    progress: Callable[..., tqdm] = silent_progress,
+) -> tuple[dict[float, dict], list[TaskResult]]:
     """Every attack at every sigma, each seed a task on the executor; returns {sigma: {attack:
     report entry}} (skipped, failed or ok as `Attack.run` gives them) and every task's result."""
     attacks = {name: get_attack(name) for name in names}
@@ -136,8 +148,9 @@ def run_attack_grid(ctx: AuditContext, names: list[str], sigmas: list[float], ex
         grid[sigma] = {}
         for name, attack in attacks.items():
             reason = attack.missing(ctx)
-            grid[sigma][name] = (attack.skipped(reason) if reason else
-                                 attack_entry(attack, ctx.seeds, by_key[(sigma, name)]))
+            grid[sigma][name] = (
+                attack.skipped(reason) if reason else attack_entry(attack, ctx.seeds, by_key[(sigma, name)])
+            )
     return grid, results
 
 
@@ -153,5 +166,9 @@ def attack_entry(attack, seeds: list[int], results: list[TaskResult]) -> dict:
 
 def describe_executor(executor: Executor, results: list[TaskResult], task_timeout: float | None) -> dict:
     """The run section's executor keys: backend, workers, time-out and each task's wall time."""
-    return {"executor": executor.name, "workers": executor.workers, "task_timeout": task_timeout,
-            "tasks": [r.record() for r in results]}
+    return {
+        "executor": executor.name,
+        "workers": executor.workers,
+        "task_timeout": task_timeout,
+        "tasks": [r.record() for r in results],
+    }

@@ -5,6 +5,7 @@ backward pass, counted with torch's saved-tensor hooks on a small probe batch. A
 holds as many samples as fit in ACTIVATION_BUDGET, so a 3x224x224 input gets small batches
 and an 8x8 digit keeps the batch size its settings ask for.
 """
+
 from __future__ import annotations
 
 from typing import Callable

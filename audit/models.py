@@ -4,6 +4,7 @@ ONNX models are checked, converted to a differentiable torch module with onnx2py
 compared with onnxruntime on real data; when conversion fails or the outputs disagree, the
 model runs black-box through onnxruntime (forward passes only, no gradients).
 """
+
 from __future__ import annotations
 
 import importlib.machinery
@@ -35,19 +36,73 @@ ONNX_ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8,
 
 # Operators whose derivative jumps: dFIL is then only defined almost everywhere (Maeng et al., NeurIPS 2023).
 NON_SMOOTH_ONNX = {
-    "Relu", "LeakyRelu", "PRelu", "ThresholdedRelu", "Clip", "Abs", "Max", "Min", "Sign",
-    "Floor", "Ceil", "Round", "MaxPool", "GlobalMaxPool", "MaxRoiPool", "HardSigmoid",
-    "HardSwish", "ArgMax", "ArgMin", "TopK",
+    "Relu",
+    "LeakyRelu",
+    "PRelu",
+    "ThresholdedRelu",
+    "Clip",
+    "Abs",
+    "Max",
+    "Min",
+    "Sign",
+    "Floor",
+    "Ceil",
+    "Round",
+    "MaxPool",
+    "GlobalMaxPool",
+    "MaxRoiPool",
+    "HardSigmoid",
+    "HardSwish",
+    "ArgMax",
+    "ArgMin",
+    "TopK",
 }
 NON_SMOOTH_TORCHSCRIPT = {
-    "relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "prelu", "hardtanh", "hardtanh_",
-    "clamp", "clamp_", "abs", "max", "min", "sign", "floor", "ceil", "round", "max_pool1d",
-    "max_pool2d", "max_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "hardsigmoid",
-    "hardswish", "argmax", "argmin", "topk", "threshold",
+    "relu",
+    "relu_",
+    "relu6",
+    "leaky_relu",
+    "leaky_relu_",
+    "prelu",
+    "hardtanh",
+    "hardtanh_",
+    "clamp",
+    "clamp_",
+    "abs",
+    "max",
+    "min",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "hardsigmoid",
+    "hardswish",
+    "argmax",
+    "argmin",
+    "topk",
+    "threshold",
 }
 NON_SMOOTH_MODULES = {
-    "ReLU", "ReLU6", "LeakyReLU", "PReLU", "RReLU", "Hardtanh", "Hardsigmoid", "Hardswish", "Threshold",
-    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+    "ReLU",
+    "ReLU6",
+    "LeakyReLU",
+    "PReLU",
+    "RReLU",
+    "Hardtanh",
+    "Hardsigmoid",
+    "Hardswish",
+    "Threshold",
+    "MaxPool1d",
+    "MaxPool2d",
+    "MaxPool3d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
+    "AdaptiveMaxPool3d",
 }
 
 
@@ -99,8 +154,9 @@ class Encoder:
         return _in_batches(fn, x, self.fixed_batch)
 
     @torch.no_grad()
-    def embed(self, x: torch.Tensor, batch_size: int = DEFAULT_BATCH,
-              on_samples: Callable[[int], object] | None = None) -> torch.Tensor:
+    def embed(
+        self, x: torch.Tensor, batch_size: int = DEFAULT_BATCH, on_samples: Callable[[int], object] | None = None
+    ) -> torch.Tensor:
         """f(x) for any number of samples, in batches, without gradients, on the model's device.
 
         Batches hold at most batch_size samples and memory.FORWARD_VALUES input values (a few
@@ -122,10 +178,14 @@ class Encoder:
 
     def describe(self) -> dict:
         return {
-            "path": self.path, "format": self.format,
-            "input_shape": list(self.input_shape), "output_shape": list(self.output_shape),
-            "gradient_mode": self.gradient_mode, "parity_max_abs_err": self.parity_max_abs_err,
-            "stochastic": self.stochastic, "warnings": list(self.warnings),
+            "path": self.path,
+            "format": self.format,
+            "input_shape": list(self.input_shape),
+            "output_shape": list(self.output_shape),
+            "gradient_mode": self.gradient_mode,
+            "parity_max_abs_err": self.parity_max_abs_err,
+            "stochastic": self.stochastic,
+            "warnings": list(self.warnings),
             "providers": list(self.providers),
         }
 
@@ -173,8 +233,14 @@ def wrap_module(module: nn.Module, device: torch.device) -> RawModel:
     for p in copy.parameters():
         p.requires_grad_(False)
     layers = {type(m).__name__ for m in copy.modules()}
-    return RawModel(path=Path(f"<in-memory {type(module).__name__}>"), format="torch", declared_input_shape=None,
-                    fixed_batch=None, torch_module=copy, non_smooth_ops=sorted(layers & NON_SMOOTH_MODULES))
+    return RawModel(
+        path=Path(f"<in-memory {type(module).__name__}>"),
+        format="torch",
+        declared_input_shape=None,
+        fixed_batch=None,
+        torch_module=copy,
+        non_smooth_ops=sorted(layers & NON_SMOOTH_MODULES),
+    )
 
 
 def detect_format(path: Path) -> str:
@@ -198,8 +264,14 @@ def _open_torchscript(path: Path, device: torch.device) -> RawModel:
     for p in module.parameters():
         p.requires_grad_(False)
     ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}
-    return RawModel(path=path, format="torchscript", declared_input_shape=None, fixed_batch=None,
-                    torch_module=Unoptimized(module), non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT))
+    return RawModel(
+        path=path,
+        format="torchscript",
+        declared_input_shape=None,
+        fixed_batch=None,
+        torch_module=Unoptimized(module),
+        non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT),
+    )
 
 
 class Unoptimized(nn.Module):
@@ -228,9 +300,7 @@ def _open_onnx(path: Path, device: torch.device, output_name: str | None = None)
         proto = onnx.load(str(path))
         onnx.checker.check_model(proto)
     except Exception as exc:
-        raise InputError(
-            f"{path} is not a valid ONNX model (truncated or corrupt?): {_first_line(exc)}"
-        ) from exc
+        raise InputError(f"{path} is not a valid ONNX model (truncated or corrupt?): {_first_line(exc)}") from exc
     graph_inputs = _graph_inputs(proto)
     if len(graph_inputs) != 1:
         raise InputError(f"{path} has {len(graph_inputs)} inputs; splitaudit audits bottom models with one input")
@@ -240,10 +310,19 @@ def _open_onnx(path: Path, device: torch.device, output_name: str | None = None)
     session, providers = _ort_session(path, device)
     module, error = _convert_onnx(proto, device)
     ops = {node.op_type for node in proto.graph.node}
-    return RawModel(path=path, format="onnx", declared_input_shape=shape, fixed_batch=batch,
-                    torch_module=module, session=session, conversion_error=error,
-                    non_smooth_ops=sorted(ops & NON_SMOOTH_ONNX), providers=providers,
-                    output_name=output_name, notes=notes)
+    return RawModel(
+        path=path,
+        format="onnx",
+        declared_input_shape=shape,
+        fixed_batch=batch,
+        torch_module=module,
+        session=session,
+        conversion_error=error,
+        non_smooth_ops=sorted(ops & NON_SMOOTH_ONNX),
+        providers=providers,
+        output_name=output_name,
+        notes=notes,
+    )
 
 
 def check_onnx_declared_sizes(proto, path: Path, limit: int | None = None) -> None:
@@ -259,16 +338,20 @@ def check_onnx_declared_sizes(proto, path: Path, limit: int | None = None) -> No
         inferred = proto
     weights = sum(_elements(init.dims) * ONNX_ITEM_BYTES.get(init.data_type, 8) for init in proto.graph.initializer)
     if weights > limit:
-        raise InputError(f"{display_path(path)} declares {describe_bytes(weights)} of weights; splitaudit loads at "
-                         f"most {describe_bytes(limit)} (a quarter of this machine's memory)")
+        raise InputError(
+            f"{display_path(path)} declares {describe_bytes(weights)} of weights; splitaudit loads at "
+            f"most {describe_bytes(limit)} (a quarter of this machine's memory)"
+        )
     for info in (*inferred.graph.value_info, *inferred.graph.output):
         tensor = info.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
         size = _elements(dims) * ONNX_ITEM_BYTES.get(tensor.elem_type, 8) if dims and None not in dims else 0
         if size > limit:
-            raise InputError(f"{display_path(path)}: tensor {info.name!r} declares shape {dims} "
-                             f"({describe_bytes(size)}), over the {describe_bytes(limit)} a "
-                             "model may allocate here (a quarter of this machine's memory)")
+            raise InputError(
+                f"{display_path(path)}: tensor {info.name!r} declares shape {dims} "
+                f"({describe_bytes(size)}), over the {describe_bytes(limit)} a "
+                "model may allocate here (a quarter of this machine's memory)"
+            )
 
 
 def _elements(dims) -> int:
@@ -280,12 +363,18 @@ def select_onnx_output(proto, path: Path, wanted: str | None) -> tuple[str, list
     in a note). The others are dropped from the graph, so conversion builds the chosen one alone."""
     names = [o.name for o in proto.graph.output]
     if wanted is not None and wanted not in names:
-        raise InputError(f"--output-name {wanted!r} is not an output of {display_path(path)} "
-                         f"(outputs: {', '.join(names)})")
+        raise InputError(
+            f"--output-name {wanted!r} is not an output of {display_path(path)} (outputs: {', '.join(names)})"
+        )
     chosen = wanted or names[0]
-    notes = [] if wanted or len(names) == 1 else [
-        f"the model has {len(names)} outputs ({', '.join(names)}); auditing the first, {chosen!r} "
-        "(choose another with --output-name)"]
+    notes = (
+        []
+        if wanted or len(names) == 1
+        else [
+            f"the model has {len(names)} outputs ({', '.join(names)}); auditing the first, {chosen!r} "
+            "(choose another with --output-name)"
+        ]
+    )
     for output in [o for o in proto.graph.output if o.name != chosen]:
         proto.graph.output.remove(output)
     return chosen, notes
@@ -374,6 +463,7 @@ def _import_torchvision_or_stub() -> None:
     """
     try:
         import torchvision  # noqa: F401
+
         return
     except Exception:
         for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
@@ -385,6 +475,7 @@ def _import_torchvision_or_stub() -> None:
 
         def fail(*_args, **_kwargs):
             raise RuntimeError(f"torchvision.{attr} is unavailable: torchvision does not load here")
+
         return fail
 
     for name in ("torchvision", "torchvision.ops", "torchvision.io"):
@@ -423,8 +514,9 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     if not stochastic:
         check_batch_independence(reference, sample, first, raw.fixed_batch)
     else:
-        notes.append("stochastic encoder: whether a sample's embedding depends on the rest of its batch "
-                     "could not be checked")
+        notes.append(
+            "stochastic encoder: whether a sample's embedding depends on the rest of its batch could not be checked"
+        )
     if stochastic:
         notes.append("stochastic encoder: repeated forward passes differ; attacks see fresh samples")
     if raw.non_smooth_ops:
@@ -433,10 +525,18 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
             "everywhere; a smooth variant (GELU, average pooling) gives a sharper audit"
         )
     return Encoder(
-        path=str(raw.path), format=raw.format, input_shape=tuple(sample.shape[1:]),
-        output_shape=tuple(first.shape[1:]), device=device, torch_fn=torch_fn, blackbox_fn=blackbox,
-        fixed_batch=raw.fixed_batch, parity_max_abs_err=parity, stochastic=stochastic,
-        warnings=notes, providers=raw.providers,
+        path=str(raw.path),
+        format=raw.format,
+        input_shape=tuple(sample.shape[1:]),
+        output_shape=tuple(first.shape[1:]),
+        device=device,
+        torch_fn=torch_fn,
+        blackbox_fn=blackbox,
+        fixed_batch=raw.fixed_batch,
+        parity_max_abs_err=parity,
+        stochastic=stochastic,
+        warnings=notes,
+        providers=raw.providers,
     )
 
 
@@ -456,8 +556,7 @@ def _check_parity(raw: RawModel, torch_fn, blackbox, sample, notes: list[str]):
     tolerance = PARITY_RTOL * max(1.0, float(ref.abs().max()))
     if not err <= tolerance:
         notes.append(
-            f"converted model disagrees with onnxruntime (max abs error {err:.3g} > {tolerance:.3g}); "
-            "running black-box"
+            f"converted model disagrees with onnxruntime (max abs error {err:.3g} > {tolerance:.3g}); running black-box"
         )
         return None, err
     return torch_fn, err
@@ -471,16 +570,20 @@ def _blackbox_fn(raw: RawModel, mean: torch.Tensor, std: torch.Tensor) -> Callab
         def run_module(x: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
                 return module((x - mean) / std)
+
         return run_module
     session = raw.session
     meta = session.get_inputs()[0]
     check_onnx_output_type(session, raw.output_name)
-    dtype = np.float64 if meta.type == "tensor(double)" else np.float16 if meta.type == "tensor(float16)" else np.float32
+    dtype = (
+        np.float64 if meta.type == "tensor(double)" else np.float16 if meta.type == "tensor(float16)" else np.float32
+    )
 
     def run_onnx(x: torch.Tensor) -> torch.Tensor:
         feed = ((x.detach() - mean) / std).cpu().numpy().astype(dtype)
         out = session.run([raw.output_name], {meta.name: feed})[0]
         return torch.from_numpy(np.asarray(out, dtype=np.float32)).to(x.device)
+
     return run_onnx
 
 
@@ -489,8 +592,9 @@ def check_onnx_output_type(session, name: str | None) -> None:
     gradient and no Fisher information to bound."""
     output = next(o for o in session.get_outputs() if name is None or o.name == name)
     if output.type not in ONNX_FLOAT_TYPES:
-        raise InputError(f"the model's output {output.name!r} is {output.type}; a bottom model must output "
-                         "floating-point embeddings")
+        raise InputError(
+            f"the model's output {output.name!r} is {output.type}; a bottom model must output floating-point embeddings"
+        )
 
 
 def check_embeddings(z: torch.Tensor, n: int, what: str = "the model") -> None:
@@ -500,8 +604,10 @@ def check_embeddings(z: torch.Tensor, n: int, what: str = "the model") -> None:
     if not z.is_floating_point():
         raise InputError(f"{what} returns {z.dtype} values; it must output floating-point embeddings")
     if z.dim() < 2 or z.shape[0] != n:
-        raise InputError(f"{what} returns shape {tuple(z.shape)} for {n} inputs; it must return one "
-                         "embedding per input (shape (batch, ...))")
+        raise InputError(
+            f"{what} returns shape {tuple(z.shape)} for {n} inputs; it must return one "
+            "embedding per input (shape (batch, ...))"
+        )
     if not torch.isfinite(z).all():
         raise InputError(f"{what} returns NaN or infinite values on the data")
 
@@ -522,7 +628,8 @@ def check_batch_independence(fn: Callable, sample: torch.Tensor, batch: torch.Te
         raise InputError(
             f"the model's output for a sample depends on the other samples in its batch (the first {k} samples "
             f"in a batch of {k} vs of {len(sample)} differ by {change:.3g}): BatchNorm in training mode or batch "
-            "mixing; export it in eval mode (model.eval()) so that samples are independent")
+            "mixing; export it in eval mode (model.eval()) so that samples are independent"
+        )
 
 
 def check_top_model(module: nn.Module, embeddings: torch.Tensor) -> None:
@@ -533,8 +640,9 @@ def check_top_model(module: nn.Module, embeddings: torch.Tensor) -> None:
         with torch.no_grad():
             out = module(embeddings)
     except Exception as exc:
-        raise InputError(f"--top-model cannot run on the embeddings of shape {tuple(embeddings.shape[1:])}: "
-                         f"{_first_line(exc)}") from exc
+        raise InputError(
+            f"--top-model cannot run on the embeddings of shape {tuple(embeddings.shape[1:])}: {_first_line(exc)}"
+        ) from exc
     check_embeddings(out, len(embeddings), "--top-model")
 
 
@@ -550,12 +658,15 @@ def within_time_limit(fn: Callable, *args, seconds: float | None = None, what: s
             outcome["value"] = fn(*args)
         except BaseException as exc:  # re-raised in the caller's thread
             outcome["error"] = exc
+
     worker = threading.Thread(target=work, name="splitaudit-model-check", daemon=True)
     worker.start()
     worker.join(seconds)
     if worker.is_alive():
-        raise InputError(f"{what} did not finish within {seconds:g} s (the limit for loading checks); the model "
-                         "is too slow or allocates too much for an audit")
+        raise InputError(
+            f"{what} did not finish within {seconds:g} s (the limit for loading checks); the model "
+            "is too slow or allocates too much for an audit"
+        )
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -586,7 +697,9 @@ def _normalization(normalize: tuple | None, sample_shape: tuple[int, ...], devic
         per_channel = (channels,) + (1,) * (len(sample_shape) - 1)
         mean, std = values[:channels].view(per_channel), values[channels:].view(per_channel)
     else:
-        raise InputError(f"--normalize takes MEAN,STD or {channels} means then {channels} stds; got {len(values)} numbers")
+        raise InputError(
+            f"--normalize takes MEAN,STD or {channels} means then {channels} stds; got {len(values)} numbers"
+        )
     if (std <= 0).any():
         raise InputError("--normalize: every STD must be positive")
     return mean, std

@@ -2,6 +2,7 @@
 
 Data flows one way; this module wires the stages and never prints or renders.
 """
+
 from __future__ import annotations
 
 import platform
@@ -62,8 +63,14 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> Au
     return build_context(options, raw, aux, target, device, progress)
 
 
-def build_context(options: AuditOptions, raw: RawModel, aux: Dataset, target: Dataset, device: torch.device,
-                  progress: Callable[..., tqdm] = silent_progress) -> AuditContext:
+def build_context(
+    options: AuditOptions,
+    raw: RawModel,
+    aux: Dataset,
+    target: Dataset,
+    device: torch.device,
+    progress: Callable[..., tqdm] = silent_progress,
+) -> AuditContext:
     """The context from an opened model and the split data (also how a Ray worker rebuilds it)."""
     aux, target = aux.to(device), target.to(device)
     encoder = within_time_limit(prepare_encoder, raw, aux.x[:PARITY_BATCH], options.normalize)
@@ -72,9 +79,17 @@ def build_context(options: AuditOptions, raw: RawModel, aux: Dataset, target: Da
         raise InputError(f"--top-model {options.top_model} cannot be converted to a torch module")
     if top is not None:
         within_time_limit(check_top_model, top, encoder.embed(aux.x[:PARITY_BATCH]), what="checking --top-model")
-    ctx = AuditContext(encoder=encoder, aux=aux, target=target, noise_sigma=options.noise_sigma,
-                       seed=options.seed, quick=options.quick, top_model=top,
-                       attack_options=options.attack_options, progress=progress)
+    ctx = AuditContext(
+        encoder=encoder,
+        aux=aux,
+        target=target,
+        noise_sigma=options.noise_sigma,
+        seed=options.seed,
+        quick=options.quick,
+        top_model=top,
+        attack_options=options.attack_options,
+        progress=progress,
+    )
     for part in ("aux", "target"):  # every embedding, not just the parity batch: NaN must stop here
         ctx.clean_embeddings(part)
     return ctx
@@ -84,8 +99,9 @@ def _load(path: str, shape, options: AuditOptions) -> Dataset:
     return load_dataset(path, shape, label_column=options.label_column, attr_column=options.attr_column)
 
 
-def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress,
-              on_cost: Callable[..., None] | None = None) -> dict:
+def run_audit(
+    options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, on_cost: Callable[..., None] | None = None
+) -> dict:
     """Run the whole audit and return the result object (report.json's content).
 
     on_cost, when given, receives the up-front cost estimate (splitaudit.cost.CostEstimate)
@@ -103,25 +119,42 @@ def run_audit(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     result = describe_run(ctx, options, started)
     from splitaudit.utility import utility_section
 
-    result["utility"] = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
+    result["utility"] = utility_section(
+        ctx
+    )  # before the slow stages: a top model that rejects the embeddings is bad input
     from splitaudit.cost import estimate_cost, worth_estimating
 
     if on_cost is not None and worth_estimating(ctx):
-        on_cost(estimate_cost(ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), names,
-                              options.dfil_samples))
+        on_cost(
+            estimate_cost(
+                ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), names, options.dfil_samples
+            )
+        )
     with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
         stages.set_postfix_str("dFIL and bounds")
-        result.update(leakage.assess(ctx, prior=options.prior, smoothing=options.smoothing,
-                                     target_mse=options.fail_under_mse,
-                                     dfil_rtol=options.dfil_rtol, dfil_samples=options.dfil_samples))
+        result.update(
+            leakage.assess(
+                ctx,
+                prior=options.prior,
+                smoothing=options.smoothing,
+                target_mse=options.fail_under_mse,
+                dfil_rtol=options.dfil_rtol,
+                dfil_samples=options.dfil_samples,
+            )
+        )
         stages.update()
         stages.set_postfix_str("attacks")
-        result["attacks"] = attack_grid(ctx, options, names, [ctx.noise_sigma], progress, result["run"])[ctx.noise_sigma]
+        result["attacks"] = attack_grid(ctx, options, names, [ctx.noise_sigma], progress, result["run"])[
+            ctx.noise_sigma
+        ]
         stages.update(len(names))
     leakage.flag_violations(result)
-    result["gate"] = evaluate_gate(result, fail_under_mse=options.fail_under_mse,
-                                   fail_under_attack_mse=options.fail_under_attack_mse,
-                                   max_advantage=options.max_advantage)
+    result["gate"] = evaluate_gate(
+        result,
+        fail_under_mse=options.fail_under_mse,
+        fail_under_attack_mse=options.fail_under_attack_mse,
+        max_advantage=options.max_advantage,
+    )
     result["run"]["seconds"] = time.perf_counter() - clock
     return result
 
@@ -134,8 +167,14 @@ def check_executor(options: AuditOptions) -> None:
         require_ray()
 
 
-def attack_grid(ctx: AuditContext, options: AuditOptions, names: list[str], sigmas: list[float],
-                progress: Callable[..., tqdm], run: dict) -> dict[float, dict]:
+def attack_grid(
+    ctx: AuditContext,
+    options: AuditOptions,
+    names: list[str],
+    sigmas: list[float],
+    progress: Callable[..., tqdm],
+    run: dict,
+) -> dict[float, dict]:
     """Every selected attack at every sigma on the chosen executor (--executor), as {sigma:
     {attack: entry}}; the run section gets the executor, its workers and each task's wall time."""
     from splitaudit.executor import describe_executor, open_executor, run_attack_grid
@@ -154,9 +193,16 @@ def describe_run(ctx: AuditContext, options: AuditOptions, started: datetime) ->
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "splitaudit", "version": __version__},
-        "run": {"started": started.isoformat(timespec="seconds"), "seconds": None,
-                "device": ctx.device.type, "seed": options.seed, "quick": options.quick,
-                "seeds": ctx.seeds, "python": platform.python_version(), "torch": torch.__version__},
+        "run": {
+            "started": started.isoformat(timespec="seconds"),
+            "seconds": None,
+            "device": ctx.device.type,
+            "seed": options.seed,
+            "quick": options.quick,
+            "seeds": ctx.seeds,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
         "model": ctx.encoder.describe(),
         "data": describe_data(ctx, options),
         "noise_sigma": options.noise_sigma,
@@ -165,11 +211,16 @@ def describe_run(ctx: AuditContext, options: AuditOptions, started: datetime) ->
 
 def describe_data(ctx: AuditContext, options: AuditOptions) -> dict:
     return {
-        "aux_path": source_name(options.aux), "target_path": source_name(options.target),
-        "n_aux": len(ctx.aux), "n_target": len(ctx.target),
-        "classes": ctx.num_classes, "class_names": ctx.aux.class_names,
-        "has_labels": ctx.aux.y is not None, "has_attr": ctx.aux.attr is not None,
-        "is_image": ctx.aux.is_image, "in_unit_range": ctx.aux.in_unit_range,
+        "aux_path": source_name(options.aux),
+        "target_path": source_name(options.target),
+        "n_aux": len(ctx.aux),
+        "n_target": len(ctx.target),
+        "classes": ctx.num_classes,
+        "class_names": ctx.aux.class_names,
+        "has_labels": ctx.aux.y is not None,
+        "has_attr": ctx.aux.attr is not None,
+        "is_image": ctx.aux.is_image,
+        "in_unit_range": ctx.aux.in_unit_range,
         "sample_shape": list(ctx.aux.sample_shape),
     }
 

@@ -7,6 +7,7 @@ At most as many tasks are in flight as the cluster has slots, so a task's time-o
 when it starts; a task that raises, times out or loses its worker is retried once, then
 reported as that attack's failure. Imported only when `--executor ray` is asked for.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,9 +61,13 @@ def model_files(path) -> dict[str, bytes]:
 
 
 def make_recipe(options: AuditOptions, ctx: AuditContext) -> ContextRecipe:
-    return ContextRecipe(options=replace(options, aux="", target=None), model_files=model_files(options.model),
-                         top_model_files=model_files(options.top_model),
-                         aux=ctx.aux.to("cpu"), target=ctx.target.to("cpu"))
+    return ContextRecipe(
+        options=replace(options, aux="", target=None),
+        model_files=model_files(options.model),
+        top_model_files=model_files(options.top_model),
+        aux=ctx.aux.to("cpu"),
+        target=ctx.target.to("cpu"),
+    )
 
 
 _CONTEXTS: dict[str, AuditContext] = {}  # per worker process: recipe key -> rebuilt context
@@ -82,9 +87,12 @@ def context_on_worker(recipe_box: list) -> AuditContext:
             for name, data in files.items():
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 (folder / name).write_bytes(data)
-        options = replace(recipe.options, model=_local_copy(recipe.options.model, folder),
-                          top_model=_local_copy(recipe.options.top_model, folder),
-                          device=recipe.options.device if ray.get_gpu_ids() else "cpu")
+        options = replace(
+            recipe.options,
+            model=_local_copy(recipe.options.model, folder),
+            top_model=_local_copy(recipe.options.top_model, folder),
+            device=recipe.options.device if ray.get_gpu_ids() else "cpu",
+        )
         device = resolve_device(options.device)
         raw = open_model(options.model, device, options.output_name)
         _CONTEXTS[key] = build_context(options, raw, recipe.aux, recipe.target, device)
@@ -107,18 +115,20 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, options: AuditOptions, ctx: AuditContext, address: str | None = None,
-                 task_timeout: float | None = None) -> None:
+    def __init__(
+        self, options: AuditOptions, ctx: AuditContext, address: str | None = None, task_timeout: float | None = None
+    ) -> None:
         self.started_here = not ray.is_initialized() and not address
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         self.task_timeout = task_timeout
         resources = ray.cluster_resources()
         self.use_gpu = ctx.device.type == "cuda" and resources.get("GPU", 0) > 0
         slot = "GPU" if self.use_gpu else "CPU"
         self.workers = max(1, int(resources.get(slot, 1)))
-        self.remote = _run_on_worker.options(num_gpus=1, num_cpus=0) if self.use_gpu else _run_on_worker.options(num_cpus=1)
+        self.remote = (
+            _run_on_worker.options(num_gpus=1, num_cpus=0) if self.use_gpu else _run_on_worker.options(num_cpus=1)
+        )
         self.recipe_box = [uuid.uuid4().hex, ray.put(make_recipe(options, ctx))]
 
     def map(self, ctx: AuditContext, tasks: list[SeedTask], bar: tqdm) -> list[TaskResult]:
@@ -146,9 +156,14 @@ class RayExecutor:
                     if attempt < MAX_ATTEMPTS:
                         queue.insert(0, (index, attempt + 1))
                     else:
-                        results[index] = TaskResult(tasks[index], None, f"timed out after {self.task_timeout:g} s "
-                                                    f"(--task-timeout), {attempt} attempts", time.monotonic() - start,
-                                                    attempt, "")
+                        results[index] = TaskResult(
+                            tasks[index],
+                            None,
+                            f"timed out after {self.task_timeout:g} s (--task-timeout), {attempt} attempts",
+                            time.monotonic() - start,
+                            attempt,
+                            "",
+                        )
                         bar.update()
         return [results[i] for i in range(len(tasks))]
 
@@ -164,8 +179,14 @@ class RayExecutor:
         try:
             outcome, error, seconds, node = ray.get(ref)
         except Exception as exc:  # RayTaskError, WorkerCrashedError, ObjectLostError...
-            return TaskResult(task, None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                              time.monotonic() - start, attempt, "")
+            return TaskResult(
+                task,
+                None,
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                time.monotonic() - start,
+                attempt,
+                "",
+            )
         return TaskResult(task, outcome, error, seconds, attempt, node)
 
     def close(self) -> None:

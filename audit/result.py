@@ -232,9 +232,20 @@ class Attack(TypedDict):
 
 
 CheckCause = Literal[
-    "complete", "incomplete", "bound-met", "bound-missing", "bound-untrusted", "bound-too-low",
-    "attack-mse-met", "no-reconstruction-attack", "attack-mse-too-low", "advantage-within-cap",
-    "advantage-too-high", "utility-loss-within-cap", "utility-loss-too-high", "utility-loss-missing",
+    "complete",
+    "incomplete",
+    "bound-met",
+    "bound-missing",
+    "bound-untrusted",
+    "bound-too-low",
+    "attack-mse-met",
+    "no-reconstruction-attack",
+    "attack-mse-too-low",
+    "advantage-within-cap",
+    "advantage-too-high",
+    "utility-loss-within-cap",
+    "utility-loss-too-high",
+    "utility-loss-missing",
     "no-recommendation",
 ]
 Severity = Literal["none", "note", "warning", "error"]
@@ -297,6 +308,7 @@ class Result(TypedDict):
 
 
 # --- sweep.json (splitaudit sweep) ----------------------------------------------------------
+
 
 class SweepRun(Run):
     """The run, and where its audit points were computed."""
@@ -369,8 +381,11 @@ class Sweep(TypedDict):
 def sweep_json_schema() -> dict:
     """The JSON Schema of sweep.json, generated from `Sweep` (sweep.json is checked against it
     when written and read; `splitaudit schema` prints report.json's)."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "title": f"splitaudit sweep.json, schema_version {SCHEMA_VERSION}", **_schema_of(Sweep)}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"splitaudit sweep.json, schema_version {SCHEMA_VERSION}",
+        **_schema_of(Sweep),
+    }
 
 
 # --- JSON Schema ---------------------------------------------------------------------------
@@ -378,10 +393,14 @@ def sweep_json_schema() -> dict:
 # library such as pydantic: it encodes report.json's non-finite numbers as one flat
 # {"type": [...], "pattern": ...} rule, so that a wrong value gets a one-level error.
 
+
 def json_schema() -> dict:
     """The JSON Schema (draft 2020-12) of report.json, generated from `Result`."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "title": f"splitaudit report.json, schema_version {SCHEMA_VERSION}", **_schema_of(Result)}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"splitaudit report.json, schema_version {SCHEMA_VERSION}",
+        **_schema_of(Result),
+    }
 
 
 def _schema_of(tp: Any) -> dict:
@@ -425,8 +444,12 @@ def _union_schema(args: tuple) -> dict:
 def _object_schema(td: type) -> dict:
     hints = get_type_hints(td, include_extras=True)
     properties = {key: _schema_of(_strip_not_required(tp)) for key, tp in hints.items()}
-    schema = {"type": "object", "properties": properties, "required": sorted(td.__required_keys__),
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": properties,
+        "required": sorted(td.__required_keys__),
+        "additionalProperties": False,
+    }
     return {"description": " ".join((td.__doc__ or "").split()), **schema} if td.__doc__ else schema
 
 
@@ -445,6 +468,7 @@ def shipped_schema() -> dict:
 
 
 # --- validation ---------------------------------------------------------------------------
+
 
 def first_error(document: Any, schema: dict | None = None) -> str | None:
     """The first place where a report.json document (as stored: strict JSON) breaks the schema

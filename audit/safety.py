@@ -4,6 +4,7 @@ splitaudit trusts nothing in its inputs (model files, data, report.json, config 
 reader goes through these checks before it reads, so that a FIFO, a zip bomb or a path with
 undecodable bytes ends in one clear InputError instead of a hang, a memory blow-up or a crash.
 """
+
 from __future__ import annotations
 
 import os

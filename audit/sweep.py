@@ -7,6 +7,7 @@ their attacks, through `run_attacks`) can be run elsewhere. The recommendation i
 audited sigma whose van Trees bound (Maeng et al., NeurIPS 2023) reaches the target and that no
 attack beats, with what it costs in accuracy.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,16 +38,27 @@ def run_attacks(ctx: AuditContext, names: list[str]) -> dict:
     return {name: get_attack(name).run(ctx) for name in names}
 
 
-def audit_point(ctx: AuditContext, measurement: leakage.Measurement, sigma: float, attack_names: list[str],
-                seed: int, target_mse: float | None = None, clean_utility: dict | None = None,
-                attacks: Callable[[AuditContext, list[str]], dict] = run_attacks) -> dict:
+def audit_point(
+    ctx: AuditContext,
+    measurement: leakage.Measurement,
+    sigma: float,
+    attack_names: list[str],
+    seed: int,
+    target_mse: float | None = None,
+    clean_utility: dict | None = None,
+    attacks: Callable[[AuditContext, list[str]], dict] = run_attacks,
+) -> dict:
     """One audit point: dFIL and bounds from the shared measurement, every attack with its
     baseline, the bound check, and utility (its loss against clean_utility, measured if None)."""
     point_ctx = ctx.at_sigma(sigma, seed)
     sections = leakage.assess_measurement(point_ctx, measurement, target_mse)
-    point = {"noise_sigma": sigma, "dfil": sections["dfil"], "bounds": sections["bounds"],
-             "attacks": attacks(point_ctx, attack_names),
-             "utility": utility.utility_section(point_ctx, clean_utility)}
+    point = {
+        "noise_sigma": sigma,
+        "dfil": sections["dfil"],
+        "bounds": sections["bounds"],
+        "attacks": attacks(point_ctx, attack_names),
+        "utility": utility.utility_section(point_ctx, clean_utility),
+    }
     leakage.flag_violations({**point, "prior": sections["prior"]})  # marks point's bounds and attacks
     return point
 
@@ -93,19 +105,36 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     with progress(total=len(sigmas), desc="sweep", unit="sigma") as bar:
         for sigma, origin in sigmas:
             bar.set_postfix_str(f"sigma {sigma:.4g}")
-            point = audit_point(ctx, measurement, sigma, names, options.seed, calibration["target_mse"], clean_utility,
-                                attacks=lambda point_ctx, _names: grid[point_ctx.noise_sigma])
+            point = audit_point(
+                ctx,
+                measurement,
+                sigma,
+                names,
+                options.seed,
+                calibration["target_mse"],
+                clean_utility,
+                attacks=lambda point_ctx, _names: grid[point_ctx.noise_sigma],
+            )
             points.append({**point, "origin": origin})
             bar.update()
-    sweep.update({
-        "noise_sigmas": [p["noise_sigma"] for p in points],
-        "auto_sigma": {"requested": options.auto_sigma, "sigma": auto, "factors": list(AUTO_FACTORS),
-                       "reason": calibration["reason"]},
-        "target_mse": calibration["target_mse"], "target_source": _target_source(options, calibration),
-        "max_utility_loss": options.max_utility_loss,
-        "prior": shared["prior"], "calibration": calibration, "utility_clean": clean_utility,
-        "points": points,
-    })
+    sweep.update(
+        {
+            "noise_sigmas": [p["noise_sigma"] for p in points],
+            "auto_sigma": {
+                "requested": options.auto_sigma,
+                "sigma": auto,
+                "factors": list(AUTO_FACTORS),
+                "reason": calibration["reason"],
+            },
+            "target_mse": calibration["target_mse"],
+            "target_source": _target_source(options, calibration),
+            "max_utility_loss": options.max_utility_loss,
+            "prior": shared["prior"],
+            "calibration": calibration,
+            "utility_clean": clean_utility,
+            "points": points,
+        }
+    )
     sweep["recommendation"] = recommend(points, calibration["target_mse"], options.max_utility_loss)
     sweep["gate"] = sweep_gate(sweep, options)
     sweep["run"]["seconds"] = time.perf_counter() - clock
@@ -140,44 +169,67 @@ def recommend(points: list[dict], target_mse: float, max_utility_loss: float | N
     safe = [p for p in points if reaches(p["bounds"]["van_trees_mse"], target_mse) and not p["bounds"]["violated_by"]]
     entry = {"target_mse": target_mse, "max_utility_loss": max_utility_loss}
     if not safe:
-        return {**entry, "noise_sigma": None, "point_index": None, "van_trees_mse": None, "utility_loss": None,
-                "meets_utility": None, "reason": _no_safe_point(points, target_mse)}
+        return {
+            **entry,
+            "noise_sigma": None,
+            "point_index": None,
+            "van_trees_mse": None,
+            "utility_loss": None,
+            "meets_utility": None,
+            "reason": _no_safe_point(points, target_mse),
+        }
     best = min(safe, key=lambda p: p["noise_sigma"])
     loss = best["utility"].get("loss")
     meets = None if max_utility_loss is None or loss is None else loss <= max_utility_loss
-    return {**entry, "noise_sigma": best["noise_sigma"], "point_index": points.index(best),
-            "van_trees_mse": best["bounds"]["van_trees_mse"], "utility_loss": loss, "meets_utility": meets,
-            "reason": _recommendation_words(best, target_mse, max_utility_loss, meets)}
+    return {
+        **entry,
+        "noise_sigma": best["noise_sigma"],
+        "point_index": points.index(best),
+        "van_trees_mse": best["bounds"]["van_trees_mse"],
+        "utility_loss": loss,
+        "meets_utility": meets,
+        "reason": _recommendation_words(best, target_mse, max_utility_loss, meets),
+    }
 
 
 def _no_safe_point(points: list[dict], target_mse: float) -> str:
     reaching = [p for p in points if reaches(p["bounds"]["van_trees_mse"], target_mse)]
     if reaching:
         beaten = "; ".join(f"sigma {p['noise_sigma']:.4g} by {', '.join(p['bounds']['violated_by'])}" for p in reaching)
-        return (f"every audited sigma whose van Trees bound reaches MSE {target_mse:.4g} is beaten by an attack "
-                f"({beaten}), so the bound is no guarantee there: no sigma can be recommended")
+        return (
+            f"every audited sigma whose van Trees bound reaches MSE {target_mse:.4g} is beaten by an attack "
+            f"({beaten}), so the bound is no guarantee there: no sigma can be recommended"
+        )
     finite = [p for p in points if math.isfinite(p["bounds"]["van_trees_mse"])]
     top = max(finite, key=lambda p: p["bounds"]["van_trees_mse"]) if finite else None
-    largest = (f"; the largest is {top['bounds']['van_trees_mse']:.4g} at sigma {top['noise_sigma']:.4g}"
-               if top else "")
-    return (f"no audited sigma gives a van Trees bound of at least MSE {target_mse:.4g}{largest}: "
-            "audit larger sigmas (or use --auto-sigma)")
+    largest = f"; the largest is {top['bounds']['van_trees_mse']:.4g} at sigma {top['noise_sigma']:.4g}" if top else ""
+    return (
+        f"no audited sigma gives a van Trees bound of at least MSE {target_mse:.4g}{largest}: "
+        "audit larger sigmas (or use --auto-sigma)"
+    )
 
 
 def _recommendation_words(point: dict, target_mse: float, max_loss: float | None, meets: bool | None) -> str:
     sigma, bound = point["noise_sigma"], point["bounds"]["van_trees_mse"]
     checked = [n for n, a in point["attacks"].items() if a.get("kind") == "reconstruction" and a.get("status") == "ok"]
-    words = (f"sigma {sigma:.4g} is the smallest audited noise whose van Trees bound (MSE {bound:.4g}) reaches the "
-             f"target {target_mse:.4g}")
-    words += (f" and no attack beats it (checked by {', '.join(checked)})" if checked else
-              " (no reconstruction attack ran at it, so the bound was not checked empirically)")
+    words = (
+        f"sigma {sigma:.4g} is the smallest audited noise whose van Trees bound (MSE {bound:.4g}) reaches the "
+        f"target {target_mse:.4g}"
+    )
+    words += (
+        f" and no attack beats it (checked by {', '.join(checked)})"
+        if checked
+        else " (no reconstruction attack ran at it, so the bound was not checked empirically)"
+    )
     loss = point["utility"].get("loss")
     if loss is None:
         return words + "; its utility loss is unknown (" + (point["utility"].get("reason") or "not measured") + ")"
     words += f"; it costs {loss:.4g} accuracy ({point['utility']['clean_accuracy']:.4g} -> {point['utility']['accuracy']:.4g})"
     if meets is False:
-        words += (f", MORE than the allowed utility loss {max_loss:.4g}: the target bound cannot be met within the "
-                  "utility limit (no smaller audited sigma reaches the bound)")
+        words += (
+            f", MORE than the allowed utility loss {max_loss:.4g}: the target bound cannot be met within the "
+            "utility limit (no smaller audited sigma reaches the bound)"
+        )
     elif meets:
         words += f", within the allowed utility loss {max_loss:.4g}"
     return words
@@ -185,12 +237,19 @@ def _recommendation_words(point: dict, target_mse: float, max_loss: float | None
 
 def sweep_gate(sweep: dict, options: AuditOptions) -> dict:
     """The run's gates on the recommended point, the utility cap, and completeness at every point."""
-    failed_anywhere = {f"{name} at sigma {p['noise_sigma']:.4g}": a for p in sweep["points"]
-                       for name, a in p["attacks"].items() if a.get("status") == "failed"}
+    failed_anywhere = {
+        f"{name} at sigma {p['noise_sigma']:.4g}": a
+        for p in sweep["points"]
+        for name, a in p["attacks"].items()
+        if a.get("status") == "failed"
+    }
     checks = evaluate_gate({"attacks": failed_anywhere})["checks"]
     rec = sweep["recommendation"]
-    thresholds = {"fail_under_mse": options.fail_under_mse, "fail_under_attack_mse": options.fail_under_attack_mse,
-                  "max_advantage": options.max_advantage}
+    thresholds = {
+        "fail_under_mse": options.fail_under_mse,
+        "fail_under_attack_mse": options.fail_under_attack_mse,
+        "max_advantage": options.max_advantage,
+    }
     if rec["noise_sigma"] is not None:
         at_rec = evaluate_gate(sweep["points"][rec["point_index"]], **thresholds)["checks"]
         checks += [c for c in at_rec if c["name"] != "audit-complete"]
@@ -199,8 +258,13 @@ def sweep_gate(sweep: dict, options: AuditOptions) -> dict:
     if options.max_utility_loss is not None and rec["noise_sigma"] is not None:
         checks.append(utility_loss_check(rec["utility_loss"], options.max_utility_loss, rec["noise_sigma"]))
     failed = [c for c in checks if not c["passed"]]
-    return {**thresholds, "max_utility_loss": options.max_utility_loss, "passed": not failed,
-            "reasons": [c["message"] for c in failed], "checks": checks}
+    return {
+        **thresholds,
+        "max_utility_loss": options.max_utility_loss,
+        "passed": not failed,
+        "reasons": [c["message"] for c in failed],
+        "checks": checks,
+    }
 
 
 DEMO_SWEEP_SKIPS = ("sdar",)  # trains for minutes per point (most of a full audit's time): too slow for a demo

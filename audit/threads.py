@@ -1,4 +1,5 @@
 """CPU thread policy for the small networks and probes an audit trains."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager

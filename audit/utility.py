@@ -7,12 +7,13 @@ regression or a small MLP, chosen on held-out aux data) trained on noisy aux emb
 their labels and scored on noisy target embeddings: what a top model trained under the same
 noise could reach. The report says which. Its drop from sigma = 0 is the utility loss.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from splitaudit.attacks.attribute import QUICK_MLP_EPOCHS, MLP_EPOCHS, probe_attack
+from splitaudit.attacks.attribute import MLP_EPOCHS, QUICK_MLP_EPOCHS, probe_attack
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
 
@@ -20,7 +21,7 @@ TOP_MODEL_BATCH = 512
 SOURCE_WORDS = {
     "top-model": "accuracy of the top model (--top-model) on noisy embeddings of the labelled target data",
     "probe": "accuracy of a probe trained on noisy aux embeddings with their labels and scored on noisy target "
-             "embeddings (no --top-model given: an estimate of what a top model trained under this noise reaches)",
+    "embeddings (no --top-model given: an estimate of what a top model trained under this noise reaches)",
 }
 
 
@@ -33,12 +34,24 @@ def measure_utility(ctx: AuditContext) -> dict:
     source = utility_source(ctx)
     entry = {"source": source, "description": SOURCE_WORDS[source], "noise_sigma": ctx.noise_sigma}
     if ctx.aux.y is None or ctx.target.y is None:
-        return {**entry, "status": "skipped", "accuracy": None, "accuracy_std": None,
-                "reason": "the data has no labels (npz 'y', --label-column, or an image folder's class names)"}
-    accuracies = [_top_model_accuracy(ctx, seed) if source == "top-model" else _probe_accuracy(ctx, seed)
-                  for seed in ctx.seeds]
-    return {**entry, "status": "ok", "reason": "", "accuracy": float(np.mean(accuracies)),
-            "accuracy_std": float(np.std(accuracies)), "seeds": list(ctx.seeds)}
+        return {
+            **entry,
+            "status": "skipped",
+            "accuracy": None,
+            "accuracy_std": None,
+            "reason": "the data has no labels (npz 'y', --label-column, or an image folder's class names)",
+        }
+    accuracies = [
+        _top_model_accuracy(ctx, seed) if source == "top-model" else _probe_accuracy(ctx, seed) for seed in ctx.seeds
+    ]
+    return {
+        **entry,
+        "status": "ok",
+        "reason": "",
+        "accuracy": float(np.mean(accuracies)),
+        "accuracy_std": float(np.std(accuracies)),
+        "seeds": list(ctx.seeds),
+    }
 
 
 def utility_section(ctx: AuditContext, clean: dict | None = None) -> dict:
@@ -60,17 +73,26 @@ def _top_model_accuracy(ctx: AuditContext, seed: int) -> float:
     try:
         logits = torch.cat([ctx.top_model(chunk) for chunk in observed.split(TOP_MODEL_BATCH)])
     except Exception as exc:  # a top model that does not take these embeddings is bad input
-        raise InputError(f"the top model does not accept the bottom model's embeddings of shape "
-                         f"{tuple(observed.shape[1:])}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+        raise InputError(
+            f"the top model does not accept the bottom model's embeddings of shape "
+            f"{tuple(observed.shape[1:])}: {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from exc
     if logits.ndim != 2 or logits.shape[0] != len(observed):
-        raise InputError(f"the top model should return (batch, classes) logits; it returned shape {tuple(logits.shape)}")
+        raise InputError(
+            f"the top model should return (batch, classes) logits; it returned shape {tuple(logits.shape)}"
+        )
     return float((logits.argmax(1) == ctx.target.y.to(logits.device)).double().mean())
 
 
 def _probe_accuracy(ctx: AuditContext, seed: int) -> float:
     """The attribute attack's probe, fitted to the task labels instead of the attribute."""
     noise = ctx.generator(seed)
-    result = probe_attack(ctx.observed_embeddings("aux", noise), ctx.aux.y.cpu().numpy(),
-                          ctx.observed_embeddings("target", noise), ctx.target.y.cpu().numpy(), seed,
-                          QUICK_MLP_EPOCHS if ctx.quick else MLP_EPOCHS)
+    result = probe_attack(
+        ctx.observed_embeddings("aux", noise),
+        ctx.aux.y.cpu().numpy(),
+        ctx.observed_embeddings("target", noise),
+        ctx.target.y.cpu().numpy(),
+        seed,
+        QUICK_MLP_EPOCHS if ctx.quick else MLP_EPOCHS,
+    )
     return result["scores"]["accuracy"]

@@ -13,6 +13,7 @@ and whose brightness gradient depends on a binary sensitive attribute.
     python benchmarks/audit_scale.py [--size 64] [--samples 400] [--width 64] [--threads 2]
 
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,20 @@ def audit(args) -> None:
         start = time.perf_counter()
         model, data = write_inputs(folder, args.size, args.samples, args.width)
         prep = time.perf_counter() - start
-        argv = ["run", str(model), "--aux", str(data), "--quick", "--attacks", "all",
-                "--out", str(folder / "report"), "--format", "json", "--debug"]
+        argv = [
+            "run",
+            str(model),
+            "--aux",
+            str(data),
+            "--quick",
+            "--attacks",
+            "all",
+            "--out",
+            str(folder / "report"),
+            "--format",
+            "json",
+            "--debug",
+        ]
         exit_code = 0
         with clock.stage("splitaudit run (total)"):
             quiet = io.StringIO()
@@ -82,9 +95,11 @@ def audit(args) -> None:
                     exit_code = stop.code or 0
         if exit_code not in (0, 1):
             print(quiet.getvalue()[-3000:])
-    print(f"splitaudit run --quick --attacks all: ResNet stem width {args.width} at 3x{args.size}x{args.size}, "
-          f"{args.samples} samples, dynamo ONNX; torch threads {torch.get_num_threads()}, load average "
-          f"{os.getloadavg()[0]:.1f}, exit code {exit_code}; data + export {prep:.1f} s (not in the audit)")
+    print(
+        f"splitaudit run --quick --attacks all: ResNet stem width {args.width} at 3x{args.size}x{args.size}, "
+        f"{args.samples} samples, dynamo ONNX; torch threads {torch.get_num_threads()}, load average "
+        f"{os.getloadavg()[0]:.1f}, exit code {exit_code}; data + export {prep:.1f} s (not in the audit)"
+    )
     print_stages(clock.stages, results[0] if results else {})
 
 

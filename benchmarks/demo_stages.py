@@ -9,6 +9,7 @@ traced, and tracing slows the run).
 
     python benchmarks/demo_stages.py [--quick] [--device cpu|cuda|auto] [--threads 2] [--tracemalloc]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,6 +83,7 @@ class StageClock:
         def timed(*args, **kwargs):
             with self.stage(name):
                 return original(*args, **kwargs)
+
         setattr(owner, attribute, timed)
 
 
@@ -118,6 +120,7 @@ def instrument(clock: StageClock, results: list[dict]) -> None:
     def keep_result(*args, **kwargs):
         results.append(run_audit(*args, **kwargs))
         return results[-1]
+
     executor.run_seed_task = timed_task
     pipeline.run_audit = keep_result
 
@@ -142,8 +145,10 @@ def main() -> None:
                 cli.demo.callback(out=out, quick=args.quick, device=args.device, debug=True, as_sweep=False)
             except SystemExit as stop:  # a failing gate exits 1 after writing every report
                 exit_code = stop.code or 0
-    print(f"splitaudit demo{' --quick' if args.quick else ''} on {args.device}, torch threads "
-          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}, demo exit code {exit_code}")
+    print(
+        f"splitaudit demo{' --quick' if args.quick else ''} on {args.device}, torch threads "
+        f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}, demo exit code {exit_code}"
+    )
     print_stages(clock.stages, results[0] if results else {})
 
 

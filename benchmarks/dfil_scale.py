@@ -16,6 +16,7 @@ Prints the load average: compare ratios within one run, not seconds across runs.
     python benchmarks/dfil_scale.py [--sizes 32,64,224] [--samples 256] [--exact-samples 8]
                                     [--exact-max-size 64] [--device cpu|cuda|auto] [--threads 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,25 +53,45 @@ def timed(fn, device):
 
 
 def auto_row(model, x, device, rtol):
-    result, seconds = timed(lambda: estimate_mean_trace(
-        model, x, "auto", MeanOptions(rtol=rtol, generator=torch.Generator(device=device).manual_seed(0))), device)
+    result, seconds = timed(
+        lambda: estimate_mean_trace(
+            model, x, "auto", MeanOptions(rtol=rtol, generator=torch.Generator(device=device).manual_seed(0))
+        ),
+        device,
+    )
     low, high = result.interval()
-    return result, {"seconds": round(seconds, 2), "method": result.traces.method, "mean": result.mean,
-                    "stderr": result.stderr, "ci95": [low, high], "samples": len(result.index),
-                    "products": result.total_products, "check_passed": result.check.get("passed")}
+    return result, {
+        "seconds": round(seconds, 2),
+        "method": result.traces.method,
+        "mean": result.mean,
+        "stderr": result.stderr,
+        "ci95": [low, high],
+        "samples": len(result.index),
+        "products": result.total_products,
+        "check_passed": result.check.get("passed"),
+    }
 
 
 def exact_row(model, x, device, rtol):
     exact, seconds = timed(lambda: jacobian_sq_norm(model, x, method="forward"), device)
     mean = float(exact.double().mean())
-    auto, auto_seconds = timed(lambda: estimate_mean_trace(
-        model, x, "hutchinson", MeanOptions(rtol=rtol, generator=torch.Generator(device=device).manual_seed(1))),
-        device)
+    auto, auto_seconds = timed(
+        lambda: estimate_mean_trace(
+            model, x, "hutchinson", MeanOptions(rtol=rtol, generator=torch.Generator(device=device).manual_seed(1))
+        ),
+        device,
+    )
     low, high = auto.interval()
-    return {"samples": len(x), "exact_seconds_per_sample": seconds / len(x), "exact_mean": mean,
-            "auto_seconds_per_sample": auto_seconds / len(x), "auto_mean": auto.mean,
-            "speedup": (seconds / len(x)) / (auto_seconds / len(x)),
-            "relative_difference": (auto.mean - mean) / mean, "inside_interval": low <= mean <= high}
+    return {
+        "samples": len(x),
+        "exact_seconds_per_sample": seconds / len(x),
+        "exact_mean": mean,
+        "auto_seconds_per_sample": auto_seconds / len(x),
+        "auto_mean": auto.mean,
+        "speedup": (seconds / len(x)) / (auto_seconds / len(x)),
+        "relative_difference": (auto.mean - mean) / mean,
+        "inside_interval": low <= mean <= high,
+    }
 
 
 def audit_row(model, x, size, device_name, samples):
@@ -81,14 +102,26 @@ def audit_row(model, x, size, device_name, samples):
     export_torchscript(model.cpu(), x[:2].cpu(), folder / "bottom.pt")
     images = x.cpu().numpy().astype(np.float32)
     np.savez(folder / "aux.npz", x=images, y=np.zeros(len(images), dtype=np.int64))
-    options = AuditOptions(model=str(folder / "bottom.pt"), aux=str(folder / "aux.npz"), attacks=["none"],
-                           prior="gaussian", noise_sigma=0.1, device=device_name, target_fraction=0.5,
-                           input_shape=[3, size, size]).validate()
+    options = AuditOptions(
+        model=str(folder / "bottom.pt"),
+        aux=str(folder / "aux.npz"),
+        attacks=["none"],
+        prior="gaussian",
+        noise_sigma=0.1,
+        device=device_name,
+        target_fraction=0.5,
+        input_shape=[3, size, size],
+    ).validate()
     ctx, load_seconds = timed(lambda: prepare_context(options), torch.device("cpu"))
     section, dfil_seconds = timed(lambda: leakage.assess(ctx, prior="gaussian"), ctx.device)
-    return {"target_samples": len(ctx.target), "load_seconds": round(load_seconds, 2),
-            "dfil_and_bounds_seconds": round(dfil_seconds, 2), "method": section["dfil"]["method"],
-            "mean_dfil": section["dfil"]["mean"], "mean_ci": section["dfil"]["mean_ci"]}
+    return {
+        "target_samples": len(ctx.target),
+        "load_seconds": round(load_seconds, 2),
+        "dfil_and_bounds_seconds": round(dfil_seconds, 2),
+        "method": section["dfil"]["method"],
+        "mean_dfil": section["dfil"]["mean"],
+        "mean_ci": section["dfil"]["mean_ci"],
+    }
 
 
 def main() -> None:

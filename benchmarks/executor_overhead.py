@@ -10,6 +10,7 @@ store) and a projection to N machines of that many slots each.
     python benchmarks/executor_overhead.py [--model breast_cancer_mlp.onnx --data breast_cancer.npz]
         [--sigmas 0,0.3,1] [--attacks kmeans,attribute,decoder] [--cpus 2] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,9 @@ def round_trip_costs(executor) -> tuple[float, float]:
 
 
 def numbers(grid: dict) -> dict:
-    return {(s, n): (e["status"], e.get("metrics"), e.get("baseline")) for s, row in grid.items() for n, e in row.items()}
+    return {
+        (s, n): (e["status"], e.get("metrics"), e.get("baseline")) for s, row in grid.items() for n, e in row.items()
+    }
 
 
 def ray_grid(options: AuditOptions, ctx, names, sigmas, cpus: int) -> dict:
@@ -64,9 +67,16 @@ def ray_grid(options: AuditOptions, ctx, names, sigmas, cpus: int) -> dict:
     per_task, rebuild = round_trip_costs(executor)
     executor.close()
     ray.shutdown()
-    return {"grid": grid, "results": results, "init": started - clock, "put": opened - started,
-            "tasks_wall": done - opened, "workers": executor.workers,
-            "per_task": per_task, "rebuild": rebuild}
+    return {
+        "grid": grid,
+        "results": results,
+        "init": started - clock,
+        "put": opened - started,
+        "tasks_wall": done - opened,
+        "workers": executor.workers,
+        "per_task": per_task,
+        "rebuild": rebuild,
+    }
 
 
 def main() -> None:
@@ -78,12 +88,15 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2, help="Ray slots for the parallel run")
     parser.add_argument("--quick", action="store_true", help="one seed per attack instead of three")
     args = parser.parse_args()
-    options = AuditOptions(model=str(SAMPLES / args.model), aux=str(SAMPLES / args.data), quick=args.quick,
-                           executor="ray").validate()
+    options = AuditOptions(
+        model=str(SAMPLES / args.model), aux=str(SAMPLES / args.data), quick=args.quick, executor="ray"
+    ).validate()
     ctx = prepare_context(options)
     names, sigmas = args.attacks.split(","), [float(s) for s in args.sigmas.split(",")]
-    print(f"load average {os.getloadavg()[0]:.2f}; grid: {len(sigmas)} sigmas x {len(names)} attacks x "
-          f"{len(ctx.seeds)} seeds on {args.model}")
+    print(
+        f"load average {os.getloadavg()[0]:.2f}; grid: {len(sigmas)} sigmas x {len(names)} attacks x "
+        f"{len(ctx.seeds)} seeds on {args.model}"
+    )
 
     clock = time.perf_counter()
     local, local_results = run_attack_grid(ctx, names, sigmas, LocalExecutor())
@@ -100,19 +113,29 @@ def main() -> None:
     for label, r in (("ray, 1 slot", one), (f"ray, {many['workers']} slots", many)):
         print(f"{label:<22}{r['tasks_wall']:>14.2f}{r['tasks_wall'] / local_wall:>16.2f}")
     overhead = one["per_task"]
-    print(f"tasks: {n}, mean task {task_seconds / n:.2f} s (local), longest {max(r.seconds for r in local_results):.2f} s")
-    print(f"Ray overhead per task (round trip of a no-op task, context cached, {ROUND_TRIPS} in a row): "
-          f"{overhead * 1000:.1f} ms = {overhead / (task_seconds / n):.1%} of a mean task")
-    print(f"one-off: ray.init {one['init']:.2f} s, model + data into the object store {one['put']:.3f} s, "
-          f"rebuilding the context on a new worker {one['rebuild']:.2f} s")
-    print("projection on N machines of the same slots (tasks balanced; wall >= the longest task; "
-          "plus one rebuild per worker; an existing cluster has no ray.init to pay):")
+    print(
+        f"tasks: {n}, mean task {task_seconds / n:.2f} s (local), longest {max(r.seconds for r in local_results):.2f} s"
+    )
+    print(
+        f"Ray overhead per task (round trip of a no-op task, context cached, {ROUND_TRIPS} in a row): "
+        f"{overhead * 1000:.1f} ms = {overhead / (task_seconds / n):.1%} of a mean task"
+    )
+    print(
+        f"one-off: ray.init {one['init']:.2f} s, model + data into the object store {one['put']:.3f} s, "
+        f"rebuilding the context on a new worker {one['rebuild']:.2f} s"
+    )
+    print(
+        "projection on N machines of the same slots (tasks balanced; wall >= the longest task; "
+        "plus one rebuild per worker; an existing cluster has no ray.init to pay):"
+    )
     longest = max(r.seconds for r in local_results)
     for machines in PROJECT_MACHINES:
         slots = machines * many["workers"]
         wall = one["rebuild"] + max(longest, (task_seconds + overhead * n) / slots)
-        print(f"  {machines:>3} machines ({slots:>3} slots): about {wall:8.2f} s  (local {local_wall:.2f} s, "
-              f"x{local_wall / wall:.1f})")
+        print(
+            f"  {machines:>3} machines ({slots:>3} slots): about {wall:8.2f} s  (local {local_wall:.2f} s, "
+            f"x{local_wall / wall:.1f})"
+        )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ checks that all agree to 1e-4 relative and prints times and ratios.
     python benchmarks/jacobian_trace.py [--batch 8] [--device cpu|cuda|auto] [--threads 2]
                                         [--naive-outputs 512 | 0 for all]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,17 @@ NAIVE_OUTPUTS = 512  # (a) costs the same per output, so its time on all m is li
 
 def cifar_encoder(device: torch.device) -> nn.Module:
     torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.GELU(),
-        nn.Conv2d(16, 16, 3, padding=1), nn.GELU(), nn.AvgPool2d(2),
-    ).eval().to(device)
+    model = (
+        nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(16, 16, 3, padding=1),
+            nn.GELU(),
+            nn.AvgPool2d(2),
+        )
+        .eval()
+        .to(device)
+    )
     for p in model.parameters():
         p.requires_grad_(False)
     return model
@@ -105,18 +113,29 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="samples in the batch (default 8)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
-    parser.add_argument("--naive-outputs", type=int, default=NAIVE_OUTPUTS,
-                        help="time (a) on the first N outputs only and extrapolate linearly to all m "
-                             f"(default {NAIVE_OUTPUTS}; 0: all outputs, measured in full)")
+    parser.add_argument(
+        "--naive-outputs",
+        type=int,
+        default=NAIVE_OUTPUTS,
+        help="time (a) on the first N outputs only and extrapolate linearly to all m "
+        f"(default {NAIVE_OUTPUTS}; 0: all outputs, measured in full)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
     f = cifar_encoder(device)
     x = torch.rand(args.batch, 3, 32, 32, generator=torch.Generator().manual_seed(1)).to(device)
     d, m = x[0].numel(), f(x[:1]).numel()
-    print(f"device {device}, threads {torch.get_num_threads()}, batch {args.batch}, d = {d} inputs, "
-          f"m = {m} outputs, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"device {device}, threads {torch.get_num_threads()}, batch {args.batch}, d = {d} inputs, "
+        f"m = {m} outputs, load average {os.getloadavg()[0]:.1f}"
+    )
     warm_up(f, x)
 
     cold, t_cold = timed(lambda: jacobian_trace(f, x, "auto"), device)
@@ -127,8 +146,10 @@ def main() -> None:
     colouring = find_colouring(f, x, plan)
     like = x if colouring.side == "inputs" else f(x)
     per_pass = plan.directions_per_chunk(len(x), DEFAULT_MEMORY_BYTES)  # the engine's pass size
-    chunks = [colouring.masks(c, like)[:, None].expand(-1, *like.shape).contiguous()
-              for c in _chunks(torch.arange(colouring.count), per_pass)]
+    chunks = [
+        colouring.masks(c, like)[:, None].expand(-1, *like.shape).contiguous()
+        for c in _chunks(torch.arange(colouring.count), per_pass)
+    ]
     _, t_bare = timed(lambda: bare_products(f, x, colouring.side, chunks), device)
     reference, t_forward = timed(lambda: forward_chunks(f, x), device)
     outputs = min(args.naive_outputs or m, m)
@@ -136,8 +157,10 @@ def main() -> None:
     t_naive_all = t_naive * m / outputs
 
     kind = "jvps" if colouring.side == "inputs" else "vjps"
-    print(f"structured: {colouring.side} coloured with {colouring.count} colours -> {colouring.count} {kind} "
-          f"per sample instead of min(d, m) = {min(d, m)} ({min(d, m) / colouring.count:.1f}x fewer products)")
+    print(
+        f"structured: {colouring.side} coloured with {colouring.count} colours -> {colouring.count} {kind} "
+        f"per sample instead of min(d, m) = {min(d, m)} ({min(d, m) / colouring.count:.1f}x fewer products)"
+    )
     agree = {"(c) cold": cold, "(c) warm": warm}
     if outputs == m:
         agree["(a) naive"] = partial
@@ -158,8 +181,10 @@ def main() -> None:
         print(f"{name:48s} {seconds:9.3f} {seconds / args.batch:9.4f}{note}")
     print("\nratios (higher is better for the engine):")
     for label, engine in (("warm", t_warm), ("cold", t_cold)):
-        print(f"  (a)/(c {label}) = {t_naive_all / engine:6.1f}x   (b)/(c {label}) = {t_forward / engine:6.1f}x"
-              f"   (c {label})/(d) = {engine / t_bare:5.2f}x")
+        print(
+            f"  (a)/(c {label}) = {t_naive_all / engine:6.1f}x   (b)/(c {label}) = {t_forward / engine:6.1f}x"
+            f"   (c {label})/(d) = {engine / t_bare:5.2f}x"
+        )
     print("targets: (a)/(c) >= 10, (b)/(c) >= 10, (c)/(d) <= 3")
 
 

@@ -10,6 +10,7 @@ what the attacker cannot see; this script is a measurement, not part of the atta
     python benchmarks/sdar_curve.py --top-model --iterations 2000 --seed 1
     python benchmarks/sdar_curve.py --model breast_cancer_mlp --top-model
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,18 +50,27 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3000)
     parser.add_argument("--every", type=int, default=250)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variant", default="both", choices=["both", *VARIANTS],
-                        help="one variant only (run two processes side by side on a shared CPU)")
+    parser.add_argument(
+        "--variant",
+        default="both",
+        choices=["both", *VARIANTS],
+        help="one variant only (run two processes side by side on a shared CPU)",
+    )
     args = parser.parse_args()
     samples = files("splitaudit.sample_models")
-    options = AuditOptions(model=str(samples / f"{args.model}.onnx"),
-                           aux=str(samples / DATA.get(args.model, "digits.npz")),
-                           top_model=str(samples / f"{args.model}_top.pt") if args.top_model else None,
-                           seed=0, quick=True).validate()
+    options = AuditOptions(
+        model=str(samples / f"{args.model}.onnx"),
+        aux=str(samples / DATA.get(args.model, "digits.npz")),
+        top_model=str(samples / f"{args.model}_top.pt") if args.top_model else None,
+        seed=0,
+        quick=True,
+    ).validate()
     ctx = prepare_context(options)
     baseline = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
-    print(f"{args.model}, {'with' if args.top_model else 'without'} g, seed {args.seed}, targets' labels, "
-          f"batch {BATCH_SIZE}; mean-guess MSE {baseline:.4f}")
+    print(
+        f"{args.model}, {'with' if args.top_model else 'without'} g, seed {args.seed}, targets' labels, "
+        f"batch {BATCH_SIZE}; mean-guess MSE {baseline:.4f}"
+    )
     variants = VARIANTS if args.variant == "both" else {args.variant: VARIANTS[args.variant]}
     curves = {name: curve(ctx, regs, args.seed, args.iterations, args.every, name) for name, regs in variants.items()}
     if len(curves) == 1:

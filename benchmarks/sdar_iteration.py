@@ -18,6 +18,7 @@ random top model. Not run by CI.
 --preset paper (default) times the paper's batch of 128; cpu the attack's CPU batch. Prints
 the wall and the process CPU seconds per iteration (on a shared CPU the wall time is noisy).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,17 @@ class Block(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(cin, cout, 3, stride=stride, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
-            nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout))
-        self.shortcut = nn.Identity() if stride == 1 and cin == cout else \
-            nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride), nn.BatchNorm2d(cout))
+            nn.Conv2d(cin, cout, 3, stride=stride, padding=1),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(),
+            nn.Conv2d(cout, cout, 3, padding=1),
+            nn.BatchNorm2d(cout),
+        )
+        self.shortcut = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride), nn.BatchNorm2d(cout))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.body(x) + self.shortcut(x))
@@ -76,14 +84,25 @@ def synthetic_context(device: torch.device) -> AuditContext:
         p.requires_grad_(False)
     with torch.no_grad():
         output_shape = tuple(bottom(torch.zeros(1, *INPUT_SHAPE, device=device)).shape[1:])
-    encoder = Encoder(path="resnet20-level7 (synthetic)", format="torchscript", input_shape=INPUT_SHAPE,
-                      output_shape=output_shape, device=device, torch_fn=bottom, blackbox_fn=bottom,
-                      fixed_batch=None, parity_max_abs_err=None, stochastic=False, warnings=[],
-                      providers=[])
+    encoder = Encoder(
+        path="resnet20-level7 (synthetic)",
+        format="torchscript",
+        input_shape=INPUT_SHAPE,
+        output_shape=output_shape,
+        device=device,
+        torch_fn=bottom,
+        blackbox_fn=bottom,
+        fixed_batch=None,
+        parity_max_abs_err=None,
+        stochastic=False,
+        warnings=[],
+        providers=[],
+    )
 
     def part() -> Dataset:
-        return Dataset(x=torch.rand(SAMPLES, *INPUT_SHAPE, device=device),
-                       y=torch.randint(CLASSES, (SAMPLES,), device=device))
+        return Dataset(
+            x=torch.rand(SAMPLES, *INPUT_SHAPE, device=device), y=torch.randint(CLASSES, (SAMPLES,), device=device)
+        )
 
     return AuditContext(encoder=encoder, aux=part(), target=part(), top_model=top)
 
@@ -121,21 +140,26 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     ctx = synthetic_context(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        f"{torch.get_num_threads()} threads"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     batch = PRESETS[args.preset]["batch_size"]
     seconds, cpu_seconds = seconds_per_iteration(ctx, args.iterations, args.warmup, batch)
     bottom_params = sum(p.numel() for p in ctx.encoder.torch_fn.parameters())
-    print(f"ResNet-20 split level {SPLIT_LEVEL}: input {INPUT_SHAPE}, embedding {ctx.encoder.output_shape}, "
-          f"bottom model {bottom_params:,} parameters (Table I: 124,912 counting BN's moving "
-          f"statistics); batch {batch} (preset {args.preset})")
+    print(
+        f"ResNet-20 split level {SPLIT_LEVEL}: input {INPUT_SHAPE}, embedding {ctx.encoder.output_shape}, "
+        f"bottom model {bottom_params:,} parameters (Table I: 124,912 counting BN's moving "
+        f"statistics); batch {batch} (preset {args.preset})"
+    )
     print(f"device: {device.type} ({name})")
-    print(f"SDAR: {seconds:.4f} s per iteration over {args.iterations} iterations "
-          f"(after {args.warmup} warm-up); process CPU {cpu_seconds:.4f} s per iteration; "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"Zhu et al. (NDSS 2025) (A100, TensorFlow): {PAPER_SECONDS_PER_ITERATION} s per iteration; "
-          f"ratio ours/paper = {seconds / PAPER_SECONDS_PER_ITERATION:.2f} "
-          f"({'faster' if seconds < PAPER_SECONDS_PER_ITERATION else 'slower'})")
+    print(
+        f"SDAR: {seconds:.4f} s per iteration over {args.iterations} iterations "
+        f"(after {args.warmup} warm-up); process CPU {cpu_seconds:.4f} s per iteration; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"Zhu et al. (NDSS 2025) (A100, TensorFlow): {PAPER_SECONDS_PER_ITERATION} s per iteration; "
+        f"ratio ours/paper = {seconds / PAPER_SECONDS_PER_ITERATION:.2f} "
+        f"({'faster' if seconds < PAPER_SECONDS_PER_ITERATION else 'slower'})"
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Paper 004: dFIL (Eq. 4-5), the unbiased bound (Eq. 3), Corollary 1 (Eq. 6, from the van Trees
 inequality, A.3-A.4). MSE here is per dimension, E||x_hat - x||^2 / d.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,7 @@ def van_trees_mse(mean_dfil: float, prior_j_over_d: float) -> float:
     return math.inf if total == 0 else 1.0 / total
 
 
-def van_trees_stderr(mean_dfil: float, mean_dfil_stderr: float, prior_j_over_d: float,
-                     prior_stderr: float) -> float:
+def van_trees_stderr(mean_dfil: float, mean_dfil_stderr: float, prior_j_over_d: float, prior_stderr: float) -> float:
     """Standard error of the van Trees bound by the delta method: |d(1/s)/ds| = 1/s^2."""
     bound = van_trees_mse(mean_dfil, prior_j_over_d)
     if not math.isfinite(mean_dfil) or bound == math.inf:
@@ -63,14 +63,17 @@ def sigma_for_van_trees(trace_over_d: float, target_mse: float, prior_j_over_d: 
         return Calibration(0.0, True, "every bound is >= 0: no noise is needed")
     slack = 1.0 / target_mse - prior_j_over_d
     if slack <= 0:
-        return Calibration(None, False, (
-            f"no noise reaches a bound of {target_mse:.4g}: the prior alone (J/d = {prior_j_over_d:.4g}) "
-            f"lets an attacker reach MSE {1 / prior_j_over_d:.4g} without the embeddings"))
-    return Calibration(math.sqrt(trace_over_d / slack), True,
-                       "sigma solves 1/(E||J||_F^2/(d sigma^2) + J/d) = target")
+        return Calibration(
+            None,
+            False,
+            (
+                f"no noise reaches a bound of {target_mse:.4g}: the prior alone (J/d = {prior_j_over_d:.4g}) "
+                f"lets an attacker reach MSE {1 / prior_j_over_d:.4g} without the embeddings"
+            ),
+        )
+    return Calibration(math.sqrt(trace_over_d / slack), True, "sigma solves 1/(E||J||_F^2/(d sigma^2) + J/d) = target")
 
 
 def sigma_for_unbiased(trace_over_d: float, target_mse: float) -> Calibration:
     """sigma = sqrt(t T): the noise at which 1/E[dFIL] = t (Eq. 3 at the mean dFIL)."""
-    return Calibration(math.sqrt(target_mse * trace_over_d), True,
-                       "sigma solves E||J||_F^2/(d sigma^2) = 1/target")
+    return Calibration(math.sqrt(target_mse * trace_over_d), True, "sigma solves E||J||_F^2/(d sigma^2) = 1/target")

@@ -13,6 +13,7 @@ Every method reduces to sums of squared Jacobian products over a set of directio
 Samples are batched (vmap over directions, one call over all samples); directions are chunked to a
 memory budget. Tensors stay on x's device, so the same code runs on CPU and CUDA.
 """
+
 from __future__ import annotations
 
 import math
@@ -93,8 +94,9 @@ def jacobian_sq_norm(f: BatchFn, x: Tensor, method: str = "auto", **options) -> 
 
 
 @torch.no_grad()
-def jacobian_trace(f: BatchFn, x: Tensor, method: str = "auto",
-                   options: TraceOptions = TraceOptions()) -> TraceEstimate:
+def jacobian_trace(
+    f: BatchFn, x: Tensor, method: str = "auto", options: TraceOptions = TraceOptions()
+) -> TraceEstimate:
     """Like jacobian_sq_norm, with per-sample standard errors and the method actually used.
 
     Runs under torch.no_grad(): the torch.func transforms still differentiate, but the caller's
@@ -112,8 +114,11 @@ def jacobian_trace(f: BatchFn, x: Tensor, method: str = "auto",
 def concatenated(parts: list[TraceEstimate]) -> TraceEstimate:
     """One estimate from estimates on consecutive batches of samples (same method)."""
     return TraceEstimate(
-        values=torch.cat([p.values for p in parts]), stderr=torch.cat([p.stderr for p in parts]),
-        method=parts[0].method, exact=parts[0].exact, products=max(p.products for p in parts),
+        values=torch.cat([p.values for p in parts]),
+        stderr=torch.cat([p.stderr for p in parts]),
+        method=parts[0].method,
+        exact=parts[0].exact,
+        products=max(p.products for p in parts),
         fd_step=parts[0].fd_step,
     )
 
@@ -161,18 +166,21 @@ def _saved_bytes(f: BatchFn, x: Tensor, differentiable: bool) -> tuple[int, int]
 
 # --- exact methods ----------------------------------------------------------------------------
 
+
 def forward_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> TraceEstimate:
     """sum_k ||J e_k||^2 over the input basis: d forward-mode products per sample."""
-    values = _basis_sum(lambda v: _jvp_products(f, x, v), plan.d, x,
-                        plan.directions_per_chunk(len(x), options.memory_bytes))
+    values = _basis_sum(
+        lambda v: _jvp_products(f, x, v), plan.d, x, plan.directions_per_chunk(len(x), options.memory_bytes)
+    )
     return _exact(values, "forward", plan.d)
 
 
 def reverse_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> TraceEstimate:
     """sum_j ||J^T e_j||^2 over the output basis: m reverse-mode products per sample."""
     out, pullback = vjp(f, x)
-    values = _basis_sum(lambda u: vmap(pullback)(u)[0], plan.m, out,
-                        plan.directions_per_chunk(len(x), options.memory_bytes))
+    values = _basis_sum(
+        lambda u: vmap(pullback)(u)[0], plan.m, out, plan.directions_per_chunk(len(x), options.memory_bytes)
+    )
     return _exact(values.detach(), "reverse", plan.m)
 
 
@@ -195,11 +203,11 @@ def _basis(start: int, stop: int, like: Tensor) -> Tensor:
 
 
 def _exact(values: Tensor, name: str, products: int) -> TraceEstimate:
-    return TraceEstimate(values=values, stderr=torch.zeros_like(values), method=name, exact=True,
-                         products=products)
+    return TraceEstimate(values=values, stderr=torch.zeros_like(values), method=name, exact=True, products=products)
 
 
 # --- random probes (Hutchinson) ---------------------------------------------------------------
+
 
 def hutchinson_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> TraceEstimate:
     """E_v ||J v||^2 with Rademacher v (forward-mode products), until stderr/mean <= rtol.
@@ -212,8 +220,9 @@ def hutchinson_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -
     return TraceEstimate(values=values, stderr=stderr, method="hutchinson", exact=False, products=probes)
 
 
-def _probe_mean(products: Callable[[Tensor], Tensor], x: Tensor, options: TraceOptions,
-                chunk: int) -> tuple[Tensor, Tensor, int]:
+def _probe_mean(
+    products: Callable[[Tensor], Tensor], x: Tensor, options: TraceOptions, chunk: int
+) -> tuple[Tensor, Tensor, int]:
     """Mean and standard error of ||J v||^2 over independent Rademacher probes per sample.
 
     Probes are added in rounds (min_probes first, then doubling the count, at most `chunk` per
@@ -250,6 +259,7 @@ def rademacher(shape: tuple[int, ...], like: Tensor, generator: torch.Generator 
 
 # --- black-box: central finite differences ----------------------------------------------------
 
+
 def finite_difference_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> TraceEstimate:
     """Central differences (f(x + h v) - f(x - h v)) / 2h: over the input basis (exact up to
     O(h^2) truncation), or Rademacher probes when d is large. Needs forward passes only."""
@@ -258,11 +268,23 @@ def finite_difference_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: 
     products = lambda v: _fd_products(f, x, v, step)  # noqa: E731
     if _fd_uses_basis(options.fd_directions, plan.d):
         values = _basis_sum(products, plan.d, x, chunk)
-        return TraceEstimate(values=values, stderr=torch.zeros_like(values), method="finite-difference",
-                             exact=True, products=2 * plan.d, fd_step=step)
+        return TraceEstimate(
+            values=values,
+            stderr=torch.zeros_like(values),
+            method="finite-difference",
+            exact=True,
+            products=2 * plan.d,
+            fd_step=step,
+        )
     values, stderr, probes = _probe_mean(products, x, options, chunk)
-    return TraceEstimate(values=values, stderr=stderr, method="finite-difference-hutchinson",
-                         exact=False, products=2 * probes, fd_step=step)
+    return TraceEstimate(
+        values=values,
+        stderr=stderr,
+        method="finite-difference-hutchinson",
+        exact=False,
+        products=2 * probes,
+        fd_step=step,
+    )
 
 
 def finite_difference_step(x: Tensor) -> float:
@@ -289,6 +311,7 @@ def _fd_products(f: BatchFn, x: Tensor, directions: Tensor, step: float) -> Tens
 
 
 # --- shared -----------------------------------------------------------------------------------
+
 
 def product_fn(f: BatchFn, x: Tensor, side: str) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
     """(a tensor shaped like the directions, directions [k, N, ...] -> products [k, N, ...]):
@@ -320,6 +343,7 @@ def cached_per_model(kind: str, f: BatchFn, x: Tensor, compute: Callable[[], obj
 def forward_mode_works(f: BatchFn, x: Tensor) -> bool:
     """Whether every operator of f has a forward-mode derivative (one jvp on one sample, cached
     per model and input shape). PyTorch raises for the few that have none."""
+
     def probe() -> bool:
         try:
             with torch.no_grad():
@@ -329,6 +353,7 @@ def forward_mode_works(f: BatchFn, x: Tensor) -> bool:
             if "forward" not in str(exc).lower():
                 raise
             return False
+
     return cached_per_model("forward-mode", f, x, probe)
 
 

@@ -19,6 +19,7 @@ Every estimate is cross-checked on a few samples against independent Jacobian pr
 other AD mode (unbiased random probes); a disagreement beyond the statistical tolerance raises
 TraceCheckError, an internal error that must stop an audit. Pure tensor code, no I/O.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,20 @@ import torch
 from torch import Tensor
 
 from splitaudit.estimators.jacobian import (
-    DEFAULT_MEMORY_BYTES, MIN_DIRECTIONS_PER_CHUNK, BatchFn, Plan, TraceEstimate, TraceOptions, _squared_norms,
-    concatenated, exact_costs, forward_mode_works, jacobian_trace, measure_plan, product_fn, rademacher,
+    DEFAULT_MEMORY_BYTES,
+    MIN_DIRECTIONS_PER_CHUNK,
+    BatchFn,
+    Plan,
+    TraceEstimate,
+    TraceOptions,
+    _squared_norms,
+    concatenated,
+    exact_costs,
+    forward_mode_works,
+    jacobian_trace,
+    measure_plan,
+    product_fn,
+    rademacher,
 )
 
 EXACT_PRODUCTS = 128  # exact whenever it needs at most this many products per sample
@@ -78,8 +91,13 @@ class MeanTrace:
         return max(0.0, self.mean - z * self.stderr), self.mean + z * self.stderr
 
 
-def estimate_mean_trace(f: BatchFn, x: Tensor, method: str = "auto", options: MeanOptions = MeanOptions(),
-                        on_samples: Callable[[int], None] = lambda n: None) -> MeanTrace:
+def estimate_mean_trace(
+    f: BatchFn,
+    x: Tensor,
+    method: str = "auto",
+    options: MeanOptions = MeanOptions(),
+    on_samples: Callable[[int], None] = lambda n: None,
+) -> MeanTrace:
     """E||J_f||_F^2 over the samples x (see the module docstring); on_samples(n) reports progress."""
     with torch.no_grad():
         plan = measure_plan(f, x, differentiable=method != "finite-difference")
@@ -110,8 +128,9 @@ def _randomised(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samp
 
 def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples) -> MeanTrace:
     """One exact (or finite-difference) method on every sample, in progress-sized batches."""
-    trace_options = TraceOptions(memory_bytes=options.memory_bytes, max_probes=options.max_probes,
-                                 generator=options.generator)
+    trace_options = TraceOptions(
+        memory_bytes=options.memory_bytes, max_probes=options.max_probes, generator=options.generator
+    )
     parts = []
     for chunk in x.split(128):
         parts.append(jacobian_trace(f, chunk, method, trace_options))
@@ -133,8 +152,9 @@ def _summarised(traces: TraceEstimate, index: Tensor, rtol: float, total_product
     values = traces.values.double()
     n = len(values)
     stderr = float(values.std()) / math.sqrt(n) if n > 1 else math.inf
-    return MeanTrace(traces=traces, index=index, mean=float(values.mean()), stderr=stderr, rtol=rtol,
-                     total_products=total_products)
+    return MeanTrace(
+        traces=traces, index=index, mean=float(values.mean()), stderr=stderr, rtol=rtol, total_products=total_products
+    )
 
 
 class ProbeSampler:
@@ -202,7 +222,7 @@ class ProbeSampler:
         while True:
             self._top_up(self.order[: self.n], self.k)
             if self.planned_n > self.n:
-                new = self.order[self.n: self.planned_n]
+                new = self.order[self.n : self.planned_n]
                 for chunk in new.split(128):
                     self.add(chunk, self.k)
                     on_samples(len(chunk))
@@ -238,9 +258,13 @@ class ProbeSampler:
     def _result(self) -> MeanTrace:
         index = self.order[: self.n].sort().values
         count, t, v = self.stats(index)
-        traces = TraceEstimate(values=t.to(self.x.dtype), stderr=(v / count).sqrt().to(self.x.dtype),
-                               method="hutchinson" if self.side == "inputs" else "hutchinson-reverse",
-                               exact=False, products=int(count.median()))
+        traces = TraceEstimate(
+            values=t.to(self.x.dtype),
+            stderr=(v / count).sqrt().to(self.x.dtype),
+            method="hutchinson" if self.side == "inputs" else "hutchinson-reverse",
+            exact=False,
+            products=int(count.median()),
+        )
         result = _summarised(traces, index, self.options.rtol, int(self.sums[0].sum()))
         result.check = cross_check(self.f, self.x, result, self.side, self.options)
         return result
@@ -288,13 +312,21 @@ def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: Me
     method_sum = float(result.traces.values[positions].double().sum())
     method_var = float(result.traces.stderr[positions].double().pow(2).sum())
     tolerance = CHECK_Z * math.sqrt(check_var + method_var) + CHECK_ROUNDING * abs(check_sum)
-    report = {"performed": True, "samples": len(samples), "probes_per_sample": probes,
-              "mode": "reverse" if other == "outputs" else "forward", "method_sum": method_sum,
-              "check_sum": check_sum, "check_stderr": math.sqrt(check_var), "tolerance": tolerance,
-              "passed": abs(method_sum - check_sum) <= tolerance}
+    report = {
+        "performed": True,
+        "samples": len(samples),
+        "probes_per_sample": probes,
+        "mode": "reverse" if other == "outputs" else "forward",
+        "method_sum": method_sum,
+        "check_sum": check_sum,
+        "check_stderr": math.sqrt(check_var),
+        "tolerance": tolerance,
+        "passed": abs(method_sum - check_sum) <= tolerance,
+    }
     if not report["passed"]:
         raise TraceCheckError(
             f"Jacobian trace self-check failed: {result.traces.method} gives {method_sum:.6g} on {len(samples)} "
             f"samples, independent {report['mode']}-mode probes {check_sum:.6g} +- {math.sqrt(check_var):.3g} "
-            f"(tolerance {tolerance:.3g}); the Jacobian products of this model are unreliable, so no bound is reported")
+            f"(tolerance {tolerance:.3g}); the Jacobian products of this model are unreliable, so no bound is reported"
+        )
     return report

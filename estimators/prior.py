@@ -14,6 +14,7 @@ concerns the smoothed input. Two facts check every estimate:
 An estimate above the Stam limit, or below the floor beyond its statistical error, is reported
 as failed, and the bound uses the violated limit instead.
 """
+
 from __future__ import annotations
 
 import copy
@@ -79,10 +80,10 @@ def within_work_cap(n_samples: int, d: int, settings: ScoreSettings) -> ScoreSet
     if n_train * settings.max_epochs <= steps:
         return settings
     epochs = min(settings.max_epochs, max(MIN_CAPPED_EPOCHS, int(steps // max(1, n_train))))
-    samples = n if n_train * epochs <= steps else \
-        max(2, int(steps / epochs / (1 - settings.heldout_fraction)))
-    return dataclasses.replace(settings, max_epochs=epochs, patience=min(settings.patience, epochs),
-                               max_samples=min(n, samples))
+    samples = n if n_train * epochs <= steps else max(2, int(steps / epochs / (1 - settings.heldout_fraction)))
+    return dataclasses.replace(
+        settings, max_epochs=epochs, patience=min(settings.patience, epochs), max_samples=min(n, samples)
+    )
 
 
 @dataclass
@@ -101,9 +102,14 @@ class PriorEstimate:
     details: dict = field(default_factory=dict)
 
 
-def estimate_prior(x: Tensor, method: str, smoothing: float, seed: int = 0,
-                   settings: ScoreSettings = ScoreSettings(),
-                   on_epoch: Callable[[], None] | None = None) -> PriorEstimate:
+def estimate_prior(
+    x: Tensor,
+    method: str,
+    smoothing: float,
+    seed: int = 0,
+    settings: ScoreSettings = ScoreSettings(),
+    on_epoch: Callable[[], None] | None = None,
+) -> PriorEstimate:
     """J(pi_tau)/d from samples x of pi (tau = smoothing), checked against its limits."""
     if method == "gaussian":
         return checked(gaussian_prior(x, smoothing))
@@ -134,9 +140,14 @@ def gaussian_prior(x: Tensor, smoothing: float) -> PriorEstimate:
     variance, variance_se = mean_variance(x)
     total = variance + smoothing**2
     j = 1.0 / total if total > 0 else math.inf
-    return PriorEstimate(method="gaussian", smoothing=smoothing, j_over_d=j,
-                         stderr=variance_se / total**2 if total > 0 else 0.0,
-                         gaussian_floor=j, stam_limit=stam_limit(smoothing))
+    return PriorEstimate(
+        method="gaussian",
+        smoothing=smoothing,
+        j_over_d=j,
+        stderr=variance_se / total**2 if total > 0 else 0.0,
+        gaussian_floor=j,
+        stam_limit=stam_limit(smoothing),
+    )
 
 
 def stam_limit(noise: float) -> float | None:
@@ -158,36 +169,53 @@ def checked(estimate: PriorEstimate) -> PriorEstimate:
         estimate.j_over_d_used = limit
         estimate.notes.append(
             f"failed estimate: J/d = {j:.4g} exceeds Stam's limit 1/tau^2 = {limit:.4g}, which holds for "
-            "every prior smoothed with this tau; the bound uses the limit instead (valid, possibly loose)")
+            "every prior smoothed with this tau; the bound uses the limit instead (valid, possibly loose)"
+        )
     elif j + FLOOR_SLACK_STDERRS * estimate.stderr < floor * (1 - 1e-9):
         estimate.valid = False
         estimate.j_over_d_used = floor
         estimate.notes.append(
             f"failed estimate: J/d = {j:.4g} is below the Gaussian floor 1/variance = {floor:.4g}, which "
             "every prior reaches; the bound uses the floor instead (it may still be too optimistic)"
-            + ("" if estimate.smoothing > 0 else "; score matching is unreliable on data with bounded or "
-               "low-dimensional support: randomized smoothing (--smoothing) stabilises it (Maeng et al., NeurIPS 2023, A.1)"))
+            + (
+                ""
+                if estimate.smoothing > 0
+                else "; score matching is unreliable on data with bounded or "
+                "low-dimensional support: randomized smoothing (--smoothing) stabilises it (Maeng et al., NeurIPS 2023, A.1)"
+            )
+        )
     return estimate
 
 
 # --- score matching ---------------------------------------------------------------------------
 
-def score_matching_prior(x: Tensor, method: str, smoothing: float, seed: int,
-                         settings: ScoreSettings, on_epoch: Callable[[], None] | None = None) -> PriorEstimate:
+
+def score_matching_prior(
+    x: Tensor,
+    method: str,
+    smoothing: float,
+    seed: int,
+    settings: ScoreSettings,
+    on_epoch: Callable[[], None] | None = None,
+) -> PriorEstimate:
     """Train a score network by SSM-VR or DSM on (smoothed) x; J = mean ||s||^2 on held-out data."""
     variance, _ = mean_variance(x)
     noise = smoothing
     notes = []
     if method == "dsm" and noise == 0:
         noise = DSM_NOISE_FRACTION * math.sqrt(variance)
-        notes.append(f"dsm needs a noise level: it estimates the prior smoothed by N(0, {noise:.3g}^2) "
-                     "(no --smoothing given), which slightly underestimates J")
+        notes.append(
+            f"dsm needs a noise level: it estimates the prior smoothed by N(0, {noise:.3g}^2) "
+            "(no --smoothing given), which slightly underestimates J"
+        )
     asked, settings = settings, within_work_cap(len(x), x[0].numel(), settings)
     if settings != asked:
-        notes.append(f"training cut by the work cap ({asked.max_work:.3g} samples x epochs x dimensions): at most "
-                     f"{settings.max_epochs} epochs on at most {settings.max_samples} samples (asked "
-                     f"{asked.max_epochs} on {min(len(x), asked.max_samples)}); the estimate may sit nearer the "
-                     "Gaussian floor than a longer training would put it")
+        notes.append(
+            f"training cut by the work cap ({asked.max_work:.3g} samples x epochs x dimensions): at most "
+            f"{settings.max_epochs} epochs on at most {settings.max_samples} samples (asked "
+            f"{asked.max_epochs} on {min(len(x), asked.max_samples)}); the estimate may sit nearer the "
+            "Gaussian floor than a longer training would put it"
+        )
     generator = torch.Generator(device=x.device).manual_seed(seed)
     train, heldout = _split(x, settings, generator)
     loss = _ssm_vr_loss if method == "ssm" else _dsm_loss
@@ -195,11 +223,23 @@ def score_matching_prior(x: Tensor, method: str, smoothing: float, seed: int,
         net, info = train_score_net(x, train, heldout, loss, noise, settings, generator, seed, on_epoch)
         j, se = _score_energy(net, x, heldout, noise, settings.eval_draws, generator, info["batch_size"])
     d = x[0].numel()
-    return PriorEstimate(method=method, smoothing=smoothing, j_over_d=j / d, stderr=se / d,
-                         gaussian_floor=1.0 / (variance + noise**2), stam_limit=stam_limit(noise),
-                         notes=notes, details={**info, "noise": noise, "n_train": len(train),
-                                               "n_heldout": len(heldout), "max_epochs": settings.max_epochs,
-                                               "work_capped": settings != asked})
+    return PriorEstimate(
+        method=method,
+        smoothing=smoothing,
+        j_over_d=j / d,
+        stderr=se / d,
+        gaussian_floor=1.0 / (variance + noise**2),
+        stam_limit=stam_limit(noise),
+        notes=notes,
+        details={
+            **info,
+            "noise": noise,
+            "n_train": len(train),
+            "n_heldout": len(heldout),
+            "max_epochs": settings.max_epochs,
+            "work_capped": settings != asked,
+        },
+    )
 
 
 def _split(x: Tensor, settings: ScoreSettings, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -212,9 +252,17 @@ def _split(x: Tensor, settings: ScoreSettings, generator: torch.Generator) -> tu
     return perm[n_heldout:], perm[:n_heldout]
 
 
-def train_score_net(x: Tensor, train: Tensor, heldout: Tensor, loss_fn, noise: float, settings: ScoreSettings,
-                    generator: torch.Generator, seed: int,
-                    on_epoch: Callable[[], None] | None = None) -> tuple[nn.Module, dict]:
+def train_score_net(
+    x: Tensor,
+    train: Tensor,
+    heldout: Tensor,
+    loss_fn,
+    noise: float,
+    settings: ScoreSettings,
+    generator: torch.Generator,
+    seed: int,
+    on_epoch: Callable[[], None] | None = None,
+) -> tuple[nn.Module, dict]:
     """Adam on the score-matching loss over x[train], stopped when the held-out loss stops improving.
 
     Mini-batches hold settings.batch_size samples, fewer when their saved activations would not
@@ -225,7 +273,7 @@ def train_score_net(x: Tensor, train: Tensor, heldout: Tensor, loss_fn, noise: f
     batch = score_batch_size(net, x[train[:PROBE_SAMPLES]], loss_fn, noise, settings.batch_size)
     heldout_draws = _heldout_draws(x, heldout, generator)  # fixed, so that held-out losses are comparable
     best, best_state, since_best, epochs = math.inf, copy.deepcopy(net.state_dict()), 0, 0
-    for epochs in range(1, settings.max_epochs + 1):
+    for epochs in range(1, settings.max_epochs + 1):  # noqa: B007 (read after the loop: epochs trained)
         for index in train[torch.randperm(len(train), generator=generator, device=train.device)].split(batch):
             points = x[index]
             optimizer.zero_grad()
@@ -241,8 +289,12 @@ def train_score_net(x: Tensor, train: Tensor, heldout: Tensor, loss_fn, noise: f
             if since_best >= settings.patience:
                 break
     net.load_state_dict(best_state)
-    return net.eval(), {"epochs": epochs, "heldout_loss": best, "batch_size": batch,
-                        "parameters": sum(p.numel() for p in net.parameters())}
+    return net.eval(), {
+        "epochs": epochs,
+        "heldout_loss": best,
+        "batch_size": batch,
+        "parameters": sum(p.numel() for p in net.parameters()),
+    }
 
 
 def score_training_step(x: Tensor, method: str, noise: float, samples: int = 2) -> Callable[[], None]:
@@ -272,15 +324,17 @@ def _heldout_draws(x: Tensor, heldout: Tensor, generator: torch.Generator) -> tu
     return int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
 
 
-def _heldout_loss(net: nn.Module, x: Tensor, heldout: Tensor, loss_fn, noise: float,
-                  draws: tuple[Tensor, Tensor] | int, batch: int) -> float:
+def _heldout_loss(
+    net: nn.Module, x: Tensor, heldout: Tensor, loss_fn, noise: float, draws: tuple[Tensor, Tensor] | int, batch: int
+) -> float:
     """The mean loss on the held-out samples under their fixed draws, in batches of `batch`."""
     generator = torch.Generator(device=x.device).manual_seed(draws) if isinstance(draws, int) else None
     total = 0.0
     for start, index in zip(range(0, len(heldout), batch), heldout.split(batch)):
         points = x[index]
-        part = _draws(points, generator) if generator is not None else \
-            tuple(d[start:start + len(index)] for d in draws)
+        part = (
+            _draws(points, generator) if generator is not None else tuple(d[start : start + len(index)] for d in draws)
+        )
         total += float(loss_fn(net, points, noise, part).detach()) * len(index)
     return total / len(heldout)
 
@@ -308,8 +362,9 @@ def _dsm_loss(net: nn.Module, x: Tensor, noise: float, draws: tuple[Tensor, Tens
 
 
 @torch.no_grad()
-def _score_energy(net: nn.Module, x: Tensor, heldout: Tensor, noise: float, draws: int,
-                  generator: torch.Generator, batch: int) -> tuple[float, float]:
+def _score_energy(
+    net: nn.Module, x: Tensor, heldout: Tensor, noise: float, draws: int, generator: torch.Generator, batch: int
+) -> tuple[float, float]:
     """J_hat = mean ||s(x~)||^2 over held-out x~ ~ pi_tau, and its standard error.
 
     Draw by draw and in batches of the training batch size, so memory stays that of one batch."""
@@ -318,15 +373,17 @@ def _score_energy(net: nn.Module, x: Tensor, heldout: Tensor, noise: float, draw
     for r in range(repeats):
         for start, index in zip(range(0, len(heldout), batch), heldout.split(batch)):
             points = x[index]
-            points = points + noise * torch.randn(points.shape, generator=generator, device=points.device,
-                                                  dtype=points.dtype)
-            energy[r, start:start + len(index)] = net(points).pow(2).flatten(1).sum(1).double()
+            points = points + noise * torch.randn(
+                points.shape, generator=generator, device=points.device, dtype=points.dtype
+            )
+            energy[r, start : start + len(index)] = net(points).pow(2).flatten(1).sum(1).double()
     per_sample = energy.mean(0)  # draws of one sample are not independent
     se = float(per_sample.std() / math.sqrt(len(per_sample))) if len(per_sample) > 1 else 0.0
     return float(energy.mean()), se
 
 
 # --- score networks ---------------------------------------------------------------------------
+
 
 class GaussianPlusResidual(nn.Module):
     """s(x) = -(x - mu)/(v + tau^2) + r(x): the fitted isotropic Gaussian's score plus a learned
@@ -366,10 +423,19 @@ def _mlp_residual(shape: tuple[int, ...]) -> nn.Module:
     d = math.prod(shape)
     width = min(512, max(64, 2 * d))
     if d > MLP_MAX_INPUTS:
-        raise ValueError(f"score matching on flat inputs of {d} dimensions needs a {d}x{width} dense layer; "
-                         f"pass image data as C,H,W (--input-shape) or use --prior gaussian")
-    return nn.Sequential(nn.Flatten(), nn.Linear(d, width), nn.SiLU(), nn.Linear(width, width), nn.SiLU(),
-                         nn.Linear(width, d), nn.Unflatten(1, tuple(shape)))
+        raise ValueError(
+            f"score matching on flat inputs of {d} dimensions needs a {d}x{width} dense layer; "
+            f"pass image data as C,H,W (--input-shape) or use --prior gaussian"
+        )
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(d, width),
+        nn.SiLU(),
+        nn.Linear(width, width),
+        nn.SiLU(),
+        nn.Linear(width, d),
+        nn.Unflatten(1, tuple(shape)),
+    )
 
 
 def _conv_residual(shape: tuple[int, int, int]) -> nn.Module:
@@ -380,9 +446,12 @@ def _conv_residual(shape: tuple[int, int, int]) -> nn.Module:
         return MultiScaleResidual(channels, downsamplings(max(height, width_px)))
     width = max(16, 4 * channels)
     return nn.Sequential(
-        nn.Conv2d(channels, width, 3, padding=1), nn.SiLU(),
-        nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.SiLU(),
-        nn.Conv2d(width, width, 3, padding=4, dilation=4), nn.SiLU(),
+        nn.Conv2d(channels, width, 3, padding=1),
+        nn.SiLU(),
+        nn.Conv2d(width, width, 3, padding=2, dilation=2),
+        nn.SiLU(),
+        nn.Conv2d(width, width, 3, padding=4, dilation=4),
+        nn.SiLU(),
         nn.Conv2d(width, channels, 3, padding=1),
     )
 
@@ -405,15 +474,18 @@ class MultiScaleResidual(nn.Module):
         super().__init__()
         width = min(MAX_SCORE_WIDTH, max(16, 4 * channels))
         local = max(8, 2 * channels)
-        self.local = nn.Sequential(nn.Conv2d(channels, local, 3, padding=1), nn.SiLU(),
-                                   nn.Conv2d(local, channels, 3, padding=1))
+        self.local = nn.Sequential(
+            nn.Conv2d(channels, local, 3, padding=1), nn.SiLU(), nn.Conv2d(local, channels, 3, padding=1)
+        )
         down: list[nn.Module] = []
         for level in range(levels):
             down += [nn.Conv2d(channels if level == 0 else width, width, 3, stride=2, padding=1), nn.SiLU()]
         self.coarse = nn.Sequential(
             *down,
-            nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.SiLU(),
-            nn.Conv2d(width, width, 3, padding=4, dilation=4), nn.SiLU(),
+            nn.Conv2d(width, width, 3, padding=2, dilation=2),
+            nn.SiLU(),
+            nn.Conv2d(width, width, 3, padding=4, dilation=4),
+            nn.SiLU(),
             nn.Conv2d(width, channels, 3, padding=1),
         )
 

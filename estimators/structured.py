@@ -18,19 +18,28 @@ and input shape, so an audit detects once and reuses it for every batch.
 Registered in the method table of estimators/jacobian.py as "structured"; "auto" picks it when
 it needs fewer products than plain forward or reverse mode.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from splitaudit.estimators.jacobian import (
-    DEFAULT_MEMORY_BYTES, BatchFn, Method, Plan, TraceEstimate, TraceOptions, _squared_norms, cached_per_model,
-    forward_mode_works, product_fn, rademacher,
+    DEFAULT_MEMORY_BYTES,
+    BatchFn,
+    Method,
+    Plan,
+    TraceEstimate,
+    TraceOptions,
+    _squared_norms,
+    cached_per_model,
+    forward_mode_works,
+    product_fn,
+    rademacher,
 )
 
 # The structured method applies only when it needs at most min(d, m) / MIN_GAIN products.
@@ -66,11 +75,14 @@ def structured_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -
     """Exact ||J_f(x_i)||_F^2 per sample with one product per colour."""
     colouring = find_colouring(f, x, plan)
     if colouring is None:
-        raise ValueError("the structured method needs local structure (outputs with disjoint input "
-                         "supports); this model has none: use forward, reverse or auto")
+        raise ValueError(
+            "the structured method needs local structure (outputs with disjoint input "
+            "supports); this model has none: use forward, reverse or auto"
+        )
     values = coloured_sq_norm(f, x, colouring, plan.directions_per_chunk(len(x), options.memory_bytes)).sum(0)
-    return TraceEstimate(values=values, stderr=torch.zeros_like(values), method="structured", exact=True,
-                         products=colouring.count)
+    return TraceEstimate(
+        values=values, stderr=torch.zeros_like(values), method="structured", exact=True, products=colouring.count
+    )
 
 
 def structured_products(f: BatchFn, x: Tensor, plan: Plan) -> int | None:
@@ -82,8 +94,7 @@ def structured_products(f: BatchFn, x: Tensor, plan: Plan) -> int | None:
 STRUCTURED = Method(structured_trace, structured_products)
 
 
-def coloured_sq_norm(f: BatchFn, x: Tensor, colouring: Colouring, per_pass: int,
-                     signs: Tensor | None = None) -> Tensor:
+def coloured_sq_norm(f: BatchFn, x: Tensor, colouring: Colouring, per_pass: int, signs: Tensor | None = None) -> Tensor:
     """[count, N]: ||J^T 1_c||^2 (outputs) or ||J 1_c||^2 (inputs) for each colour c and sample,
     products vmapped over per_pass colours at a time; `signs` multiplies the directions."""
     like, products = product_fn(f, x, colouring.side)
@@ -117,9 +128,11 @@ def detect_colouring(f: BatchFn, x0: Tensor, plan: Plan) -> Colouring | None:
     if supports is None:
         return None
     sides = (("outputs", supports.T), ("inputs", supports))[: 2 if forward_mode_works(f, x0[None]) else 1]
-    found = [Colouring(colour, int(colour.max()) + 1, side)
-             for side, rows in sides
-             if (colour := greedy_colouring(rows, limit)) is not None]
+    found = [
+        Colouring(colour, int(colour.max()) + 1, side)
+        for side, rows in sides
+        if (colour := greedy_colouring(rows, limit)) is not None
+    ]
     if not found:
         return None
     colouring = min(found, key=lambda c: c.count)
@@ -194,7 +207,7 @@ def greedy_colouring(supports: Tensor, limit: int) -> Tensor | None:
     colour = np.zeros(supports.shape[0], dtype=np.int64)
     count = 0
     for row in range(supports.shape[0]):
-        touched = cols[starts[row]:starts[row + 1]]
+        touched = cols[starts[row] : starts[row + 1]]
         c = int(np.argmin(used[touched, : count + 1].any(axis=0)))
         if c == limit:
             return None

@@ -1,4 +1,5 @@
 """Rendering: every output is made from the result object alone (report.json's content)."""
+
 from splitaudit.reports.compare import write_comparison
 from splitaudit.reports.junit import write_junit
 from splitaudit.reports.terminal import terminal_summary

@@ -1,4 +1,5 @@
 """Matplotlib charts (Agg backend) rendered to PNG bytes; the writers inline or save them."""
+
 from __future__ import annotations
 
 import io
@@ -61,31 +62,65 @@ def bounds_chart(bars: list[MseBar], van_trees: float | None, cramer_rao: float 
         ax.barh(rows, [b.mse for b in bars], xerr=errors, color=colors, height=0.5, label="attack MSE")
         baselines = [(i, b.baseline) for i, b in enumerate(bars) if b.baseline is not None]
         if baselines:
-            ax.scatter([v for _, v in baselines], [i for i, _ in baselines], marker="|", s=400,
-                       color="black", zorder=3, label="guessing the average input")
-        for value, color, label in ((van_trees, BOUND_COLOR, "van Trees bound (any attacker)"),
-                                    (cramer_rao, CR_COLOR, "Cramér-Rao bound (unbiased attackers)")):
+            ax.scatter(
+                [v for _, v in baselines],
+                [i for i, _ in baselines],
+                marker="|",
+                s=400,
+                color="black",
+                zorder=3,
+                label="guessing the average input",
+            )
+        for value, color, label in (
+            (van_trees, BOUND_COLOR, "van Trees bound (any attacker)"),
+            (cramer_rao, CR_COLOR, "Cramér-Rao bound (unbiased attackers)"),
+        ):
             if value is not None and math.isfinite(value):
                 ax.axvline(value, color=color, linestyle="--", label=f"{label}: {value:.3g}")
         ax.set_yticks(rows, [b.name + (" (beats the bound!)" if b.violates else "") for b in bars])
         ax.invert_yaxis()
         ax.set_xlabel("reconstruction MSE per input dimension (lower = attack recovers more)")
-        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(bars) < 3 else -0.2),
-                  ncol=2, fontsize=8)
+        ax.legend(
+            frameon=False,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.35 if len(bars) < 3 else -0.2),
+            ncol=2,
+            fontsize=8,
+        )
         return _png(fig)
 
 
-def accuracy_by_k_chart(ks: list[str], attack: list[float], attack_std: list[float],
-                        baseline: list[float], baseline_std: list[float], baseline_label: str) -> bytes:
+def accuracy_by_k_chart(
+    ks: list[str],
+    attack: list[float],
+    attack_std: list[float],
+    baseline: list[float],
+    baseline_std: list[float],
+    baseline_label: str,
+) -> bytes:
     """Fine-tune accuracy against the number of labelled samples per class, with its baseline."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(5, 2.8))
         x = [float(k) for k in ks]
-        ax.errorbar(x, attack, yerr=_finite(attack_std), marker="o", color=ATTACK_COLOR,
-                    label="attack (frozen bottom model)", capsize=3)
+        ax.errorbar(
+            x,
+            attack,
+            yerr=_finite(attack_std),
+            marker="o",
+            color=ATTACK_COLOR,
+            label="attack (frozen bottom model)",
+            capsize=3,
+        )
         if baseline:
-            ax.errorbar(x, baseline, yerr=_finite(baseline_std), marker="s", color=BASELINE_COLOR,
-                        label=baseline_label, capsize=3)
+            ax.errorbar(
+                x,
+                baseline,
+                yerr=_finite(baseline_std),
+                marker="s",
+                color=BASELINE_COLOR,
+                label=baseline_label,
+                capsize=3,
+            )
         if len(x) > 1 and min(x) > 0 and max(x) / min(x) >= 10:
             ax.set_xscale("log")
         ax.set_xticks(x, ks)
@@ -130,14 +165,17 @@ def _image_grid(examples: list[dict]):
     for row, line in enumerate(images):
         for col, image in enumerate(line):
             top, left = row * (height + gap), col * (width + gap)
-            mosaic[top:top + height, left:left + width] = image
+            mosaic[top : top + height, left : left + width] = image
     fig, ax = plt.subplots(figsize=(1.5 * len(examples) + 0.6, 3.4))
     ax.imshow(mosaic, cmap=None if color else "gray", vmin=0, vmax=1, interpolation="nearest")
-    ax.set_xticks([(width + gap) * i + width / 2 - 0.5 for i in range(len(examples))],
-                  [f"{e.get('label', '')}\nMSE {e.get('mse', float('nan')):.3g}" for e in examples])
+    ax.set_xticks(
+        [(width + gap) * i + width / 2 - 0.5 for i in range(len(examples))],
+        [f"{e.get('label', '')}\nMSE {e.get('mse', float('nan')):.3g}" for e in examples],
+    )
     ax.xaxis.tick_top()
-    ax.set_yticks([height / 2 - 0.5, height + gap + height / 2 - 0.5], ["original", "reconstructed"], rotation=90,
-                  va="center")
+    ax.set_yticks(
+        [height / 2 - 0.5, height + gap + height / 2 - 0.5], ["original", "reconstructed"], rotation=90, va="center"
+    )
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
@@ -149,8 +187,13 @@ def _feature_profiles(examples: list[dict]):
     for ax, example in zip(axes[0], examples):
         original = np.ravel(np.asarray(example["original"], dtype=float))
         ax.plot(original, color="black", linewidth=1, label="original")
-        ax.plot(np.ravel(np.asarray(example["reconstruction"], dtype=float)), color=ATTACK_COLOR,
-                linewidth=1, linestyle="--", label="reconstructed")
+        ax.plot(
+            np.ravel(np.asarray(example["reconstruction"], dtype=float)),
+            color=ATTACK_COLOR,
+            linewidth=1,
+            linestyle="--",
+            label="reconstructed",
+        )
         ax.set_title(f"{example.get('label', '')}: MSE {example.get('mse', float('nan')):.3g}", fontsize=9)
         ax.set_xlabel("feature")
     axes[0][0].legend(frameon=False, fontsize=7)
@@ -200,18 +243,35 @@ def _sigma_axis(ax, sigmas: list[float]) -> list[float]:
 
 
 def _plot_series(ax, x: list[float], series: SweepSeries, marker: str, color=None, positive_only=False) -> None:
-    keep = [i for i, v in enumerate(series.values)
-            if v is not None and math.isfinite(v) and (v > 0 or not positive_only)]
+    keep = [
+        i for i, v in enumerate(series.values) if v is not None and math.isfinite(v) and (v > 0 or not positive_only)
+    ]
     if not keep:
         return
-    std = [series.std[i] if series.std and series.std[i] is not None and math.isfinite(series.std[i]) else 0.0
-           for i in keep]
-    ax.errorbar([x[i] for i in keep], [series.values[i] for i in keep], yerr=std if any(std) else None,
-                marker=marker, color=color, label=series.label, capsize=3, linewidth=1.2, markersize=4)
+    std = [
+        series.std[i] if series.std and series.std[i] is not None and math.isfinite(series.std[i]) else 0.0
+        for i in keep
+    ]
+    ax.errorbar(
+        [x[i] for i in keep],
+        [series.values[i] for i in keep],
+        yerr=std if any(std) else None,
+        marker=marker,
+        color=color,
+        label=series.label,
+        capsize=3,
+        linewidth=1.2,
+        markersize=4,
+    )
 
 
-def sweep_mse_chart(sigmas: list[float], van_trees: SweepSeries, attacks: list[SweepSeries],
-                    mean_guess: float | None, target: float | None) -> bytes:
+def sweep_mse_chart(
+    sigmas: list[float],
+    van_trees: SweepSeries,
+    attacks: list[SweepSeries],
+    mean_guess: float | None,
+    target: float | None,
+) -> bytes:
     """The van Trees bound and every reconstruction attack's MSE against sigma, log-log, with the
     mean-guess MSE (what no information gives) and the target bound as horizontal lines."""
     with plt.rc_context(STYLE):

@@ -1,4 +1,5 @@
 """Two audits side by side (e.g. before and after a defence): bounds, each attack, deltas."""
+
 from __future__ import annotations
 
 import math
@@ -43,12 +44,16 @@ def _delta_row(label: str, before, after, higher_is_safer: bool) -> list[str]:
 
 
 def _bounds(before: dict, after: dict) -> Table | None:
-    rows = [_delta_row(label, _get(before, *keys), _get(after, *keys), safer)
-            for label, keys, safer in (("van Trees bound MSE", ("bounds", "van_trees_mse"), True),
-                                       ("Cramér-Rao bound MSE", ("bounds", "cramer_rao_mse"), True),
-                                       ("mean dFIL", ("dfil", "mean"), False),
-                                       ("noise σ", ("noise_sigma",), True))
-            if _get(before, *keys) is not None or _get(after, *keys) is not None]
+    rows = [
+        _delta_row(label, _get(before, *keys), _get(after, *keys), safer)
+        for label, keys, safer in (
+            ("van Trees bound MSE", ("bounds", "van_trees_mse"), True),
+            ("Cramér-Rao bound MSE", ("bounds", "cramer_rao_mse"), True),
+            ("mean dFIL", ("dfil", "mean"), False),
+            ("noise σ", ("noise_sigma",), True),
+        )
+        if _get(before, *keys) is not None or _get(after, *keys) is not None
+    ]
     return Table(["", "before", "after", "change", "for privacy"], rows) if rows else None
 
 
@@ -66,8 +71,18 @@ def _attack_rows(before: dict, after: dict) -> tuple[list[list[str]], list[str]]
         mb, ma = _get(a, "metrics", metric), _get(b, "metrics", metric)
         adv_b, adv_a = a.get("advantage"), b.get("advantage")
         delta = ma - mb if is_finite(ma) and is_finite(mb) else None
-        rows.append([name, METRIC_LABELS.get(metric, metric), number(mb), number(ma), signed(delta),
-                     number(adv_b), number(adv_a), _verdict(adv_b, adv_a, higher_is_safer=False)])
+        rows.append(
+            [
+                name,
+                METRIC_LABELS.get(metric, metric),
+                number(mb),
+                number(ma),
+                signed(delta),
+                number(adv_b),
+                number(adv_a),
+                _verdict(adv_b, adv_a, higher_is_safer=False),
+            ]
+        )
         classes.append("")
     return rows, classes
 
@@ -75,21 +90,41 @@ def _attack_rows(before: dict, after: dict) -> tuple[list[list[str]], list[str]]
 def build_comparison(before: dict, after: dict, with_figures: bool = True) -> ComparisonView:
     figures = Figures(with_figures)
     rows, classes = _attack_rows(before, after)
-    audits = Table(["", "before", "after"], [
-        ["audit", subtitle(before), subtitle(after)],
-        ["verdict", headline(before), headline(after)],
-        ["model file", number(_get(before, "model", "path")), number(_get(after, "model", "path"))],
-    ])
+    audits = Table(
+        ["", "before", "after"],
+        [
+            ["audit", subtitle(before), subtitle(after)],
+            ["verdict", headline(before), headline(after)],
+            ["model file", number(_get(before, "model", "path")), number(_get(after, "model", "path"))],
+        ],
+    )
     ok = [r for r in rows if r[5]]
-    chart = figures.add("advantage", "Each attack's advantage before and after", charts.advantage_comparison_chart,
-                        [attack_title(r[0]) for r in ok],
-                        [_get(before, "attacks", r[0], "advantage") for r in ok],
-                        [_get(after, "attacks", r[0], "advantage") for r in ok]) if ok else None
+    chart = (
+        figures.add(
+            "advantage",
+            "Each attack's advantage before and after",
+            charts.advantage_comparison_chart,
+            [attack_title(r[0]) for r in ok],
+            [_get(before, "attacks", r[0], "advantage") for r in ok],
+            [_get(after, "attacks", r[0], "advantage") for r in ok],
+        )
+        if ok
+        else None
+    )
     return ComparisonView(
-        title="splitaudit comparison", audits=audits, bounds=_bounds(before, after),
-        attacks=Table(["attack", "metric", "before", "after", "change", "advantage before", "advantage after",
-                       "for privacy"], rows, classes) if rows else None,
-        chart=chart, figures=figures.made)
+        title="splitaudit comparison",
+        audits=audits,
+        bounds=_bounds(before, after),
+        attacks=Table(
+            ["attack", "metric", "before", "after", "change", "advantage before", "advantage after", "for privacy"],
+            rows,
+            classes,
+        )
+        if rows
+        else None,
+        chart=chart,
+        figures=figures.made,
+    )
 
 
 def write_comparison(before: dict, after: dict, out_dir: Path, formats: list[str]) -> list[Path]:
@@ -99,6 +134,9 @@ def write_comparison(before: dict, after: dict, out_dir: Path, formats: list[str
     written = render_pages(view, out_dir, formats, "comparison")
     if "json" in formats:
         tables = {"audits": view.audits, "bounds": view.bounds, "attacks": view.attacks}
-        written.append(write_json({k: {"headers": t.headers, "rows": t.rows} for k, t in tables.items() if t},
-                                  out_dir / "comparison.json"))
+        written.append(
+            write_json(
+                {k: {"headers": t.headers, "rows": t.rows} for k, t in tables.items() if t}, out_dir / "comparison.json"
+            )
+        )
     return written

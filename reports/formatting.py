@@ -1,4 +1,5 @@
 """Turn result values into short display strings (numbers, mean ± std, shapes, plain words)."""
+
 from __future__ import annotations
 
 import math

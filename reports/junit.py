@@ -1,4 +1,5 @@
 """The gates as JUnit XML test cases, for CI systems that display them."""
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -9,8 +10,9 @@ from splitaudit.reports.writer import write_atomic
 
 def write_junit(result: dict, path: Path) -> Path:
     checks = result["gate"]["checks"]
-    suite = ET.Element("testsuite", name="splitaudit", tests=str(len(checks)),
-                       failures=str(sum(not c["passed"] for c in checks)))
+    suite = ET.Element(
+        "testsuite", name="splitaudit", tests=str(len(checks)), failures=str(sum(not c["passed"] for c in checks))
+    )
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname="splitaudit.gate", name=check["name"])
         if not check["passed"]:

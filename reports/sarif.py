@@ -4,6 +4,7 @@ One result per failed gate check and per attack that beat the van Trees bound, e
 at the model file. Causes and severities are read from the result (the gate and the leakage
 stage decided them); nothing is re-decided here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,13 +34,32 @@ def sarif_log(result: dict, base: Path | None = None) -> dict:
     findings = [_gate_finding(c) for c in result["gate"]["checks"] if not c["passed"]]
     findings += [_violation_finding(name, result) for name in result["bounds"]["violated_by"]]
     rule_ids = list(dict.fromkeys(f["ruleId"] for f in findings))
-    results = [{**f, "ruleIndex": rule_ids.index(f["ruleId"]), "locations": [location],
-                "partialFingerprints": {"splitaudit/v1": _fingerprint(f, location)}} for f in findings]
-    driver = {"name": "splitaudit", "version": result["tool"]["version"], "informationUri": INFORMATION_URI,
-              "rules": [_rule(rule_id) for rule_id in rule_ids]}
-    return {"$schema": SARIF_SCHEMA, "version": "2.1.0",
-            "runs": [{"tool": {"driver": driver}, "results": results,
-                      "properties": {"passed": result["gate"]["passed"], "noise_sigma": result["noise_sigma"]}}]}
+    results = [
+        {
+            **f,
+            "ruleIndex": rule_ids.index(f["ruleId"]),
+            "locations": [location],
+            "partialFingerprints": {"splitaudit/v1": _fingerprint(f, location)},
+        }
+        for f in findings
+    ]
+    driver = {
+        "name": "splitaudit",
+        "version": result["tool"]["version"],
+        "informationUri": INFORMATION_URI,
+        "rules": [_rule(rule_id) for rule_id in rule_ids],
+    }
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {"driver": driver},
+                "results": results,
+                "properties": {"passed": result["gate"]["passed"], "noise_sigma": result["noise_sigma"]},
+            }
+        ],
+    }
 
 
 def write_sarif(result: dict, path: Path) -> Path:
@@ -55,27 +75,42 @@ def _rule_id(check_name: str) -> str:
 
 def _rule(rule_id: str) -> dict:
     level = VIOLATION_LEVEL if rule_id == "bound-violated" else "error"
-    return {"id": rule_id, "shortDescription": {"text": RULES.get(rule_id, rule_id)},
-            "defaultConfiguration": {"level": level}}
+    return {
+        "id": rule_id,
+        "shortDescription": {"text": RULES.get(rule_id, rule_id)},
+        "defaultConfiguration": {"level": level},
+    }
 
 
 def _gate_finding(check: dict) -> dict:
     words = CAUSE_WORDS.get(check["cause"], check["cause"])
-    return {"ruleId": _rule_id(check["name"]), "level": LEVELS[check["severity"]],
-            "message": {"text": f"{words[0].upper()}{words[1:]}: {check['message']}."},
-            "properties": {"check": check["name"], "cause": check["cause"], "value": check["value"],
-                           "threshold": check["threshold"]}}
+    return {
+        "ruleId": _rule_id(check["name"]),
+        "level": LEVELS[check["severity"]],
+        "message": {"text": f"{words[0].upper()}{words[1:]}: {check['message']}."},
+        "properties": {
+            "check": check["name"],
+            "cause": check["cause"],
+            "value": check["value"],
+            "threshold": check["threshold"],
+        },
+    }
 
 
 def _violation_finding(name: str, result: dict) -> dict:
     bounds = result["bounds"]
     mse = result["attacks"][name]["metrics"]["mse"]
     causes = "; ".join(bounds.get("violation_causes", []))
-    return {"ruleId": "bound-violated", "level": VIOLATION_LEVEL,
-            "message": {"text": f"The {name} attack reconstructs with MSE {mse:.4g}, below the van Trees bound "
-                                f"{bounds['van_trees_mse']:.4g}: the bound cannot be trusted here. Likely causes: "
-                                f"{causes}."},
-            "properties": {"attack": name, "mse": mse, "van_trees_mse": bounds["van_trees_mse"]}}
+    return {
+        "ruleId": "bound-violated",
+        "level": VIOLATION_LEVEL,
+        "message": {
+            "text": f"The {name} attack reconstructs with MSE {mse:.4g}, below the van Trees bound "
+            f"{bounds['van_trees_mse']:.4g}: the bound cannot be trusted here. Likely causes: "
+            f"{causes}."
+        },
+        "properties": {"attack": name, "mse": mse, "van_trees_mse": bounds["van_trees_mse"]},
+    }
 
 
 def _model_location(model_path: str, base: Path) -> dict:
@@ -91,7 +126,9 @@ def _model_location(model_path: str, base: Path) -> dict:
 
 def _fingerprint(finding: dict, location: dict) -> str:
     """Stable across runs for the same rule, check and model file (GitHub matches alerts by it)."""
-    key = [finding["ruleId"], finding["properties"].get("check") or finding["properties"].get("attack"),
-           location["physicalLocation"]["artifactLocation"]["uri"]]
+    key = [
+        finding["ruleId"],
+        finding["properties"].get("check") or finding["properties"].get("attack"),
+        location["physicalLocation"]["artifactLocation"]["uri"],
+    ]
     return hashlib.sha256("\0".join(map(str, key)).encode()).hexdigest()[:32]
-

@@ -4,6 +4,7 @@ The recommendation comes first, in words a reviewer can sign; then the frontier 
 audited sigma), the two charts (bounds and attack MSEs; label-attack advantage and utility,
 both against sigma) and a section per point.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,11 +15,23 @@ from tabulate import tabulate
 from splitaudit.attacks import attack_title
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
-from splitaudit.reports.view import (
-    DATA_LABELS, MODEL_LABELS, RUN_LABELS, Figure, Figures, Item, Table, _facts, _gate_table,
-    _overview, headline, subtitle, utility_words, verdict_class,
-)
 from splitaudit.reports.terminal import _wrap
+from splitaudit.reports.view import (
+    DATA_LABELS,
+    MODEL_LABELS,
+    RUN_LABELS,
+    Figure,
+    Figures,
+    Item,
+    Table,
+    _facts,
+    _gate_table,
+    _overview,
+    headline,
+    subtitle,
+    utility_words,
+    verdict_class,
+)
 from splitaudit.reports.writer import render_pages, write_result_json
 from splitaudit.result import sweep_json_schema
 
@@ -69,21 +82,45 @@ def build_sweep_view(sweep: dict, with_figures: bool = True) -> SweepView:
     figures = Figures(with_figures)
     points = _points(sweep)
     sigmas = [p.get("noise_sigma") for p in points]
-    mse_chart = figures.add("sweep-mse", "Bound and attack MSEs against the noise sigma", charts.sweep_mse_chart,
-                            *_mse_series(sweep)) if points else None
+    mse_chart = (
+        figures.add(
+            "sweep-mse", "Bound and attack MSEs against the noise sigma", charts.sweep_mse_chart, *_mse_series(sweep)
+        )
+        if points
+        else None
+    )
     advantages, utility = _utility_series(points)
-    utility_chart = (figures.add("sweep-utility", "Label-attack advantage and utility against the noise sigma",
-                                 charts.sweep_utility_chart, sigmas, advantages, utility)
-                     if points and (advantages or utility) else None)
+    utility_chart = (
+        figures.add(
+            "sweep-utility",
+            "Label-attack advantage and utility against the noise sigma",
+            charts.sweep_utility_chart,
+            sigmas,
+            advantages,
+            utility,
+        )
+        if points and (advantages or utility)
+        else None
+    )
     rec_index = _recommendation(sweep).get("point_index")
     return SweepView(
-        title="splitaudit noise sweep", subtitle=_subtitle(sweep), verdict_class=verdict_class(sweep),
-        headline=headline(sweep), alerts=_alerts(sweep), summary=_summary(sweep), frontier=_frontier(sweep),
-        gate=_gate_table(sweep), mse_chart=mse_chart, utility_chart=utility_chart,
+        title="splitaudit noise sweep",
+        subtitle=_subtitle(sweep),
+        verdict_class=verdict_class(sweep),
+        headline=headline(sweep),
+        alerts=_alerts(sweep),
+        summary=_summary(sweep),
+        frontier=_frontier(sweep),
+        gate=_gate_table(sweep),
+        mse_chart=mse_chart,
+        utility_chart=utility_chart,
         points=[_point_view(p, i == rec_index) for i, p in enumerate(points)],
-        model=_facts(sweep.get("model") or {}, MODEL_LABELS), data=_facts(sweep.get("data") or {}, DATA_LABELS),
-        run=_facts({**(sweep.get("run") or {}), "version": (sweep.get("tool") or {}).get("version")},
-                   {**RUN_LABELS, "executor": "executor", "version": "splitaudit version"}),
+        model=_facts(sweep.get("model") or {}, MODEL_LABELS),
+        data=_facts(sweep.get("data") or {}, DATA_LABELS),
+        run=_facts(
+            {**(sweep.get("run") or {}), "version": (sweep.get("tool") or {}).get("version")},
+            {**RUN_LABELS, "executor": "executor", "version": "splitaudit version"},
+        ),
         figures=figures.made,
     )
 
@@ -98,30 +135,48 @@ def recommendation_words(sweep: dict) -> Item:
     rec = _recommendation(sweep)
     sigma = rec.get("noise_sigma")
     if not is_finite(sigma):
-        return Item("Recommendation", "No noise σ can be recommended: " + str(rec.get("reason") or "no reason given")
-                    + ".", "bad")
+        return Item(
+            "Recommendation",
+            "No noise σ can be recommended: " + str(rec.get("reason") or "no reason given") + ".",
+            "bad",
+        )
     point = _points(sweep)[rec["point_index"]]
     smoothing = (sweep.get("prior") or {}).get("smoothing")
-    condition = (f" (for inputs smoothed with noise τ = {number(smoothing)}, as the bound assumes)"
-                 if is_finite(smoothing) and smoothing > 0 else "")
-    words = (f"Add Gaussian noise with σ = {number(sigma)} to the embeddings. This guarantees that no attacker "
-             f"reconstructs inputs with a mean squared error below {number(rec.get('van_trees_mse'))} per dimension"
-             f"{condition}, meeting the target {number(rec.get('target_mse'))}.")
-    checked = [attack_title(n) for n, a in (point.get("attacks") or {}).items()
-               if a.get("kind") == "reconstruction" and a.get("status") == "ok"]
-    words += (f" At this σ the attacks confirm it: {', '.join(checked)} stay above the bound." if checked
-              else " No reconstruction attack was run at this σ, so the bound was not checked empirically.")
+    condition = (
+        f" (for inputs smoothed with noise τ = {number(smoothing)}, as the bound assumes)"
+        if is_finite(smoothing) and smoothing > 0
+        else ""
+    )
+    words = (
+        f"Add Gaussian noise with σ = {number(sigma)} to the embeddings. This guarantees that no attacker "
+        f"reconstructs inputs with a mean squared error below {number(rec.get('van_trees_mse'))} per dimension"
+        f"{condition}, meeting the target {number(rec.get('target_mse'))}."
+    )
+    checked = [
+        attack_title(n)
+        for n, a in (point.get("attacks") or {}).items()
+        if a.get("kind") == "reconstruction" and a.get("status") == "ok"
+    ]
+    words += (
+        f" At this σ the attacks confirm it: {', '.join(checked)} stay above the bound."
+        if checked
+        else " No reconstruction attack was run at this σ, so the bound was not checked empirically."
+    )
     loss = rec.get("utility_loss")
     utility = point.get("utility") or {}
     if is_finite(loss):
-        words += (f" It costs {number(loss)} task accuracy ({number(utility.get('clean_accuracy'))} → "
-                  f"{number(utility.get('accuracy'))}, {utility.get('source')}).")
+        words += (
+            f" It costs {number(loss)} task accuracy ({number(utility.get('clean_accuracy'))} → "
+            f"{number(utility.get('accuracy'))}, {utility.get('source')})."
+        )
     else:
         words += f" Its cost in accuracy is unknown ({utility.get('reason') or 'not measured'})."
     tone = "good"
     if rec.get("meets_utility") is False:
-        words += (f" That is MORE than the allowed utility loss {number(rec.get('max_utility_loss'))}: the target "
-                  "bound cannot be met within the utility limit.")
+        words += (
+            f" That is MORE than the allowed utility loss {number(rec.get('max_utility_loss'))}: the target "
+            "bound cannot be met within the utility limit."
+        )
         tone = "bad"
     elif rec.get("meets_utility"):
         words += f" That is within the allowed utility loss {number(rec.get('max_utility_loss'))}."
@@ -130,18 +185,32 @@ def recommendation_words(sweep: dict) -> Item:
 
 def _summary(sweep: dict) -> list[Item]:
     items = [recommendation_words(sweep)]
-    target = (f"van Trees bound MSE ≥ {number(sweep.get('target_mse'))} ({sweep.get('target_source')}); "
-              "the bound holds against any attacker that knows the data distribution (Maeng et al., NeurIPS 2023).")
+    target = (
+        f"van Trees bound MSE ≥ {number(sweep.get('target_mse'))} ({sweep.get('target_source')}); "
+        "the bound holds against any attacker that knows the data distribution (Maeng et al., NeurIPS 2023)."
+    )
     items.append(Item("Target", target))
     auto = sweep.get("auto_sigma") or {}
     if auto.get("requested"):
-        items.append(Item("Calibrated σ", f"σ = {number(auto.get('sigma'))} and points around it were added to the grid."
-                          if is_finite(auto.get("sigma")) else f"No σ could be calibrated: {auto.get('reason')}.",
-                          "info" if is_finite(auto.get("sigma")) else "warn"))
+        items.append(
+            Item(
+                "Calibrated σ",
+                f"σ = {number(auto.get('sigma'))} and points around it were added to the grid."
+                if is_finite(auto.get("sigma"))
+                else f"No σ could be calibrated: {auto.get('reason')}.",
+                "info" if is_finite(auto.get("sigma")) else "warn",
+            )
+        )
     clean = sweep.get("utility_clean") or {}
-    items.append(Item("Utility", utility_words(clean) if clean.get("status") != "ok" else
-                      f"Measured as the {clean.get('description')}; without noise it is "
-                      f"{mean_std(clean.get('accuracy'), clean.get('accuracy_std'))}."))
+    items.append(
+        Item(
+            "Utility",
+            utility_words(clean)
+            if clean.get("status") != "ok"
+            else f"Measured as the {clean.get('description')}; without noise it is "
+            f"{mean_std(clean.get('accuracy'), clean.get('accuracy_std'))}.",
+        )
+    )
     return items
 
 
@@ -151,8 +220,10 @@ def _alerts(sweep: dict) -> list[str]:
     if beaten:
         where = "; ".join(f"σ = {number(p.get('noise_sigma'))} by {text(p['bounds']['violated_by'])}" for p in beaten)
         causes = (beaten[0].get("bounds") or {}).get("violation_causes") or []
-        alerts.append(f"The van Trees bound is beaten ({where}), so it is no guarantee at those σ"
-                      + (f" ({'; '.join(causes)})." if causes else "."))
+        alerts.append(
+            f"The van Trees bound is beaten ({where}), so it is no guarantee at those σ"
+            + (f" ({'; '.join(causes)})." if causes else ".")
+        )
     for point in _points(sweep):
         failed = [n for n, a in (point.get("attacks") or {}).items() if a.get("status") == "failed"]
         if failed:
@@ -163,9 +234,13 @@ def _alerts(sweep: dict) -> list[str]:
 
 
 def _best_reconstruction(point: dict) -> tuple[str, float] | None:
-    measured = {n: a["metrics"]["mse"] for n, a in (point.get("attacks") or {}).items()
-                if a.get("status") == "ok" and a.get("kind") == "reconstruction"
-                and is_finite((a.get("metrics") or {}).get("mse"))}
+    measured = {
+        n: a["metrics"]["mse"]
+        for n, a in (point.get("attacks") or {}).items()
+        if a.get("status") == "ok"
+        and a.get("kind") == "reconstruction"
+        and is_finite((a.get("metrics") or {}).get("mse"))
+    }
     if not measured:
         return None
     name = min(measured, key=measured.get)
@@ -180,66 +255,99 @@ def _frontier(sweep: dict) -> Table:
         bounds, utility = point.get("bounds") or {}, point.get("utility") or {}
         best = _best_reconstruction(point)
         violated = bounds.get("violated_by") or []
-        rows.append([number(point.get("noise_sigma")) + (" ★" if i == rec_index else ""),
-                     ORIGIN_WORDS.get(point.get("origin"), str(point.get("origin") or "")),
-                     number(bounds.get("van_trees_mse")), number(bounds.get("cramer_rao_mse")),
-                     f"{number(best[1])} ({best[0]})" if best else "—",
-                     "BEATEN by " + text(violated) if violated else ("holds" if best else "not checked"),
-                     mean_std(utility.get("accuracy"), utility.get("accuracy_std")), number(utility.get("loss"))])
+        rows.append(
+            [
+                number(point.get("noise_sigma")) + (" ★" if i == rec_index else ""),
+                ORIGIN_WORDS.get(point.get("origin"), str(point.get("origin") or "")),
+                number(bounds.get("van_trees_mse")),
+                number(bounds.get("cramer_rao_mse")),
+                f"{number(best[1])} ({best[0]})" if best else "—",
+                "BEATEN by " + text(violated) if violated else ("holds" if best else "not checked"),
+                mean_std(utility.get("accuracy"), utility.get("accuracy_std")),
+                number(utility.get("loss")),
+            ]
+        )
         classes.append("failed" if violated else ("ok" if i == rec_index else ""))
-    return Table(["σ", "origin", "van Trees MSE", "Cramér-Rao MSE", "best attack MSE", "bound", "utility",
-                  "utility loss"], rows, classes)
+    return Table(
+        ["σ", "origin", "van Trees MSE", "Cramér-Rao MSE", "best attack MSE", "bound", "utility", "utility loss"],
+        rows,
+        classes,
+    )
 
 
 def _mse_series(sweep: dict) -> tuple:
     points = _points(sweep)
     sigmas = [p.get("noise_sigma") for p in points]
-    van_trees = charts.SweepSeries("van Trees bound (any attacker)",
-                                   [(p.get("bounds") or {}).get("van_trees_mse") for p in points])
+    van_trees = charts.SweepSeries(
+        "van Trees bound (any attacker)", [(p.get("bounds") or {}).get("van_trees_mse") for p in points]
+    )
     attacks = []
     for name in _attack_names(points, "reconstruction"):
         entries = [(p.get("attacks") or {}).get(name) or {} for p in points]
-        attacks.append(charts.SweepSeries(
-            name, [(e.get("metrics") or {}).get("mse") if e.get("status") == "ok" else None for e in entries],
-            [(e.get("metrics_std") or {}).get("mse") for e in entries]))
+        attacks.append(
+            charts.SweepSeries(
+                name,
+                [(e.get("metrics") or {}).get("mse") if e.get("status") == "ok" else None for e in entries],
+                [(e.get("metrics_std") or {}).get("mse") for e in entries],
+            )
+        )
     guesses = [(p.get("bounds") or {}).get("mean_guess_mse") for p in points]
     mean_guess = next((g for g in guesses if is_finite(g)), None)
     return sigmas, van_trees, attacks, mean_guess, sweep.get("target_mse")
 
 
 def _attack_names(points: list[dict], kind: str) -> list[str]:
-    return list(dict.fromkeys(n for p in points for n, a in (p.get("attacks") or {}).items()
-                              if a.get("kind") == kind and a.get("status") == "ok"))
+    return list(
+        dict.fromkeys(
+            n
+            for p in points
+            for n, a in (p.get("attacks") or {}).items()
+            if a.get("kind") == kind and a.get("status") == "ok"
+        )
+    )
 
 
 def _utility_series(points: list[dict]) -> tuple[list[charts.SweepSeries], charts.SweepSeries | None]:
     advantages = []
     for name in _attack_names(points, "label"):
         entries = [(p.get("attacks") or {}).get(name) or {} for p in points]
-        advantages.append(charts.SweepSeries(name, [e.get("advantage") if e.get("status") == "ok" else None
-                                                    for e in entries], [e.get("advantage_std") for e in entries]))
+        advantages.append(
+            charts.SweepSeries(
+                name,
+                [e.get("advantage") if e.get("status") == "ok" else None for e in entries],
+                [e.get("advantage_std") for e in entries],
+            )
+        )
     utilities = [p.get("utility") or {} for p in points]
     if not any(u.get("status") == "ok" for u in utilities):
         return advantages, None
     label = f"utility ({utilities[0].get('source')} accuracy)"
-    return advantages, charts.SweepSeries(label, [u.get("accuracy") for u in utilities],
-                                          [u.get("accuracy_std") for u in utilities])
+    return advantages, charts.SweepSeries(
+        label, [u.get("accuracy") for u in utilities], [u.get("accuracy_std") for u in utilities]
+    )
 
 
 def _point_view(point: dict, recommended: bool) -> PointView:
     bounds = point.get("bounds") or {}
     dfil = point.get("dfil") or {}
-    rows = [["van Trees bound MSE (any attacker)", mean_std(bounds.get("van_trees_mse"), bounds.get("van_trees_stderr"))],
-            ["Cramér-Rao bound MSE (unbiased attackers)", number(bounds.get("cramer_rao_mse"))],
-            ["mean dFIL", mean_std(dfil.get("mean"), dfil.get("stderr"))],
-            ["guessing the average input", number(bounds.get("mean_guess_mse"))],
-            ["bound beaten by", text(bounds.get("violated_by") or None)]]
+    rows = [
+        ["van Trees bound MSE (any attacker)", mean_std(bounds.get("van_trees_mse"), bounds.get("van_trees_stderr"))],
+        ["Cramér-Rao bound MSE (unbiased attackers)", number(bounds.get("cramer_rao_mse"))],
+        ["mean dFIL", mean_std(dfil.get("mean"), dfil.get("stderr"))],
+        ["guessing the average input", number(bounds.get("mean_guess_mse"))],
+        ["bound beaten by", text(bounds.get("violated_by") or None)],
+    ]
     attacks = {n: a for n, a in (point.get("attacks") or {}).items() if isinstance(a, dict)}
     sigma = number(point.get("noise_sigma"))
-    return PointView(sigma=sigma, anchor="sigma-" + "".join(c if c.isalnum() else "-" for c in sigma),
-                     recommended=recommended, bounds=Table(["", ""], rows), attacks=_overview(attacks),
-                     utility=utility_words(point.get("utility") or {}),
-                     notes=[str(n) for n in bounds.get("notes") or []])
+    return PointView(
+        sigma=sigma,
+        anchor="sigma-" + "".join(c if c.isalnum() else "-" for c in sigma),
+        recommended=recommended,
+        bounds=Table(["", ""], rows),
+        attacks=_overview(attacks),
+        utility=utility_words(point.get("utility") or {}),
+        notes=[str(n) for n in bounds.get("notes") or []],
+    )
 
 
 def write_sweep_reports(sweep: dict, out_dir: Path, formats: list[str]) -> list[Path]:

@@ -1,4 +1,5 @@
 """The compact summary printed at the end of `splitaudit run`."""
+
 from __future__ import annotations
 
 import textwrap

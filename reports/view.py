@@ -3,6 +3,7 @@
 HTML, Markdown and the terminal summary all render this view, so each number is formatted
 in one place. Figures carry PNG bytes; each writer decides how to reference them.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,27 +14,75 @@ from typing import Any
 from splitaudit.attacks import attack_title, baseline_name
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import (
-    advantage_words, is_finite, is_number, mean_std, number, shape, signed, text,
+    advantage_words,
+    is_finite,
+    is_number,
+    mean_std,
+    number,
+    shape,
+    signed,
+    text,
 )
 
 # An attack without query access -> the attack with query access it is compared with (issue 5).
 QUERY_ACCESS_REFERENCE = {"sdar": "decoder"}
-METRIC_LABELS = {"accuracy": "accuracy", "nmi": "NMI", "ari": "ARI", "auc": "AUC", "mse": "MSE",
-                 "psnr": "PSNR (dB)", "ssim": "SSIM"}
-MODEL_LABELS = {"path": "model file", "format": "format", "input_shape": "input shape",
-                "output_shape": "output (embedding) shape", "gradient_mode": "gradients",
-                "parity_max_abs_err": "ONNX conversion error (max abs)", "stochastic": "stochastic encoder",
-                "providers": "onnxruntime providers"}
-DATA_LABELS = {"aux_path": "auxiliary data (attacker's)", "target_path": "target data (victims')",
-               "n_aux": "auxiliary samples", "n_target": "target samples", "classes": "classes",
-               "class_names": "class names", "has_labels": "labels", "has_attr": "sensitive attribute",
-               "is_image": "images", "in_unit_range": "values in [0, 1]", "sample_shape": "sample shape"}
-RUN_LABELS = {"started": "started", "seconds": "duration (s)", "device": "device", "seed": "seed",
-              "seeds": "seeds averaged over", "quick": "quick smoke run", "python": "Python", "torch": "PyTorch"}
-DFIL_LABELS = {"mean": "mean dFIL", "median": "median dFIL", "max": "max dFIL", "method": "Jacobian method",
-               "stderr": "standard error"}
-PRIOR_LABELS = {"method": "prior estimator", "smoothing": "randomized smoothing τ", "J_over_d": "prior term J(π)/d",
-                "stam_limit": "Stam limit 1/τ²", "validity": "validity", "valid": "estimate valid"}
+METRIC_LABELS = {
+    "accuracy": "accuracy",
+    "nmi": "NMI",
+    "ari": "ARI",
+    "auc": "AUC",
+    "mse": "MSE",
+    "psnr": "PSNR (dB)",
+    "ssim": "SSIM",
+}
+MODEL_LABELS = {
+    "path": "model file",
+    "format": "format",
+    "input_shape": "input shape",
+    "output_shape": "output (embedding) shape",
+    "gradient_mode": "gradients",
+    "parity_max_abs_err": "ONNX conversion error (max abs)",
+    "stochastic": "stochastic encoder",
+    "providers": "onnxruntime providers",
+}
+DATA_LABELS = {
+    "aux_path": "auxiliary data (attacker's)",
+    "target_path": "target data (victims')",
+    "n_aux": "auxiliary samples",
+    "n_target": "target samples",
+    "classes": "classes",
+    "class_names": "class names",
+    "has_labels": "labels",
+    "has_attr": "sensitive attribute",
+    "is_image": "images",
+    "in_unit_range": "values in [0, 1]",
+    "sample_shape": "sample shape",
+}
+RUN_LABELS = {
+    "started": "started",
+    "seconds": "duration (s)",
+    "device": "device",
+    "seed": "seed",
+    "seeds": "seeds averaged over",
+    "quick": "quick smoke run",
+    "python": "Python",
+    "torch": "PyTorch",
+}
+DFIL_LABELS = {
+    "mean": "mean dFIL",
+    "median": "median dFIL",
+    "max": "max dFIL",
+    "method": "Jacobian method",
+    "stderr": "standard error",
+}
+PRIOR_LABELS = {
+    "method": "prior estimator",
+    "smoothing": "randomized smoothing τ",
+    "J_over_d": "prior term J(π)/d",
+    "stam_limit": "Stam limit 1/τ²",
+    "validity": "validity",
+    "valid": "estimate valid",
+}
 SHAPE_KEYS = {"input_shape", "output_shape", "sample_shape"}
 MAX_LIST_FACT = 16  # longer lists (per-sample values, indices) are charts or tables, not facts
 NOT_FACTS = {"per_sample", "notes", "leakiest", "warnings"}
@@ -99,8 +148,9 @@ class BoundsView:
     violation_causes: list[str] = field(default_factory=list)  # as the leakage stage recorded them
 
     def is_empty(self) -> bool:
-        return not any([self.bounds, self.dfil, self.dfil_chart, self.dfil_note, self.leakiest, self.prior,
-                        self.notes, self.chart])
+        return not any(
+            [self.bounds, self.dfil, self.dfil_chart, self.dfil_note, self.leakiest, self.prior, self.notes, self.chart]
+        )
 
 
 @dataclass
@@ -147,8 +197,10 @@ def build_view(result: dict, with_figures: bool = True) -> ReportView:
         model=_facts(model, MODEL_LABELS),
         warnings=[str(w) for w in model.get("warnings") or []],
         data=_facts(_section(result, "data"), DATA_LABELS),
-        run=_facts({**_section(result, "run"), "version": _section(result, "tool").get("version")},
-                   {**RUN_LABELS, "version": "splitaudit version"}),
+        run=_facts(
+            {**_section(result, "run"), "version": _section(result, "tool").get("version")},
+            {**RUN_LABELS, "version": "splitaudit version"},
+        ),
         not_run=_not_run(attacks),
         figures=figures.made,
     )
@@ -196,15 +248,18 @@ def subtitle(result: dict) -> str:
     return " · ".join(parts)
 
 
-CAUSE_WORDS = {"incomplete": "the audit is incomplete", "bound-too-low": "the provable bound is too low",
-               "bound-untrusted": "the provable bound cannot be trusted",
-               "bound-missing": "no provable bound was computed",
-               "attack-mse-too-low": "an attack reconstructs too well",
-               "no-reconstruction-attack": "no reconstruction attack ran",
-               "advantage-too-high": "an attack's advantage is above the cap",
-               "utility-loss-too-high": "the recommended noise costs too much accuracy",
-               "utility-loss-missing": "the utility loss was not measured",
-               "no-recommendation": "no noise sigma can be recommended"}
+CAUSE_WORDS = {
+    "incomplete": "the audit is incomplete",
+    "bound-too-low": "the provable bound is too low",
+    "bound-untrusted": "the provable bound cannot be trusted",
+    "bound-missing": "no provable bound was computed",
+    "attack-mse-too-low": "an attack reconstructs too well",
+    "no-reconstruction-attack": "no reconstruction attack ran",
+    "advantage-too-high": "an attack's advantage is above the cap",
+    "utility-loss-too-high": "the recommended noise costs too much accuracy",
+    "utility-loss-missing": "the utility loss was not measured",
+    "no-recommendation": "no noise sigma can be recommended",
+}
 
 
 def _failure_kind(check: dict) -> str:
@@ -249,9 +304,15 @@ def _verdict_text(result: dict) -> str:
     reasons = [str(r) for r in gate.get("reasons") or []]
     if not gate.get("passed"):
         return "Failed: " + ("; ".join(reasons) if reasons else "no reason given") + "."
-    met = [f"{label} {number(gate[key])}" for key, label in
-           (("fail_under_mse", "provable bound MSE ≥"), ("fail_under_attack_mse", "best attack MSE ≥"),
-            ("max_advantage", "every attack's advantage ≤")) if is_number(gate.get(key))]
+    met = [
+        f"{label} {number(gate[key])}"
+        for key, label in (
+            ("fail_under_mse", "provable bound MSE ≥"),
+            ("fail_under_attack_mse", "best attack MSE ≥"),
+            ("max_advantage", "every attack's advantage ≤"),
+        )
+        if is_number(gate.get(key))
+    ]
     if not met:
         return "The audit is complete. No CI thresholds were set (see --fail-under-mse, --max-advantage)."
     return "The audit is complete and meets every threshold: " + "; ".join(met) + "."
@@ -259,14 +320,19 @@ def _verdict_text(result: dict) -> str:
 
 def _alerts(result: dict, attacks: dict[str, dict]) -> list[str]:
     """Problems a reader must not miss: failed attacks, an untrustworthy bound, a quick run."""
-    alerts = [f"INCOMPLETE AUDIT: the {name} attack failed ({a.get('reason') or 'no reason given'}); "
-              "its leakage is not measured in this report." for name, a in attacks.items()
-              if a.get("status") == "failed"]
+    alerts = [
+        f"INCOMPLETE AUDIT: the {name} attack failed ({a.get('reason') or 'no reason given'}); "
+        "its leakage is not measured in this report."
+        for name, a in attacks.items()
+        if a.get("status") == "failed"
+    ]
     violated = _section(result, "bounds").get("violated_by") or []
     if violated:
         causes = _section(result, "bounds").get("violation_causes") or []
-        alerts.append(f"The provable bound is not trustworthy: {text(violated)} reconstructed inputs better than "
-                      "it allows, so its assumptions do not hold here" + (f" ({'; '.join(causes)})." if causes else "."))
+        alerts.append(
+            f"The provable bound is not trustworthy: {text(violated)} reconstructed inputs better than "
+            "it allows, so its assumptions do not hold here" + (f" ({'; '.join(causes)})." if causes else ".")
+        )
     if _section(result, "run").get("quick"):
         alerts.append("Quick smoke run (fewer seeds, epochs and probes): the numbers are indicative only.")
     return alerts
@@ -291,15 +357,19 @@ def utility_words(utility: dict) -> str:
         return f"Not measured: {utility.get('reason') or 'no reason given'}."
     words = f"task accuracy {mean_std(utility.get('accuracy'), utility.get('accuracy_std'))}"
     if is_finite(utility.get("loss")) and utility.get("noise_sigma") != 0:
-        words += (f", {number(utility['loss'])} below the {number(utility.get('clean_accuracy'))} it has "
-                  "without noise")
-    return f"At σ = {number(utility.get('noise_sigma'))}: {words} ({utility.get('description') or utility.get('source')})."
+        words += f", {number(utility['loss'])} below the {number(utility.get('clean_accuracy'))} it has without noise"
+    return (
+        f"At σ = {number(utility.get('noise_sigma'))}: {words} ({utility.get('description') or utility.get('source')})."
+    )
 
 
 def _mean_guess_mse(attacks: dict[str, dict]) -> float | None:
     """The mean-guess MSE that every reconstruction attack reports as its baseline."""
-    values = [a["baseline"]["mse"] for a in attacks.values()
-              if _ok(a) and a.get("kind") == "reconstruction" and is_finite((a.get("baseline") or {}).get("mse"))]
+    values = [
+        a["baseline"]["mse"]
+        for a in attacks.values()
+        if _ok(a) and a.get("kind") == "reconstruction" and is_finite((a.get("baseline") or {}).get("mse"))
+    ]
     return values[0] if values else None
 
 
@@ -311,22 +381,35 @@ def _protection(result: dict, attacks: dict[str, dict]) -> Item:
     if not is_number(bound):
         return Item("Provable protection", "Not computed: the result holds no van Trees bound.", "warn")
     if bound <= 0 or not math.isfinite(bound):
-        cause = ("the embeddings are sent without noise (σ = 0), so the Fisher information is infinite"
-                 if sigma == 0 else "the Fisher information is infinite")
-        return Item("Provable protection", f"Nothing is guaranteed: {cause} and the provable bound is 0. "
-                    "An attacker may in principle recover the inputs exactly.", "bad")
+        cause = (
+            "the embeddings are sent without noise (σ = 0), so the Fisher information is infinite"
+            if sigma == 0
+            else "the Fisher information is infinite"
+        )
+        return Item(
+            "Provable protection",
+            f"Nothing is guaranteed: {cause} and the provable bound is 0. "
+            "An attacker may in principle recover the inputs exactly.",
+            "bad",
+        )
     smoothing = _section(result, "prior").get("smoothing")
-    words = (f"No attacker can reconstruct inputs with a mean squared error below {number(bound)} "
-             "(per input dimension, on average over inputs like the audited data; van Trees bound")
-    words += f", for inputs smoothed with noise τ = {number(smoothing)})." if is_finite(smoothing) and smoothing > 0 \
+    words = (
+        f"No attacker can reconstruct inputs with a mean squared error below {number(bound)} "
+        "(per input dimension, on average over inputs like the audited data; van Trees bound"
+    )
+    words += (
+        f", for inputs smoothed with noise τ = {number(smoothing)})."
+        if is_finite(smoothing) and smoothing > 0
         else ")."
+    )
     guess = _mean_guess_mse(attacks)
     if guess is not None:
         words += f" For scale: guessing the average input gives MSE {number(guess)}."
     violated = bounds.get("violated_by") or []
     if violated:
-        return Item("Provable protection", words + f" But {text(violated)} beat this bound, so it cannot be "
-                    "trusted.", "bad")
+        return Item(
+            "Provable protection", words + f" But {text(violated)} beat this bound, so it cannot be trusted.", "bad"
+        )
     return Item("Provable protection", words, "info")
 
 
@@ -339,9 +422,11 @@ def _strongest(attacks: dict[str, dict]) -> Item:
     metric = attack.get("primary_metric", "")
     value = (attack.get("metrics") or {}).get(metric)
     base = (attack.get("baseline") or {}).get(metric)
-    words = (f"{attack_title(name)}: {METRIC_LABELS.get(metric, metric)} {number(value)} "
-             f"against {number(base)} for its baseline; "
-             f"{advantage_words(attack.get('kind', ''), attack['advantage'])}.")
+    words = (
+        f"{attack_title(name)}: {METRIC_LABELS.get(metric, metric)} {number(value)} "
+        f"against {number(base)} for its baseline; "
+        f"{advantage_words(attack.get('kind', ''), attack['advantage'])}."
+    )
     return Item("Strongest attack", words, "bad" if attack["advantage"] > 0 else "good")
 
 
@@ -356,10 +441,13 @@ def _recommended_noise(calibration: dict, current: Any) -> Item:
     now = f" (currently σ = {number(current)})" if is_number(current) else ""
     if calibration.get("feasible") is False or not is_finite(sigma):
         reason = calibration.get("reason") or "the prior alone lets an attacker do better"
-        return Item("Recommended noise", f"No amount of embedding noise can guarantee MSE ≥ {target}: {reason}.",
-                    "warn")
-    words = (f"Gaussian noise with σ = {number(sigma)} on the embeddings guarantees MSE ≥ {target} "
-             f"against any attacker{_smoothing_condition(calibration)}{now}.")
+        return Item(
+            "Recommended noise", f"No amount of embedding noise can guarantee MSE ≥ {target}: {reason}.", "warn"
+        )
+    words = (
+        f"Gaussian noise with σ = {number(sigma)} on the embeddings guarantees MSE ≥ {target} "
+        f"against any attacker{_smoothing_condition(calibration)}{now}."
+    )
     if is_finite(calibration.get("sigma_unbiased")):
         words += f" Against unbiased attackers only, σ = {number(calibration['sigma_unbiased'])} would suffice."
     return Item("Recommended noise", words, "info")
@@ -379,8 +467,9 @@ def _overview(attacks: dict[str, dict]) -> Table | None:
     for name, attack in attacks.items():
         status = str(attack.get("status", "unknown"))
         if _ok(attack):
-            rows.append([name, status, _result_cell(attack), _result_cell(attack, "baseline"),
-                         signed(attack.get("advantage"))])
+            rows.append(
+                [name, status, _result_cell(attack), _result_cell(attack, "baseline"), signed(attack.get("advantage"))]
+            )
         else:
             rows.append([name, status.upper(), attack.get("reason") or "no reason given", "", ""])
         classes.append(status)
@@ -391,10 +480,21 @@ def _gate_table(result: dict) -> Table | None:
     checks = [c for c in _gate(result).get("checks") or [] if isinstance(c, dict)]
     if not checks:
         return None
-    rows = [[str(c.get("name", "")), "passed" if c.get("passed") else "FAILED", number(c.get("value")),
-             number(c.get("threshold")), str(c.get("message", ""))] for c in checks]
-    return Table(["check", "result", "value", "threshold", "detail"], rows,
-                 ["ok" if c.get("passed") else "failed" for c in checks])
+    rows = [
+        [
+            str(c.get("name", "")),
+            "passed" if c.get("passed") else "FAILED",
+            number(c.get("value")),
+            number(c.get("threshold")),
+            str(c.get("message", "")),
+        ]
+        for c in checks
+    ]
+    return Table(
+        ["check", "result", "value", "threshold", "detail"],
+        rows,
+        ["ok" if c.get("passed") else "failed" for c in checks],
+    )
 
 
 def _facts(section: dict, labels: dict[str, str]) -> Table | None:
@@ -405,8 +505,7 @@ def _facts(section: dict, labels: dict[str, str]) -> Table | None:
         value = section[key]
         if key in NOT_FACTS or isinstance(value, dict) or value is None or value == "":
             continue
-        if isinstance(value, list) and (not value or len(value) > MAX_LIST_FACT
-                                        or isinstance(value[0], (dict, list))):
+        if isinstance(value, list) and (not value or len(value) > MAX_LIST_FACT or isinstance(value[0], (dict, list))):
             continue
         rows.append([labels.get(key, key.replace("_", " ")), shape(value) if key in SHAPE_KEYS else text(value)])
     return Table(["", ""], rows) if rows else None
@@ -436,13 +535,19 @@ def _bounds(result: dict, figures: Figures) -> BoundsView:
     chart = figures.add("dfil", "Histogram of per-sample dFIL", charts.dfil_histogram, finite) if finite else None
     note = ""
     if per_sample and len(finite) < len(per_sample):
-        note = (f"dFIL is infinite for {len(per_sample) - len(finite)} of {len(per_sample)} samples"
-                + (" (σ = 0: a noiseless encoder)." if result.get("noise_sigma") == 0 else "."))
+        note = f"dFIL is infinite for {len(per_sample) - len(finite)} of {len(per_sample)} samples" + (
+            " (σ = 0: a noiseless encoder)." if result.get("noise_sigma") == 0 else "."
+        )
     return BoundsView(
-        bounds=_bounds_table(bounds), dfil=_facts(dfil, DFIL_LABELS), dfil_chart=chart, dfil_note=note,
+        bounds=_bounds_table(bounds),
+        dfil=_facts(dfil, DFIL_LABELS),
+        dfil_chart=chart,
+        dfil_note=note,
         leakiest=_records(dfil.get("leakiest")),
-        prior=_facts(prior, PRIOR_LABELS), notes=_notes(dfil, prior, bounds),
-        chart=_bounds_chart(result, figures), violated_by=[str(v) for v in bounds.get("violated_by") or []],
+        prior=_facts(prior, PRIOR_LABELS),
+        notes=_notes(dfil, prior, bounds),
+        chart=_bounds_chart(result, figures),
+        violated_by=[str(v) for v in bounds.get("violated_by") or []],
         violation_causes=[str(c) for c in bounds.get("violation_causes") or []],
     )
 
@@ -450,37 +555,64 @@ def _bounds(result: dict, figures: Figures) -> BoundsView:
 def _bounds_table(bounds: dict) -> Table | None:
     rows = []
     if "van_trees_mse" in bounds:
-        rows.append(["van Trees", number(bounds["van_trees_mse"]), "any attacker, including one who knows the "
-                     "data distribution", "1 / (mean dFIL + J(π)/d)"])
+        rows.append(
+            [
+                "van Trees",
+                number(bounds["van_trees_mse"]),
+                "any attacker, including one who knows the data distribution",
+                "1 / (mean dFIL + J(π)/d)",
+            ]
+        )
     if "cramer_rao_mse" in bounds:
-        rows.append(["Cramér-Rao", number(bounds["cramer_rao_mse"]), "unbiased attackers (no prior knowledge)",
-                     "1 / mean dFIL"])
+        rows.append(
+            ["Cramér-Rao", number(bounds["cramer_rao_mse"]), "unbiased attackers (no prior knowledge)", "1 / mean dFIL"]
+        )
     return Table(["bound", "MSE at least", "holds against", "formula"], rows) if rows else None
 
 
 def _bounds_chart(result: dict, figures: Figures) -> Figure | None:
     violated = set(_section(result, "bounds").get("violated_by") or [])
-    bars = [charts.MseBar(name, a["metrics"]["mse"], (a.get("metrics_std") or {}).get("mse", 0.0) or 0.0,
-                          (a.get("baseline") or {}).get("mse"), name in violated)
-            for name, a in _attacks(result).items()
-            if _ok(a) and a.get("kind") == "reconstruction" and is_finite((a.get("metrics") or {}).get("mse"))]
+    bars = [
+        charts.MseBar(
+            name,
+            a["metrics"]["mse"],
+            (a.get("metrics_std") or {}).get("mse", 0.0) or 0.0,
+            (a.get("baseline") or {}).get("mse"),
+            name in violated,
+        )
+        for name, a in _attacks(result).items()
+        if _ok(a) and a.get("kind") == "reconstruction" and is_finite((a.get("metrics") or {}).get("mse"))
+    ]
     if not bars:
         return None
     bounds = _section(result, "bounds")
-    return figures.add("bounds", "Reconstruction attacks' MSE against the bounds", charts.bounds_chart, bars,
-                       bounds.get("van_trees_mse"), bounds.get("cramer_rao_mse"))
+    return figures.add(
+        "bounds",
+        "Reconstruction attacks' MSE against the bounds",
+        charts.bounds_chart,
+        bars,
+        bounds.get("van_trees_mse"),
+        bounds.get("cramer_rao_mse"),
+    )
 
 
 def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> AttackView:
-    view = AttackView(name=name, title=attack_title(name), kind=str(attack.get("kind", "")),
-                      status=str(attack.get("status", "unknown")), reason=str(attack.get("reason") or ""),
-                      assumptions=str(attack.get("assumptions") or ""))
+    view = AttackView(
+        name=name,
+        title=attack_title(name),
+        kind=str(attack.get("kind", "")),
+        status=str(attack.get("status", "unknown")),
+        reason=str(attack.get("reason") or ""),
+        assumptions=str(attack.get("assumptions") or ""),
+    )
     if not _ok(attack):
         return view
     view.metrics = _metrics_table(name, attack)
     basis = f" Taken as {attack['advantage_basis']}." if attack.get("advantage_basis") else ""
-    view.advantage = (f"Advantage {mean_std(attack.get('advantage'), attack.get('advantage_std'))}: "
-                      f"{advantage_words(view.kind, attack.get('advantage'))}.{basis}")
+    view.advantage = (
+        f"Advantage {mean_std(attack.get('advantage'), attack.get('advantage_std'))}: "
+        f"{advantage_words(view.kind, attack.get('advantage'))}.{basis}"
+    )
     seeds = attack.get("seeds") or []
     view.runs = {0: "", 1: "one seed, so no spread"}.get(len(seeds), f"mean ± std over {len(seeds)} seeds")
     if is_finite(attack.get("seconds")):
@@ -488,11 +620,13 @@ def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Att
     view.by_k, view.by_k_chart = _by_k(name, attack, figures)
     examples = [e for e in attack.get("examples") or [] if isinstance(e, dict) and "original" in e]
     if examples:
-        view.reconstructions = figures.add(f"{name}-reconstructions", f"{name}: originals and reconstructions",
-                                           charts.reconstructions_chart, examples)
-        view.examples = Table(["example", "target index", "MSE"],
-                              [[str(e.get("label", "")), number(e.get("index")), number(e.get("mse"))]
-                               for e in examples])
+        view.reconstructions = figures.add(
+            f"{name}-reconstructions", f"{name}: originals and reconstructions", charts.reconstructions_chart, examples
+        )
+        view.examples = Table(
+            ["example", "target index", "MSE"],
+            [[str(e.get("label", "")), number(e.get("index")), number(e.get("mse"))] for e in examples],
+        )
     view.details = _facts(attack.get("details") or {}, {})
     view.comparison = _query_access_note(name, attack, result)
     view.beats_bound = name in (_section(result, "bounds").get("violated_by") or [])
@@ -508,16 +642,25 @@ def _query_access_note(name: str, attack: dict, result: dict) -> str:
     ours, theirs = (attack.get("metrics") or {}).get("mse"), (other.get("metrics") or {}).get("mse")
     if not (is_finite(ours) and is_finite(theirs) and theirs > 0):
         return ""
-    return (f"What query access is worth: the {reference} attack, which can run the bottom model, "
-            f"reaches MSE {number(theirs)}; this attack, which cannot, {number(ours)} "
-            f"({ours / theirs:.2g}x the error).")
+    return (
+        f"What query access is worth: the {reference} attack, which can run the bottom model, "
+        f"reaches MSE {number(theirs)}; this attack, which cannot, {number(ours)} "
+        f"({ours / theirs:.2g}x the error)."
+    )
 
 
 def _metrics_table(name: str, attack: dict) -> Table | None:
     metrics, baseline = attack.get("metrics") or {}, attack.get("baseline") or {}
     metrics_std, baseline_std = attack.get("metrics_std") or {}, attack.get("baseline_std") or {}
-    rows = [[METRIC_LABELS.get(k, k), mean_std(v, metrics_std.get(k)), mean_std(baseline.get(k), baseline_std.get(k))
-             if k in baseline else "—"] for k, v in metrics.items() if not isinstance(v, dict)]
+    rows = [
+        [
+            METRIC_LABELS.get(k, k),
+            mean_std(v, metrics_std.get(k)),
+            mean_std(baseline.get(k), baseline_std.get(k)) if k in baseline else "—",
+        ]
+        for k, v in metrics.items()
+        if not isinstance(v, dict)
+    ]
     described = baseline_name(name, str(attack.get("kind", "")))
     return Table(["metric", "attack", f"baseline: {described}"], rows) if rows else None
 
@@ -531,15 +674,24 @@ def _by_k(name: str, attack: dict, figures: Figures) -> tuple[Table | None, Figu
     std = (attack.get("metrics_std") or {}).get("accuracy_by_k") or {}
     base = (attack.get("baseline") or {}).get("accuracy_by_k") or {}
     base_std = (attack.get("baseline_std") or {}).get("accuracy_by_k") or {}
-    table = Table(["k per class", "attack accuracy", "baseline accuracy"],
-                  [[str(k), mean_std(by_k[k], std.get(k)), mean_std(base.get(k), base_std.get(k))] for k in ks])
+    table = Table(
+        ["k per class", "attack accuracy", "baseline accuracy"],
+        [[str(k), mean_std(by_k[k], std.get(k)), mean_std(base.get(k), base_std.get(k))] for k in ks],
+    )
     if not all(str(k).replace(".", "", 1).isdigit() and is_finite(by_k[k]) for k in ks):
         return table, None
     has_base = all(is_finite(base.get(k)) for k in ks)
-    chart = figures.add(f"{name}-accuracy-by-k", "Accuracy against labelled samples per class",
-                        charts.accuracy_by_k_chart, ks, [by_k[k] for k in ks], [_num(std.get(k)) for k in ks],
-                        [base[k] for k in ks] if has_base else [], [_num(base_std.get(k)) for k in ks],
-                        "baseline: " + baseline_name(name, "label"))
+    chart = figures.add(
+        f"{name}-accuracy-by-k",
+        "Accuracy against labelled samples per class",
+        charts.accuracy_by_k_chart,
+        ks,
+        [by_k[k] for k in ks],
+        [_num(std.get(k)) for k in ks],
+        [base[k] for k in ks] if has_base else [],
+        [_num(base_std.get(k)) for k in ks],
+        "baseline: " + baseline_name(name, "label"),
+    )
     return table, chart
 
 
@@ -548,6 +700,9 @@ def _num(value: Any) -> float:
 
 
 def _not_run(attacks: dict[str, dict]) -> Table | None:
-    rows = [[name, str(a.get("status", "unknown")).upper(), str(a.get("reason") or "no reason given")]
-            for name, a in attacks.items() if not _ok(a)]
+    rows = [
+        [name, str(a.get("status", "unknown")).upper(), str(a.get("reason") or "no reason given")]
+        for name, a in attacks.items()
+        if not _ok(a)
+    ]
     return Table(["attack", "status", "reason"], rows, [r[1].lower() for r in rows]) if rows else None

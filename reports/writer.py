@@ -1,4 +1,5 @@
 """Write and read result files: strict JSON (non-finite numbers as strings), HTML, Markdown."""
+
 from __future__ import annotations
 
 import base64
@@ -18,9 +19,10 @@ from markupsafe import Markup, escape
 from tabulate import tabulate
 
 from splitaudit.errors import InputError
-from splitaudit.safety import display_path, displayable, require_regular_file
 from splitaudit.reports.view import Figure, Table, build_view
 from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
+from splitaudit.safety import display_path, displayable, require_regular_file
+
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 MAX_REPORT_BYTES = 256 * 1024**2  # a report.json is a few MB at most; larger is not one of ours
@@ -60,8 +62,9 @@ def read_json_file(path: Path, what: str = "report"):
     try:
         return json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise InputError(f"{display_path(path)} is not a splitaudit report.json (not UTF-8 text: {exc.reason} at "
-                         f"byte {exc.start})") from exc
+        raise InputError(
+            f"{display_path(path)} is not a splitaudit report.json (not UTF-8 text: {exc.reason} at byte {exc.start})"
+        ) from exc
     except json.JSONDecodeError as exc:
         raise InputError(f"{display_path(path)} is not a splitaudit report.json (invalid JSON: {exc})") from exc
     except RecursionError as exc:
@@ -78,8 +81,10 @@ def checked_result(stored, source: str) -> dict:
     if not isinstance(stored, dict) or "schema_version" not in stored:
         raise InputError(f"{source} is not a splitaudit report.json (no schema_version)")
     if stored["schema_version"] != SCHEMA_VERSION:
-        raise InputError(f"{source} is a report of schema version {stored['schema_version']!r}; this splitaudit "
-                         f"reads version {SCHEMA_VERSION} (rerun the audit, or render it with the version that wrote it)")
+        raise InputError(
+            f"{source} is a report of schema version {stored['schema_version']!r}; this splitaudit "
+            f"reads version {SCHEMA_VERSION} (rerun the audit, or render it with the version that wrote it)"
+        )
     error = first_error(stored, sweep_json_schema() if stored.get("kind") == "sweep" else None)
     if error:
         raise InputError(f"{source}: {error}")
@@ -100,20 +105,36 @@ def markdown_url(path: str) -> Markup:
 
 def markdown_table(table: Table) -> Markup:
     """A GitHub-flavoured Markdown table with every cell escaped."""
-    return Markup(tabulate([[markdown_text(c) for c in row] for row in table.rows],
-                           headers=[markdown_text(h) for h in table.headers], tablefmt="github",
-                           disable_numparse=True))
+    return Markup(
+        tabulate(
+            [[markdown_text(c) for c in row] for row in table.rows],
+            headers=[markdown_text(h) for h in table.headers],
+            tablefmt="github",
+            disable_numparse=True,
+        )
+    )
 
 
 def html_environment() -> Environment:
-    return Environment(loader=PackageLoader("splitaudit.reports", "templates"), autoescape=True,
-                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return Environment(
+        loader=PackageLoader("splitaudit.reports", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
 
 
 def markdown_environment() -> Environment:
     """Autoescaped like HTML, but every interpolation also escapes Markdown syntax."""
-    env = Environment(loader=PackageLoader("splitaudit.reports", "templates"), autoescape=True,
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, finalize=markdown_text)
+    env = Environment(
+        loader=PackageLoader("splitaudit.reports", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=markdown_text,
+    )
     env.filters["md_table"] = markdown_table
     env.filters["md_url"] = markdown_url
     return env
@@ -151,8 +172,9 @@ def write_atomic(out_dir: Path, relative: Path | str, data: bytes) -> Path:
     root = out_dir.resolve()
     path = (root / relative).resolve()
     if path.parent != root and root not in path.parents:
-        raise InputError(f"refusing to write {display_path(path)}: it is outside the output folder "
-                         f"{display_path(root)}")
+        raise InputError(
+            f"refusing to write {display_path(path)}: it is outside the output folder {display_path(root)}"
+        )
     handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
     try:
         with handle:
@@ -275,8 +297,10 @@ def _locked_file(lock: Path, out_dir: Path) -> int:
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
                 raise
-            raise InputError(f"another splitaudit run is writing to {display_path(out_dir)} (it holds "
-                             f"{display_path(lock)}); wait for it or choose another --out") from exc
+            raise InputError(
+                f"another splitaudit run is writing to {display_path(out_dir)} (it holds "
+                f"{display_path(lock)}); wait for it or choose another --out"
+            ) from exc
         with contextlib.suppress(FileNotFoundError):
             if os.stat(lock).st_ino == os.fstat(fd).st_ino:
                 return fd

@@ -16,6 +16,7 @@ Each model is exported as TorchScript (``.pt``) and ONNX (``.onnx``, opset 20, d
 with its top model (``*_top.pt``) for the attacks that use one. The data ships as ``.npz``
 (``x`` in [0, 1], ``y``, ``attr``). Run: ``python sample_models/build.py``.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,9 @@ def potential_energy_loss(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (1.0 / torch.arccos(cos[same])).mean()
 
 
-def train_split(bottom: nn.Module, top: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                pe_alpha: float = 0.0, epochs: int = 60) -> None:
+def train_split(
+    bottom: nn.Module, top: nn.Module, x: torch.Tensor, y: torch.Tensor, pe_alpha: float = 0.0, epochs: int = 60
+) -> None:
     """Train bottom+top jointly with cross-entropy (+ pe_alpha * PELoss), Adam, batch 64."""
     params = list(bottom.parameters()) + list(top.parameters())
     opt = torch.optim.Adam(params, lr=2e-3)
@@ -99,9 +101,15 @@ def export(name: str, bottom: nn.Module, top: nn.Module, example: torch.Tensor) 
         embedding = bottom(example)
     torch.jit.trace(top, embedding).save(str(HERE / f"{name}_top.pt"))
     torch.onnx.export(
-        bottom, (example,), str(HERE / f"{name}.onnx"), opset_version=20, dynamo=True,
-        input_names=["x"], output_names=["z"],
-        dynamic_shapes=({0: torch.export.Dim("batch")},), external_data=False,
+        bottom,
+        (example,),
+        str(HERE / f"{name}.onnx"),
+        opset_version=20,
+        dynamo=True,
+        input_names=["x"],
+        output_names=["z"],
+        dynamic_shapes=({0: torch.export.Dim("batch")},),
+        external_data=False,
     )
 
 
@@ -140,8 +148,13 @@ def build(name: str, data, bottom: nn.Module, top: nn.Module, pe_alpha: float = 
     acc = accuracy(bottom, top, xt[test], yt[test])
     export(name, bottom, top, xt[:2])
     print(f"{name}: test accuracy {acc:.4f}")
-    return {"test_accuracy": round(acc, 4), "input_shape": list(x.shape[1:]),
-            "n_train": len(train), "n_test": len(test), "pe_alpha": pe_alpha}
+    return {
+        "test_accuracy": round(acc, 4),
+        "input_shape": list(x.shape[1:]),
+        "n_train": len(train),
+        "n_test": len(test),
+        "pe_alpha": pe_alpha,
+    }
 
 
 def main() -> None:
@@ -153,8 +166,7 @@ def main() -> None:
     for name, data, make_bottom, make_top, alpha in [
         ("digits_cnn", digits, DigitsCNN, lambda: mlp([128, 64, 10]), 0.0),
         ("digits_cnn_peloss", digits, DigitsCNN, lambda: mlp([128, 64, 10]), PE_ALPHA),
-        ("digits_mlp", digits, lambda: nn.Sequential(nn.Flatten(), mlp([64, 128, 32])),
-         lambda: mlp([32, 10]), 0.0),
+        ("digits_mlp", digits, lambda: nn.Sequential(nn.Flatten(), mlp([64, 128, 32])), lambda: mlp([32, 10]), 0.0),
         ("breast_cancer_mlp", cancer, lambda: mlp([29, 32, 16]), lambda: mlp([16, 2]), 0.0),
     ]:
         torch.manual_seed(SEED)

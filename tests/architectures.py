@@ -12,6 +12,7 @@ Exports: TorchScript (trace and script), ONNX from the dynamo exporter (external
 today's exporters write it) and from the legacy TorchScript-based exporter at a chosen opset,
 all with a dynamic batch dimension unless a fixed batch is asked for.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -71,8 +72,9 @@ class InvertedResidual(nn.Module):
     def __init__(self, cin: int, expand: int, cout: int, stride: int) -> None:
         super().__init__()
         self.expand = nn.Sequential(nn.Conv2d(cin, expand, 1, bias=False), nn.BatchNorm2d(expand), nn.Hardswish())
-        self.depthwise = nn.Sequential(nn.Conv2d(expand, expand, 3, stride, 1, groups=expand, bias=False),
-                                       nn.BatchNorm2d(expand), nn.Hardswish())
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(expand, expand, 3, stride, 1, groups=expand, bias=False), nn.BatchNorm2d(expand), nn.Hardswish()
+        )
         self.se = SqueezeExcite(expand, max(4, expand // 4))
         self.project = nn.Sequential(nn.Conv2d(expand, cout, 1, bias=False), nn.BatchNorm2d(cout))
         self.residual = stride == 1 and cin == cout
@@ -87,10 +89,12 @@ class MobileNetStem(nn.Module):
 
     def __init__(self, width: int = 8, in_channels: int = 3) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width),
-                                  nn.Hardswish())
-        self.blocks = nn.Sequential(InvertedResidual(width, 2 * width, width, 1),
-                                    InvertedResidual(width, 3 * width, 2 * width, 2))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width), nn.Hardswish()
+        )
+        self.blocks = nn.Sequential(
+            InvertedResidual(width, 2 * width, width, 1), InvertedResidual(width, 3 * width, 2 * width, 2)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(self.stem(x))
@@ -115,8 +119,9 @@ class ViTBlock(nn.Module):
 class ViTStem(nn.Module):
     """ViT-style stem: patch embedding (conv, stride = patch), class token, position embedding, blocks."""
 
-    def __init__(self, image_size: int = 32, patch: int = 8, dim: int = 16, depth: int = 2, heads: int = 2,
-                 in_channels: int = 3) -> None:
+    def __init__(
+        self, image_size: int = 32, patch: int = 8, dim: int = 16, depth: int = 2, heads: int = 2, in_channels: int = 3
+    ) -> None:
         super().__init__()
         self.patch_embed = nn.Conv2d(in_channels, dim, patch, patch)
         tokens = (image_size // patch) ** 2 + 1
@@ -156,8 +161,9 @@ def export_torchscript(model: nn.Module, x: torch.Tensor, path: Path, how: str =
     return path
 
 
-def export_onnx(model: nn.Module, x: torch.Tensor, path: Path, exporter: str = "dynamo", opset: int = 18,
-                fixed_batch: bool = False) -> Path:
+def export_onnx(
+    model: nn.Module, x: torch.Tensor, path: Path, exporter: str = "dynamo", opset: int = 18, fixed_batch: bool = False
+) -> Path:
     """ONNX with a dynamic batch dimension (unless fixed_batch).
 
     exporter "dynamo": torch.onnx.export(dynamo=True) with external data (a .data file beside
@@ -167,10 +173,26 @@ def export_onnx(model: nn.Module, x: torch.Tensor, path: Path, exporter: str = "
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
             shapes = None if fixed_batch else ({0: torch.export.Dim("batch", min=1, max=4096)},)
-            torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=True, dynamic_shapes=shapes,
-                              opset_version=opset, verbose=False)
+            torch.onnx.export(
+                model,
+                (x,),
+                str(path),
+                dynamo=True,
+                external_data=True,
+                dynamic_shapes=shapes,
+                opset_version=opset,
+                verbose=False,
+            )
         else:
             axes = None if fixed_batch else {"x": {0: "batch"}, "z": {0: "batch"}}
-            torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=opset, input_names=["x"],
-                              output_names=["z"], dynamic_axes=axes)
+            torch.onnx.export(
+                model,
+                (x,),
+                str(path),
+                dynamo=False,
+                opset_version=opset,
+                input_names=["x"],
+                output_names=["z"],
+                dynamic_axes=axes,
+            )
     return path

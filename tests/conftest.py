@@ -1,4 +1,5 @@
 """Shared fixtures: the bundled sample models and quick audit contexts built from them."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,5 +50,13 @@ def real_audit():
     the optimization attack beats the smoothed van Trees bound, so violations and failed checks are real."""
     import splitaudit
 
-    return splitaudit.audit(sample("digits_cnn.pt"), sample("digits.npz"), attacks="kmeans,attribute,optimization",
-                            noise_sigma=0.5, prior="gaussian", quick=True, fail_under_mse=0.01, max_advantage=0.5)
+    return splitaudit.audit(
+        sample("digits_cnn.pt"),
+        sample("digits.npz"),
+        attacks="kmeans,attribute,optimization",
+        noise_sigma=0.5,
+        prior="gaussian",
+        quick=True,
+        fail_under_mse=0.01,
+        max_advantage=0.5,
+    )

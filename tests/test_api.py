@@ -1,4 +1,5 @@
 """The Python API, splitaudit.audit(...): in-memory modules and arrays, paths, and calling it twice."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from conftest import sample
 
 import splitaudit
-from conftest import sample
 from splitaudit.errors import InputError
 from splitaudit.result import first_error
 
@@ -30,12 +31,16 @@ def test_in_memory_module_and_arrays_twice_give_the_same_valid_result(tmp_path):
     before = {k: v.clone() for k, v in net.state_dict().items()}
     x, y = DIGITS["x"][:300], DIGITS["y"][:300]
     first = splitaudit.audit(net, (x, y), attacks="kmeans", noise_sigma=0.2, prior="gaussian", quick=True)
-    second = splitaudit.audit(net, (torch.as_tensor(x), torch.as_tensor(y)), attacks=["kmeans"], noise_sigma=0.2,
-                              prior="gaussian", quick=True)
+    second = splitaudit.audit(
+        net, (torch.as_tensor(x), torch.as_tensor(y)), attacks=["kmeans"], noise_sigma=0.2, prior="gaussian", quick=True
+    )
     for result in (first, second):
         assert first_error(json.loads(result.to_json())) is None
         assert result["model"]["path"] == "<in-memory Sequential>" and result["model"]["gradient_mode"] == "autograd"
-        assert result["data"]["aux_path"] == "<in-memory aux>" and result["data"]["n_aux"] + result["data"]["n_target"] == 300
+        assert (
+            result["data"]["aux_path"] == "<in-memory aux>"
+            and result["data"]["n_aux"] + result["data"]["n_target"] == 300
+        )
     assert first["dfil"]["mean"] == pytest.approx(second["dfil"]["mean"], rel=1e-6)
     assert first["attacks"]["kmeans"]["metrics"] == pytest.approx(second["attacks"]["kmeans"]["metrics"], rel=1e-6)
     # dFIL of a linear+tanh encoder at sigma 0.2 is ||J||_F^2 / (d sigma^2) > 0 and finite
@@ -45,8 +50,15 @@ def test_in_memory_module_and_arrays_twice_give_the_same_valid_result(tmp_path):
 
 
 def test_paths_and_rendering(tmp_path):
-    result = splitaudit.audit(sample("breast_cancer_mlp.onnx"), sample("breast_cancer.npz"), attacks="none",
-                              noise_sigma=0.1, prior="gaussian", quick=True, fail_under_mse=1.0)
+    result = splitaudit.audit(
+        sample("breast_cancer_mlp.onnx"),
+        sample("breast_cancer.npz"),
+        attacks="none",
+        noise_sigma=0.1,
+        prior="gaussian",
+        quick=True,
+        fail_under_mse=1.0,
+    )
     assert not result.passed and result["model"]["format"] == "onnx"
     paths = result.write(tmp_path, ["json", "html"])
     assert [p.name for p in paths] == ["report.html", "report.json"]  # report.json last
@@ -61,19 +73,23 @@ def test_paths_and_rendering(tmp_path):
 def test_separate_target_data_and_dict_input():
     x, y = DIGITS["x"], DIGITS["y"]
     aux = {"x": x[:200], "y": y[:200]}
-    result = splitaudit.audit(small_encoder(), aux, target=x[200:300], attacks="none", prior="gaussian",
-                              noise_sigma=0.5, quick=True)
+    result = splitaudit.audit(
+        small_encoder(), aux, target=x[200:300], attacks="none", prior="gaussian", noise_sigma=0.5, quick=True
+    )
     assert result["data"]["n_aux"] == 200 and result["data"]["n_target"] == 100
     assert result["data"]["target_path"] == "<in-memory target>"
 
 
-@pytest.mark.parametrize("model, aux, message", [
-    (42, "x.npz", "model must be a torch.nn.Module or a path"),
-    (nn.Identity(), {"x": np.zeros((4, 3)), "labels": [0, 1, 0, 1]}, "takes keys x, y, attr"),
-    (nn.Identity(), (np.zeros((4, 3)), [0, 1], None, None), "is \\(x,\\), \\(x, y\\) or \\(x, y, attr\\)"),
-    (nn.Identity(), (np.zeros((4, 3)), [0, 1]), "'y' must hold one value per sample \\(4\\)"),
-    (nn.Identity(), np.array(["a", "b"]), "x must be a numeric array of samples"),
-])
+@pytest.mark.parametrize(
+    "model, aux, message",
+    [
+        (42, "x.npz", "model must be a torch.nn.Module or a path"),
+        (nn.Identity(), {"x": np.zeros((4, 3)), "labels": [0, 1, 0, 1]}, "takes keys x, y, attr"),
+        (nn.Identity(), (np.zeros((4, 3)), [0, 1], None, None), "is \\(x,\\), \\(x, y\\) or \\(x, y, attr\\)"),
+        (nn.Identity(), (np.zeros((4, 3)), [0, 1]), "'y' must hold one value per sample \\(4\\)"),
+        (nn.Identity(), np.array(["a", "b"]), "x must be a numeric array of samples"),
+    ],
+)
 def test_bad_inputs_raise_input_error(model, aux, message):
     with pytest.raises(InputError, match=message):
         splitaudit.audit(model, aux, quick=True)
@@ -83,5 +99,11 @@ def test_import_splitaudit_stays_light():
     """`import splitaudit` (and so `splitaudit --help`) does not import torch; splitaudit.audit does, lazily."""
     code = "import sys, splitaudit; assert callable(splitaudit.audit); print('torch' in sys.modules)"
     light = "import sys, splitaudit; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, check=True).stdout.strip() == "False"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )

@@ -6,6 +6,7 @@ before running. It reads the registry, so a new attack is checked without editin
 The fast checks run on a tiny synthetic tabular context (8 features, 3 classes, a binary
 attribute, a one-layer encoder) with every attack's options turned down to a few steps; only the
 check on a real image model is slow."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -82,8 +83,9 @@ def test_attack_runs_fills_its_metrics_and_is_reproducible(name, tiny_ctx, first
     assert math.isfinite(first["advantage"]) and first["seconds"] > 0
     assert "ssim" not in first["metrics"], "SSIM is for images only"
     json.dumps(first)  # report.json must be able to hold it
-    assert flat(first["metrics"]) == pytest.approx(flat(second["metrics"]), rel=1e-5, abs=1e-6), \
+    assert flat(first["metrics"]) == pytest.approx(flat(second["metrics"]), rel=1e-5, abs=1e-6), (
         "same seed, same result"
+    )
 
 
 def flat(metrics: dict, prefix: str = "") -> dict:
@@ -169,18 +171,34 @@ def test_every_attack_runs_on_the_digits_cnn_with_ssim(digits_ctx):
             assert IMAGE_ONLY_METRICS <= set(entry["metrics"])
 
 
-@pytest.mark.parametrize("setting, words", [
-    ("fine-tune.head=nonsense", "fine-tune.head must be one of 'linear', 'mlp', 'top-model', got 'nonsense'"),
-    ("fine-tune.epochs=-1", "fine-tune.epochs must be an integer >= 1, got -1"),
-    ("sdar.ablation=yes", "sdar.ablation must be true or false, got 'yes'"),
-])
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        ("fine-tune.head=nonsense", "fine-tune.head must be one of 'linear', 'mlp', 'top-model', got 'nonsense'"),
+        ("fine-tune.epochs=-1", "fine-tune.epochs must be an integer >= 1, got -1"),
+        ("sdar.ablation=yes", "sdar.ablation must be true or false, got 'yes'"),
+    ],
+)
 def test_cli_refuses_a_bad_attack_option_up_front(setting, words, capsys, monkeypatch):
     from splitaudit import pipeline
     from splitaudit.cli import main
 
     monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("ran before checking options"))
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", sample("digits_cnn.onnx"), "--aux", sample("digits.npz"), "--attacks", "fine-tune,sdar",
-              "--quick", "--attack-option", setting, "--out", "unused"])
+        main(
+            [
+                "run",
+                sample("digits_cnn.onnx"),
+                "--aux",
+                sample("digits.npz"),
+                "--attacks",
+                "fine-tune,sdar",
+                "--quick",
+                "--attack-option",
+                setting,
+                "--out",
+                "unused",
+            ]
+        )
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().endswith(words)

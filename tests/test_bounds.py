@@ -1,5 +1,6 @@
 """dFIL, the Cramér-Rao and van Trees bounds and calibration, against closed forms, and paper
 004's synthetic experiment (Section 3.3.1, Figure 2) with plain solvers as the attacks."""
+
 from __future__ import annotations
 
 import math
@@ -9,7 +10,12 @@ import torch
 
 from splitaudit.estimators import jacobian_sq_norm
 from splitaudit.estimators.bounds import (
-    cramer_rao_mse, dfil, sigma_for_unbiased, sigma_for_van_trees, van_trees_mse, van_trees_stderr,
+    cramer_rao_mse,
+    dfil,
+    sigma_for_unbiased,
+    sigma_for_van_trees,
+    van_trees_mse,
+    van_trees_stderr,
 )
 from splitaudit.estimators.prior import gaussian_prior
 
@@ -21,7 +27,9 @@ def orthonormal_columns(m: int, d: int, seed: int) -> torch.Tensor:
 
 def test_dfil_of_gaussian_data_through_a_linear_encoder_is_the_closed_form():
     d, m, sigma, s = 10, 25, 0.3, 2.0
-    a = torch.randn(m, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * torch.logspace(0, -1, d, dtype=torch.float64)
+    a = torch.randn(m, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * torch.logspace(
+        0, -1, d, dtype=torch.float64
+    )
     x = s * torch.randn(200, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     values = dfil(jacobian_sq_norm(lambda v: v @ a.T, x), d, sigma)
     expected = float(a.pow(2).sum()) / (d * sigma**2)

@@ -2,6 +2,7 @@
 
 Skipped (with the reason) when Debian's chromium is not installed; .ci/run installs it.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,19 +21,35 @@ pytestmark = pytest.mark.browser
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 INTERNAL = "not an origin"  # initiator of the browser's own requests (updates, accounts), not the page's
 
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium); "
-                                    "the browser checks of report.html are skipped")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium not installed (apt-get install chromium); the browser checks of report.html are skipped",
+)
 
 
 def chromium(page: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     profile = tmp_path / "profile"
     profile.mkdir(exist_ok=True)
-    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
-                          capture_output=True, text=True, timeout=120, check=True)
+    return subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
 
 
 def load(page: Path, tmp_path: Path) -> tuple[str, list[str], list[str]]:
@@ -63,7 +80,7 @@ def test_report_loads_without_console_messages_or_network(tmp_path, name):
     dom, console, requests = load(tmp_path / "report.html", tmp_path)
     assert console == []
     assert requests == []
-    assert "<header class=\"verdict fail\">" in dom
+    assert '<header class="verdict fail">' in dom
     assert not re.search(r"<img src=\"?x", dom)  # the malicious class name stayed text
 
 
@@ -71,12 +88,17 @@ def test_report_loads_without_console_messages_or_network(tmp_path, name):
 def test_first_screen_shows_the_summary(tmp_path):
     write_reports(load_result(FIXTURES / "failed_attack_audit.json"), tmp_path, ["html"])
     shot = tmp_path / "first-screen.png"
-    chromium(tmp_path / "report.html", tmp_path, f"--screenshot={shot}", "--window-size=1280,900",
-             "--virtual-time-budget=2000")
+    chromium(
+        tmp_path / "report.html",
+        tmp_path,
+        f"--screenshot={shot}",
+        "--window-size=1280,900",
+        "--virtual-time-budget=2000",
+    )
     pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
     assert pixels.shape[:2] == (900, 1280) and pixels.std() > 10
     top = pixels[:300]
-    red_border = np.all(np.abs(top - [0xc5, 0x30, 0x30]) < 12, axis=-1)
+    red_border = np.all(np.abs(top - [0xC5, 0x30, 0x30]) < 12, axis=-1)
     assert red_border.sum() > 2000  # the failed verdict's banner and the incomplete-audit alert
-    summary_cards = np.all(np.abs(pixels - [0xf7, 0xfa, 0xfc]) < 3, axis=-1)
+    summary_cards = np.all(np.abs(pixels - [0xF7, 0xFA, 0xFC]) < 3, axis=-1)
     assert summary_cards[250:700].sum() > 20000  # the summary cards are on the first screen

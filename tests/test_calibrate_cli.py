@@ -1,11 +1,12 @@
 """`splitaudit calibrate` through the command line on the sample models."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from conftest import sample
+
 from splitaudit import leakage
 from splitaudit.cli import main
 
@@ -34,8 +35,9 @@ def test_calibrate_json_matches_the_library_answer(capsys, digits_ctx):
 
 
 def test_calibrate_prints_one_or_two_lines_for_people(capsys):
-    code, out, _ = cli(calibrate_args("breast_cancer_mlp.onnx", "breast_cancer.npz", "0.005",
-                                      "--prior", "gaussian"), capsys)
+    code, out, _ = cli(
+        calibrate_args("breast_cancer_mlp.onnx", "breast_cancer.npz", "0.005", "--prior", "gaussian"), capsys
+    )
     assert code == 0
     lines = out.strip().splitlines()
     assert 1 <= len(lines) <= 2 and lines[0].startswith("noise sigma ")

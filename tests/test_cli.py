@@ -1,4 +1,5 @@
 """The CLI contract: flags, config files, and bad input as one line with exit code 2."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import sample
+
 from splitaudit.cli import main
 
 MODEL, DATA = sample("digits_cnn.onnx"), sample("digits.npz")
@@ -57,29 +58,42 @@ def empty_folder(tmp_path):
     return str(tmp_path / "empty")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["run", "missing.onnx", "--aux", DATA], "model file not found"),
-    (["run", "{text_model}", "--aux", DATA], "not a valid ONNX model"),
-    (["run", "{truncated_model}", "--aux", DATA], "truncated or corrupt"),
-    (["run", MODEL, "--aux", sample("breast_cancer.npz")], "model expects (1, 8, 8)"),
-    (["run", MODEL, "--aux", "{nan_data}"], "NaN or infinite"),
-    (["run", MODEL, "--aux", "{empty_folder}"], "data folder is empty"),
-    (["run", MODEL, "--aux", DATA, "--noise-sigma", "-1"], "--noise-sigma must be >= 0"),
-    (["run", MODEL, "--aux", DATA, "--attacks", "fine-tune,telepathy"], "unknown attack 'telepathy'"),
-    (["run", MODEL, "--aux", DATA, "--no-such-flag"], "No such option"),
-    (["run", MODEL, "--aux", DATA, "--attack-option", "sdar.iteration=9"],
-     "attack 'sdar' has no option 'iteration'; it takes ablation, batch_size, iterations, label_flip, labels, preset"),
-    (["run", MODEL, "--aux", DATA, "--attack-option", "kmeans.k=3"], "attack 'kmeans' has no option 'k'; it takes no options"),
-    (["run", MODEL, "--aux", DATA, "--attack-option", "sdarr.iterations=9"], "attack option for unknown attack 'sdarr'"),
-    (["run", MODEL, "--aux", DATA, "--input-shape", "a,b"], "comma-separated"),
-    (["run", MODEL], "no auxiliary data"),
-    (["calibrate", MODEL, "--aux", DATA, "--target-mse", "0"], "--target-mse must be > 0"),
-    (["render", "missing/report.json"], "report not found"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["run", "missing.onnx", "--aux", DATA], "model file not found"),
+        (["run", "{text_model}", "--aux", DATA], "not a valid ONNX model"),
+        (["run", "{truncated_model}", "--aux", DATA], "truncated or corrupt"),
+        (["run", MODEL, "--aux", sample("breast_cancer.npz")], "model expects (1, 8, 8)"),
+        (["run", MODEL, "--aux", "{nan_data}"], "NaN or infinite"),
+        (["run", MODEL, "--aux", "{empty_folder}"], "data folder is empty"),
+        (["run", MODEL, "--aux", DATA, "--noise-sigma", "-1"], "--noise-sigma must be >= 0"),
+        (["run", MODEL, "--aux", DATA, "--attacks", "fine-tune,telepathy"], "unknown attack 'telepathy'"),
+        (["run", MODEL, "--aux", DATA, "--no-such-flag"], "No such option"),
+        (
+            ["run", MODEL, "--aux", DATA, "--attack-option", "sdar.iteration=9"],
+            "attack 'sdar' has no option 'iteration'; it takes ablation, batch_size, iterations, label_flip, labels, preset",
+        ),
+        (
+            ["run", MODEL, "--aux", DATA, "--attack-option", "kmeans.k=3"],
+            "attack 'kmeans' has no option 'k'; it takes no options",
+        ),
+        (
+            ["run", MODEL, "--aux", DATA, "--attack-option", "sdarr.iterations=9"],
+            "attack option for unknown attack 'sdarr'",
+        ),
+        (["run", MODEL, "--aux", DATA, "--input-shape", "a,b"], "comma-separated"),
+        (["run", MODEL], "no auxiliary data"),
+        (["calibrate", MODEL, "--aux", DATA, "--target-mse", "0"], "--target-mse must be > 0"),
+        (["render", "missing/report.json"], "report not found"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, fragment, capsys, request):
-    fixtures = {name: request.getfixturevalue(name)
-                for name in ("nan_data", "truncated_model", "text_model", "empty_folder")
-                if any("{" + name + "}" in a for a in args)}
+    fixtures = {
+        name: request.getfixturevalue(name)
+        for name in ("nan_data", "truncated_model", "text_model", "empty_folder")
+        if any("{" + name + "}" in a for a in args)
+    }
     code, _, err = run_cli([a.format(**fixtures) for a in args], capsys)
     assert_one_line_error(code, err, fragment)
 
@@ -90,8 +104,7 @@ def test_config_file_is_read_and_flags_win(tmp_path, capsys):
     code, _, err = run_cli(["run", "--config", str(config)], capsys)
     assert_one_line_error(code, err, "--noise-sigma must be >= 0, got -2.0")
     # The flag overrides the file's bad value; the next problem surfaces instead.
-    code, _, err = run_cli(["run", "--config", str(config), "--noise-sigma", "0.1",
-                            "--attacks", "nope"], capsys)
+    code, _, err = run_cli(["run", "--config", str(config), "--noise-sigma", "0.1", "--attacks", "nope"], capsys)
     assert_one_line_error(code, err, "unknown attack 'nope'")
 
 
@@ -107,18 +120,39 @@ def test_help_documents_the_contract_flags(capsys):
         main(["run", "--help"])
     out = capsys.readouterr().out
     assert exit_info.value.code == 0
-    for flag in ("--aux", "--target", "--attacks", "--noise-sigma", "--prior", "--smoothing",
-                 "--top-model", "--input-shape", "--normalize", "--label-column", "--attr-column",
-                 "--out", "--format", "--fail-under-mse", "--config", "--seed", "--device",
-                 "--quick", "--debug"):
+    for flag in (
+        "--aux",
+        "--target",
+        "--attacks",
+        "--noise-sigma",
+        "--prior",
+        "--smoothing",
+        "--top-model",
+        "--input-shape",
+        "--normalize",
+        "--label-column",
+        "--attr-column",
+        "--out",
+        "--format",
+        "--fail-under-mse",
+        "--config",
+        "--seed",
+        "--device",
+        "--quick",
+        "--debug",
+    ):
         assert flag in out, flag
 
 
 def test_console_script_prints_no_traceback(tmp_path):
     """The installed entry point, in a fresh process, as a CI job would call it."""
-    proc = subprocess.run([sys.executable, "-m", "splitaudit", "run", str(tmp_path / "nope.onnx"),
-                           "--aux", DATA], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "splitaudit", "run", str(tmp_path / "nope.onnx"), "--aux", DATA],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"splitaudit: error: model file not found: {tmp_path / 'nope.onnx'}"
 

@@ -1,17 +1,22 @@
 """Whole audits through the CLI, as a user runs them."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from conftest import sample
+
 from splitaudit.cli import main
 from splitaudit.reports import load_result
 from splitaudit.result import SCHEMA_VERSION
 
-MODELS = [("digits_cnn", "digits.npz"), ("digits_cnn_peloss", "digits.npz"),
-          ("digits_mlp", "digits.npz"), ("breast_cancer_mlp", "breast_cancer.npz")]
+MODELS = [
+    ("digits_cnn", "digits.npz"),
+    ("digits_cnn_peloss", "digits.npz"),
+    ("digits_mlp", "digits.npz"),
+    ("breast_cancer_mlp", "breast_cancer.npz"),
+]
 
 
 def cli(args) -> int:
@@ -28,8 +33,9 @@ def test_demo_writes_a_complete_report(tmp_path):
     result = json.loads((out / "report.json").read_text())  # strict JSON, any parser reads it
     assert result["schema_version"] == SCHEMA_VERSION and result["run"]["quick"] is True
     assert result["model"]["format"] == "onnx" and result["model"]["gradient_mode"] == "autograd"
-    assert all(a["status"] == "ok" for a in result["attacks"].values()), \
-        {n: a.get("reason") for n, a in result["attacks"].items()}
+    assert all(a["status"] == "ok" for a in result["attacks"].values()), {
+        n: a.get("reason") for n, a in result["attacks"].items()
+    }
     assert result["gate"]["passed"]
 
 
@@ -38,8 +44,23 @@ def test_demo_writes_a_complete_report(tmp_path):
 @pytest.mark.parametrize("stem, data", MODELS)
 def test_every_sample_model_is_audited_in_both_formats(tmp_path, stem, data, fmt):
     out = tmp_path / "r"
-    code = cli(["run", sample(f"{stem}.{fmt}"), "--aux", sample(data), "--attacks", "none",
-                "--quick", "--noise-sigma", "0.5", "--out", str(out), "--format", "json"])
+    code = cli(
+        [
+            "run",
+            sample(f"{stem}.{fmt}"),
+            "--aux",
+            sample(data),
+            "--attacks",
+            "none",
+            "--quick",
+            "--noise-sigma",
+            "0.5",
+            "--out",
+            str(out),
+            "--format",
+            "json",
+        ]
+    )
     assert code == 0
     result = load_result(out / "report.json")
     assert result["model"]["format"] == ("onnx" if fmt == "onnx" else "torchscript")

@@ -2,27 +2,35 @@
 time-outs become the attack's failure, and Ray stays out of everything that does not ask for it.
 
 The Ray tests share one local Ray instance limited to 2 CPUs (the CI machine), started once."""
+
 from __future__ import annotations
 
 import sys
 from dataclasses import replace
 
 import pytest
-
 from conftest import sample
+
 from splitaudit.attacks import get_attack
 from splitaudit.cli import main
 from splitaudit.config import AuditOptions
 from splitaudit.executor import LocalExecutor, SeedTask, open_executor, run_attack_grid
 from splitaudit.pipeline import run_audit
 
-QUICK_RUN = dict(model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"), quick=True,
-                 prior="gaussian", noise_sigma=0.3, attacks=["kmeans", "decoder", "optimization"], formats=["json"])
+QUICK_RUN = dict(
+    model=sample("breast_cancer_mlp.onnx"),
+    aux=sample("breast_cancer.npz"),
+    quick=True,
+    prior="gaussian",
+    noise_sigma=0.3,
+    attacks=["kmeans", "decoder", "optimization"],
+    formats=["json"],
+)
 
 
 @pytest.fixture(scope="module")
 def ray_instance():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install \"splitaudit[ray]\")")
+    ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "splitaudit[ray]")')
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
@@ -43,7 +51,13 @@ class NullBar:
 
 
 def attack_numbers(entry: dict) -> tuple:
-    return entry["status"], entry.get("metrics"), entry.get("metrics_std"), entry.get("baseline"), entry.get("advantage")
+    return (
+        entry["status"],
+        entry.get("metrics"),
+        entry.get("metrics_std"),
+        entry.get("baseline"),
+        entry.get("advantage"),
+    )
 
 
 def test_local_grid_equals_attack_run_at_every_sigma(full_seed_ctx):
@@ -64,8 +78,9 @@ def test_ray_grid_is_bit_identical_to_local_twice(ray_instance, full_seed_ctx):
     time on workers that cached the context."""
     names = ["kmeans", "attribute"]
     local, _ = run_attack_grid(full_seed_ctx, names, [0.0, 0.5], LocalExecutor())
-    options = AuditOptions(model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"),
-                           executor="ray").validate()
+    options = AuditOptions(
+        model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"), executor="ray"
+    ).validate()
     executor = open_executor("ray", options, full_seed_ctx)
     assert executor.workers == 2 and not executor.started_here
     for _ in range(2):
@@ -99,8 +114,8 @@ def test_workers_rebuild_an_onnx_model_with_external_data_from_the_object_store(
     deleted once the executor has put them in the object store, and Ray still gives local's numbers."""
     import numpy as np
     import torch
-
     from architectures import build, export_onnx
+
     from splitaudit.pipeline import prepare_context
     from splitaudit.ray_executor import model_files
 
@@ -133,8 +148,9 @@ def test_failing_task_is_retried_once_then_reported(ray_instance, cancer_ctx):
 def test_task_timeout_fails_the_attack_not_the_audit(ray_instance, cancer_ctx):
     """A task over --task-timeout is cancelled, retried once, then reported as failed: the map
     returns instead of hanging, and the attack's entry says why."""
-    options = AuditOptions(model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"),
-                           executor="ray", task_timeout=0.05)
+    options = AuditOptions(
+        model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"), executor="ray", task_timeout=0.05
+    )
     executor = open_executor("ray", options, cancer_ctx)
     grid, results = run_attack_grid(cancer_ctx, ["decoder"], [0.0], executor)
     assert len(results) == 1 and results[0].attempts == 2 and "timed out after 0.05 s" in results[0].error
@@ -153,7 +169,17 @@ def test_without_ray_local_works_and_ray_says_how_to_install(monkeypatch, tmp_pa
     result = run_audit(AuditOptions(**{**QUICK_RUN, "attacks": ["kmeans"]}, out=str(tmp_path)).validate())
     assert result["attacks"]["kmeans"]["status"] == "ok" and result["run"]["executor"] == "local"
     capsys.readouterr()
-    args = ["run", QUICK_RUN["model"], "--aux", QUICK_RUN["aux"], "--quick", "--executor", "ray", "--out", str(tmp_path)]
+    args = [
+        "run",
+        QUICK_RUN["model"],
+        "--aux",
+        QUICK_RUN["aux"],
+        "--quick",
+        "--executor",
+        "ray",
+        "--out",
+        str(tmp_path),
+    ]
     with pytest.raises(SystemExit) as ray_exit:
         main(args)
     assert ray_exit.value.code == 2
@@ -184,4 +210,8 @@ def test_ray_sweep_points_equal_local(ray_instance, tmp_path):
     assert remote["recommendation"] == local["recommendation"]
     assert (local["run"]["executor"], remote["run"]["executor"], remote["run"]["workers"]) == ("local", "ray", 2)
     assert sorted((t["noise_sigma"], t["attack"]) for t in remote["run"]["tasks"]) == [
-        (0.0, "decoder"), (0.0, "kmeans"), (0.5, "decoder"), (0.5, "kmeans")]
+        (0.0, "decoder"),
+        (0.0, "kmeans"),
+        (0.5, "decoder"),
+        (0.5, "kmeans"),
+    ]

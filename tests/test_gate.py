@@ -1,4 +1,5 @@
 """The CI gate: each check's verdict and message, and the exit codes through the real CLI entry point."""
+
 from __future__ import annotations
 
 import json
@@ -86,10 +87,16 @@ def test_advantage_cap_gives_one_check_per_attack_that_ran():
     result = fixture("blackbox_audit")  # optimization and sdar were skipped
     gate = evaluate_gate(result, max_advantage=0.4)
     names = [c["name"] for c in gate["checks"] if c["name"].startswith("max-advantage")]
-    assert names == ["max-advantage:fine-tune", "max-advantage:kmeans", "max-advantage:attribute",
-                     "max-advantage:decoder"]
-    assert [c["name"] for c in gate["checks"] if not c["passed"]] == ["max-advantage:attribute",
-                                                                        "max-advantage:decoder"]
+    assert names == [
+        "max-advantage:fine-tune",
+        "max-advantage:kmeans",
+        "max-advantage:attribute",
+        "max-advantage:decoder",
+    ]
+    assert [c["name"] for c in gate["checks"] if not c["passed"]] == [
+        "max-advantage:attribute",
+        "max-advantage:decoder",
+    ]
 
 
 def test_non_finite_advantage_is_not_gated():
@@ -101,15 +108,21 @@ def test_non_finite_advantage_is_not_gated():
 
 # --- exit codes through splitaudit.cli.main ------------------------------------------------------
 
+
 @pytest.fixture
 def fake_audit(monkeypatch):
     """Replace the pipeline by the image fixture, gated with the thresholds the CLI passes on."""
+
     def run_audit(options, progress=None):
         result = fixture("image_audit")
-        result["gate"] = evaluate_gate(result, fail_under_mse=options.fail_under_mse,
-                                       fail_under_attack_mse=options.fail_under_attack_mse,
-                                       max_advantage=options.max_advantage)
+        result["gate"] = evaluate_gate(
+            result,
+            fail_under_mse=options.fail_under_mse,
+            fail_under_attack_mse=options.fail_under_attack_mse,
+            max_advantage=options.max_advantage,
+        )
         return result
+
     monkeypatch.setattr(pipeline, "run_audit", run_audit)
 
 
@@ -120,19 +133,52 @@ def exit_code(argv: list[str]) -> int:
 
 
 def test_exit_0_when_every_gate_passes(fake_audit, tmp_path, capsys):
-    assert exit_code(["run", "model.onnx", "--aux", "data.npz", "--out", str(tmp_path), "--format", "json",
-                      "--fail-under-mse", "0.01"]) == 0
+    assert (
+        exit_code(
+            [
+                "run",
+                "model.onnx",
+                "--aux",
+                "data.npz",
+                "--out",
+                str(tmp_path),
+                "--format",
+                "json",
+                "--fail-under-mse",
+                "0.01",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "PASSED" in out and "decoder" in out
 
 
 def test_exit_1_when_a_gate_fails_and_every_report_is_still_written(fake_audit, tmp_path, capsys):
     junit = tmp_path / "gates.xml"
-    code = exit_code(["run", "model.onnx", "--aux", "data.npz", "--out", str(tmp_path / "out"),
-                      "--fail-under-mse", "0.5", "--max-advantage", "0.3", "--junit", str(junit)])
+    code = exit_code(
+        [
+            "run",
+            "model.onnx",
+            "--aux",
+            "data.npz",
+            "--out",
+            str(tmp_path / "out"),
+            "--fail-under-mse",
+            "0.5",
+            "--max-advantage",
+            "0.3",
+            "--junit",
+            str(junit),
+        ]
+    )
     assert code == 1
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "report.json", "report.md",
-                                                                     "report_images"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "report.html",
+        "report.json",
+        "report.md",
+        "report_images",
+    ]
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert saved["gate"]["passed"] is False and saved["gate"]["fail_under_mse"] == 0.5
     assert "short by" in (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
@@ -149,12 +195,15 @@ def test_gate_thresholds_come_from_the_config_file(fake_audit, tmp_path):
     assert exit_code(argv + ["--fail-under-attack-mse", "0.01"]) == 0
 
 
-@pytest.mark.parametrize("argv", [
-    ["run", "model.onnx"],                                   # no --aux
-    ["run", "model.onnx", "--aux", "d.npz", "--format", "pdf"],
-    ["run", "model.onnx", "--aux", "d.npz", "--fail-under-mse", "-1"],
-    ["render", "missing.json"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "model.onnx"],  # no --aux
+        ["run", "model.onnx", "--aux", "d.npz", "--format", "pdf"],
+        ["run", "model.onnx", "--aux", "d.npz", "--fail-under-mse", "-1"],
+        ["render", "missing.json"],
+    ],
+)
 def test_exit_2_on_bad_usage_with_one_line_and_no_traceback(fake_audit, argv, capsys):
     assert exit_code(argv) == 2
     err = capsys.readouterr().err
@@ -162,16 +211,19 @@ def test_exit_2_on_bad_usage_with_one_line_and_no_traceback(fake_audit, argv, ca
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("name, thresholds, check_name, cause", [
-    ("image_audit", {}, "audit-complete", "complete"),
-    ("failed_attack_audit", {}, "audit-complete", "incomplete"),
-    ("image_audit", {"fail_under_mse": 0.1}, "fail-under-mse", "bound-too-low"),
-    ("image_audit", {"fail_under_mse": 0.05}, "fail-under-mse", "bound-met"),
-    ("blackbox_audit", {"fail_under_mse": 0.001}, "fail-under-mse", "bound-untrusted"),
-    ("image_audit", {"fail_under_attack_mse": 0.08}, "fail-under-attack-mse", "attack-mse-too-low"),
-    ("image_audit", {"fail_under_attack_mse": 0.07}, "fail-under-attack-mse", "attack-mse-met"),
-    ("image_audit", {"max_advantage": 0.01}, "max-advantage:decoder", "advantage-too-high"),
-])
+@pytest.mark.parametrize(
+    "name, thresholds, check_name, cause",
+    [
+        ("image_audit", {}, "audit-complete", "complete"),
+        ("failed_attack_audit", {}, "audit-complete", "incomplete"),
+        ("image_audit", {"fail_under_mse": 0.1}, "fail-under-mse", "bound-too-low"),
+        ("image_audit", {"fail_under_mse": 0.05}, "fail-under-mse", "bound-met"),
+        ("blackbox_audit", {"fail_under_mse": 0.001}, "fail-under-mse", "bound-untrusted"),
+        ("image_audit", {"fail_under_attack_mse": 0.08}, "fail-under-attack-mse", "attack-mse-too-low"),
+        ("image_audit", {"fail_under_attack_mse": 0.07}, "fail-under-attack-mse", "attack-mse-met"),
+        ("image_audit", {"max_advantage": 0.01}, "max-advantage:decoder", "advantage-too-high"),
+    ],
+)
 def test_each_check_records_its_cause_and_severity(name, thresholds, check_name, cause):
     """The gate decides once; reports and SARIF read `cause` and `severity` (error when failed)."""
     found = check(evaluate_gate(fixture(name), **thresholds), check_name)

@@ -1,13 +1,14 @@
 """Jacobian traces ||J_f(x)||_F^2: exact methods against closed forms, Hutchinson against its own
 standard error, finite differences and both model formats against autograd."""
+
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 import torch
-
 from conftest import make_context
+
 from splitaudit.estimators import TraceOptions, jacobian_sq_norm, jacobian_trace
 
 EXACT = ["auto", "forward", "reverse", "finite-difference"]
@@ -53,8 +54,11 @@ def test_float32_exact_methods_agree_to_float_precision():
     x = torch.randn(10, 16)
     expected = float(a.double().pow(2).sum())
     for method in ("forward", "reverse"):
-        assert torch.allclose(jacobian_sq_norm(linear_encoder(a, (16,)), x, method=method).double(),
-                              torch.full((10,), expected, dtype=torch.float64), rtol=1e-5)
+        assert torch.allclose(
+            jacobian_sq_norm(linear_encoder(a, (16,)), x, method=method).double(),
+            torch.full((10,), expected, dtype=torch.float64),
+            rtol=1e-5,
+        )
 
 
 def rademacher_variance(a: torch.Tensor) -> float:
@@ -82,12 +86,17 @@ def test_hutchinson_stops_once_the_relative_error_is_reached():
     a = linear_map(24, 16, torch.linspace(2, 0.2, 16, dtype=torch.float64), seed=3)
     x = torch.randn(8, 16, dtype=torch.float64)
     f = linear_encoder(a, (16,))
-    loose = jacobian_trace(f, x, "hutchinson", TraceOptions(rtol=0.1, max_probes=4096, memory_bytes=1,
-                                                            generator=torch.Generator().manual_seed(0)))
+    loose = jacobian_trace(
+        f,
+        x,
+        "hutchinson",
+        TraceOptions(rtol=0.1, max_probes=4096, memory_bytes=1, generator=torch.Generator().manual_seed(0)),
+    )
     assert loose.products < 4096
     assert bool((loose.stderr <= 0.1 * loose.values).all())
-    strict = jacobian_trace(f, x, "hutchinson", TraceOptions(rtol=1e-6, max_probes=40,
-                                                             generator=torch.Generator().manual_seed(0)))
+    strict = jacobian_trace(
+        f, x, "hutchinson", TraceOptions(rtol=1e-6, max_probes=40, generator=torch.Generator().manual_seed(0))
+    )
     assert strict.products == 40
 
 
@@ -104,7 +113,10 @@ def test_hutchinson_is_exact_when_the_gram_matrix_is_diagonal():
 def tanh_encoder(seed: int = 0):
     """A smooth nonlinear encoder on 2x3x3 inputs with 7 outputs."""
     gen = torch.Generator().manual_seed(seed)
-    w1, w2 = torch.randn(18, 11, generator=gen, dtype=torch.float64), torch.randn(11, 7, generator=gen, dtype=torch.float64)
+    w1, w2 = (
+        torch.randn(18, 11, generator=gen, dtype=torch.float64),
+        torch.randn(11, 7, generator=gen, dtype=torch.float64),
+    )
     return lambda x: torch.tanh(torch.tanh(x.reshape(len(x), -1) @ w1) @ w2)
 
 
@@ -122,8 +134,9 @@ def test_methods_agree_on_a_nonlinear_encoder_and_under_a_tiny_memory_budget():
 def test_finite_differences_with_random_probes_follow_hutchinson():
     a = linear_map(24, 16, torch.linspace(2, 0.2, 16, dtype=torch.float64), seed=3)
     x = torch.randn(64, 16, dtype=torch.float64)
-    options = TraceOptions(fd_directions="random", rtol=0.0, min_probes=32, max_probes=32,
-                           generator=torch.Generator().manual_seed(2))
+    options = TraceOptions(
+        fd_directions="random", rtol=0.0, min_probes=32, max_probes=32, generator=torch.Generator().manual_seed(2)
+    )
     est = jacobian_trace(linear_encoder(a, (16,)), x, "finite-difference", options)
     assert est.method == "finite-difference-hutchinson" and not est.exact
     mean_stderr = float(est.stderr.pow(2).sum().sqrt()) / len(x)
@@ -136,6 +149,7 @@ def test_unknown_method_is_rejected():
 
 
 # --- sample models ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("stem,data", [("digits_cnn", "digits.npz"), ("breast_cancer_mlp", "breast_cancer.npz")])
 def test_torchscript_and_onnx_give_the_same_trace(stem, data):

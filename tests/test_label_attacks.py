@@ -4,6 +4,7 @@ Margins are set well inside the measured values (quick contexts, seed 0, 50/50 s
 undefended digits CNN fine-tune k=10 0.93 vs from-scratch 0.85; kmeans 0.93 vs raw 0.80;
 PELoss kmeans 0.27 (advantage -0.53 vs +0.13); attribute 0.99 vs raw-input probe 0.96.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_context, sample
+
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.kmeans import best_assignment_accuracy
 from splitaudit.cli import main
@@ -40,8 +41,9 @@ def cancer_top_ctx():
 
 def without(ctx, field: str):
     """The context with labels ("y") or the sensitive attribute ("attr") removed from both parts."""
-    return dataclasses.replace(ctx, aux=dataclasses.replace(ctx.aux, **{field: None}),
-                               target=dataclasses.replace(ctx.target, **{field: None}))
+    return dataclasses.replace(
+        ctx, aux=dataclasses.replace(ctx.aux, **{field: None}), target=dataclasses.replace(ctx.target, **{field: None})
+    )
 
 
 def ok(result: dict) -> dict:
@@ -153,17 +155,34 @@ def test_attacks_restore_the_thread_count(cancer_ctx):
 def test_cli_fills_report_json_with_the_three_attacks(tmp_path):
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", sample("digits_cnn.onnx"), "--aux", sample("digits.npz"),
-              "--attacks", "fine-tune,kmeans,attribute", "--quick", "--prior", "gaussian",  # no score matching
-              "--out", str(out), "--format", "json"])
+        main(
+            [
+                "run",
+                sample("digits_cnn.onnx"),
+                "--aux",
+                sample("digits.npz"),
+                "--attacks",
+                "fine-tune,kmeans,attribute",
+                "--quick",
+                "--prior",
+                "gaussian",  # no score matching
+                "--out",
+                str(out),
+                "--format",
+                "json",
+            ]
+        )
     assert exit_info.value.code == 0
     attacks = json.loads((out / "report.json").read_text())["attacks"]
     assert list(attacks) == list(LABEL_ATTACKS)
     for name, entry in attacks.items():
         assert entry["status"] == "ok", (name, entry["reason"])
         metrics, baseline = entry["metrics"], entry["baseline"]
-        gains = ([metrics["accuracy_by_k"][k] - baseline["accuracy_by_k"][k] for k in metrics["accuracy_by_k"]]
-                 if name == "fine-tune" else [metrics["accuracy"] - baseline["accuracy"]])
+        gains = (
+            [metrics["accuracy_by_k"][k] - baseline["accuracy_by_k"][k] for k in metrics["accuracy_by_k"]]
+            if name == "fine-tune"
+            else [metrics["accuracy"] - baseline["accuracy"]]
+        )
         assert entry["advantage"] == pytest.approx(max(gains))
         assert entry["seconds"] > 0
     assert set(attacks["fine-tune"]["metrics"]["accuracy_by_k"]) == {"1", "10"}

@@ -1,5 +1,6 @@
 """The leakage wiring: report sections on the sample models, sigma = 0, calibration round trips,
 and the flagging of attacks that beat the van Trees bound."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,8 +93,9 @@ def test_calibration_round_trip_reaches_the_target_within_5_percent(digits_ctx):
     assert answer["feasible"] and answer["bound"] == "van-trees"
     at_sigma = leakage.assess(dataclasses.replace(digits_ctx, noise_sigma=answer["sigma"]), prior="ssm")
     assert at_sigma["bounds"]["van_trees_mse"] == pytest.approx(target, rel=0.05)
-    at_unbiased = leakage.assess(dataclasses.replace(digits_ctx, noise_sigma=answer["sigma_unbiased"]),
-                                 prior="gaussian")
+    at_unbiased = leakage.assess(
+        dataclasses.replace(digits_ctx, noise_sigma=answer["sigma_unbiased"]), prior="gaussian"
+    )
     assert at_unbiased["bounds"]["cramer_rao_mse"] == pytest.approx(target, rel=0.05)
 
 
@@ -112,8 +114,7 @@ def test_describe_calibration_names_the_sigma(digits_ctx):
 
 
 def attack(kind: str, mse: float, std: float = 0.0, status: str = "ok") -> dict:
-    return {"status": status, "kind": kind, "metrics": {"mse": mse, "accuracy": 0.9},
-            "metrics_std": {"mse": std}}
+    return {"status": status, "kind": kind, "metrics": {"mse": mse, "accuracy": 0.9}, "metrics_std": {"mse": std}}
 
 
 def test_flag_violations_lists_reconstructions_below_the_bound_beyond_their_error():
@@ -141,8 +142,10 @@ def test_flag_violations_lists_reconstructions_below_the_bound_beyond_their_erro
 
 
 def test_a_zero_bound_is_never_violated():
-    result = {"bounds": {"van_trees_mse": 0.0, "van_trees_stderr": 0.0, "violated_by": []},
-              "attacks": {"decoder": attack("reconstruction", 0.0)}}
+    result = {
+        "bounds": {"van_trees_mse": 0.0, "van_trees_stderr": 0.0, "violated_by": []},
+        "attacks": {"decoder": attack("reconstruction", 0.0)},
+    }
     leakage.flag_violations(result)
     assert result["bounds"]["violated_by"] == []
 

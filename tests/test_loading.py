@@ -1,13 +1,14 @@
 """Model and data loading: formats, parity with onnxruntime, opsets, shapes, fallbacks."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from conftest import sample
 from PIL import Image
 
-from conftest import sample
 from splitaudit.data import load_dataset, split_dataset
 from splitaudit.errors import InputError
 from splitaudit.models import open_model, prepare_encoder
@@ -42,8 +43,17 @@ class SmoothNet(nn.Module):
 
 def export_onnx(model: nn.Module, path, example, dynamic_batch=True, opset=20):
     kwargs = {"dynamic_shapes": ({0: torch.export.Dim("batch")},)} if dynamic_batch else {}
-    torch.onnx.export(model.eval(), (example,), str(path), opset_version=opset, dynamo=True,
-                      input_names=["x"], output_names=["z"], external_data=False, **kwargs)
+    torch.onnx.export(
+        model.eval(),
+        (example,),
+        str(path),
+        opset_version=opset,
+        dynamo=True,
+        input_names=["x"],
+        output_names=["z"],
+        external_data=False,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +127,7 @@ def test_blackbox_fallback_when_parity_is_off(digits, monkeypatch):
     def skewed(raw, mean, std):
         fn = real(raw, mean, std)
         return lambda x: fn(x) + 0.1
+
     monkeypatch.setattr(models, "_blackbox_fn", skewed)
     enc = encoder_for(sample("digits_cnn.onnx"), digits.x[:20])
     assert not enc.differentiable
@@ -189,10 +200,13 @@ def test_split_is_seeded_and_disjoint():
     assert torch.equal(aux.x, again.x) and not torch.equal(aux.x, other.x)
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "not a valid ONNX model"),
-    (b"this is not a model at all", "not a valid ONNX model"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "not a valid ONNX model"),
+        (b"this is not a model at all", "not a valid ONNX model"),
+    ],
+)
 def test_non_models_are_rejected(tmp_path, content, message):
     path = tmp_path / "model.onnx"
     path.write_bytes(content)

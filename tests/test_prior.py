@@ -1,6 +1,7 @@
 """The prior term J(pi)/d: Gaussian fit, sliced and denoising score matching, against closed forms
 (Gaussian data) and a quadrature (a bimodal mixture the Gaussian fit gets badly wrong), and the
 Stam / Gaussian-floor checks."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,11 @@ import torch
 from scipy import integrate
 
 from splitaudit.estimators.prior import (
-    PriorEstimate, ScoreSettings, checked, estimate_prior, gaussian_prior,
+    PriorEstimate,
+    ScoreSettings,
+    checked,
+    estimate_prior,
+    gaussian_prior,
 )
 
 FAST = ScoreSettings(max_epochs=40, patience=8, max_samples=2000)
@@ -33,11 +38,18 @@ def mixture_fisher(mu: float, variance: float) -> float:
     norm = 1 / math.sqrt(2 * math.pi * variance)
 
     def density(t):
-        return 0.5 * norm * (np.exp(-(t - mu) ** 2 / (2 * variance)) + np.exp(-(t + mu) ** 2 / (2 * variance)))
+        return 0.5 * norm * (np.exp(-((t - mu) ** 2) / (2 * variance)) + np.exp(-((t + mu) ** 2) / (2 * variance)))
 
     def slope(t):
-        return 0.5 * norm * (-(t - mu) * np.exp(-(t - mu) ** 2 / (2 * variance))
-                             - (t + mu) * np.exp(-(t + mu) ** 2 / (2 * variance))) / variance
+        return (
+            0.5
+            * norm
+            * (
+                -(t - mu) * np.exp(-((t - mu) ** 2) / (2 * variance))
+                - (t + mu) * np.exp(-((t + mu) ** 2) / (2 * variance))
+            )
+            / variance
+        )
 
     return integrate.quad(lambda t: slope(t) ** 2 / density(t), -mu - 12, mu + 12, limit=200)[0]
 
@@ -91,25 +103,31 @@ def test_score_matching_is_reproducible_for_a_seed():
 
 
 def test_an_estimate_above_stams_limit_is_a_failed_estimate():
-    estimate = checked(PriorEstimate(method="ssm", smoothing=0.25, j_over_d=20.0, stderr=0.1,
-                                     gaussian_floor=7.0, stam_limit=16.0))
+    estimate = checked(
+        PriorEstimate(method="ssm", smoothing=0.25, j_over_d=20.0, stderr=0.1, gaussian_floor=7.0, stam_limit=16.0)
+    )
     assert not estimate.valid
     assert estimate.j_over_d == 20.0 and estimate.j_over_d_used == 16.0  # reported, not silently clipped
     assert "Stam" in estimate.notes[0]
 
 
 def test_an_estimate_clearly_below_the_gaussian_floor_is_a_failed_estimate():
-    low = checked(PriorEstimate(method="ssm", smoothing=0.0, j_over_d=5.0, stderr=0.1,
-                                gaussian_floor=7.0, stam_limit=None))
+    low = checked(
+        PriorEstimate(method="ssm", smoothing=0.0, j_over_d=5.0, stderr=0.1, gaussian_floor=7.0, stam_limit=None)
+    )
     assert not low.valid and low.j_over_d_used == 7.0 and "floor" in low.notes[0]
-    noisy = checked(PriorEstimate(method="ssm", smoothing=0.0, j_over_d=6.8, stderr=0.1,
-                                  gaussian_floor=7.0, stam_limit=None))
+    noisy = checked(
+        PriorEstimate(method="ssm", smoothing=0.0, j_over_d=6.8, stderr=0.1, gaussian_floor=7.0, stam_limit=None)
+    )
     assert noisy.valid and noisy.j_over_d_used == 6.8  # within its statistical error
 
 
 def test_a_non_finite_estimate_falls_back_to_stams_limit():
-    estimate = checked(PriorEstimate(method="dsm", smoothing=0.5, j_over_d=math.nan, stderr=math.nan,
-                                     gaussian_floor=1.0, stam_limit=4.0))
+    estimate = checked(
+        PriorEstimate(
+            method="dsm", smoothing=0.5, j_over_d=math.nan, stderr=math.nan, gaussian_floor=1.0, stam_limit=4.0
+        )
+    )
     assert not estimate.valid and estimate.j_over_d_used == 4.0
 
 

@@ -1,4 +1,5 @@
 """Reconstruction metrics and the decoder and optimisation inversion attacks (issue 5)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,12 +9,16 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_context
+
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.optimization import fit_prior, invert, total_variation
 from splitaudit.attacks.reconstruction import (
-    mean_guess_baseline, per_sample_mse, reconstruction_examples, reconstruction_metrics, ssim_window,
+    mean_guess_baseline,
+    per_sample_mse,
+    reconstruction_examples,
+    reconstruction_metrics,
+    ssim_window,
 )
 
 LARGE_SIGMA = 3.0  # three times the embeddings' spread on both sample models
@@ -34,6 +39,7 @@ def linear_context(tmp_path, x: np.ndarray, out_features: int, **overrides):
 
 
 # --- metrics on hand-made cases ---------------------------------------------------------------
+
 
 def test_identical_images_have_zero_mse_unit_ssim_and_capped_psnr():
     x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(0))
@@ -106,6 +112,7 @@ def test_total_variation_of_a_hand_made_image():
 
 # --- the decoder attack -------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def digits_decoder(digits_ctx):
     return get_attack("decoder").run(digits_ctx)
@@ -144,6 +151,7 @@ def test_decoder_runs_black_box_on_tabular_data_without_ssim(cancer_ctx):
 
 # --- the optimisation attack --------------------------------------------------------------
 
+
 def test_optimization_inverts_a_noiseless_linear_encoder(tmp_path):
     x = np.random.default_rng(0).uniform(0, 1, size=(200, 16))
     ctx, _ = linear_context(tmp_path, x, out_features=32)
@@ -163,10 +171,10 @@ def test_map_attack_on_a_linear_gaussian_model_is_the_posterior_mean(tmp_path):
     ctx, layer = linear_context(tmp_path, x, out_features=4, noise_sigma=sigma)  # not injective
     aux = ctx.aux.x
     z = ctx.observed_embeddings("target", ctx.generator(0))[:16]
-    x_map = invert(ctx.encoder, z, aux, "gaussian", torch.full((16,), sigma ** 2, device=z.device), steps=600, lr=0.05)
+    x_map = invert(ctx.encoder, z, aux, "gaussian", torch.full((16,), sigma**2, device=z.device), steps=600, lr=0.05)
     a, b = layer.weight.detach().double().to(aux.device), layer.bias.detach().double().to(aux.device)
     mu, v = aux.double().mean(0), torch.diag(aux.double().var(0))
-    gain = v @ a.T @ torch.linalg.inv(a @ v @ a.T + sigma ** 2 * torch.eye(4, dtype=torch.float64))
+    gain = v @ a.T @ torch.linalg.inv(a @ v @ a.T + sigma**2 * torch.eye(4, dtype=torch.float64))
     posterior_mean = mu + (z.double() - mu @ a.T - b) @ gain.T
     assert torch.allclose(x_map.double(), posterior_mean, atol=2e-3)
 

@@ -1,5 +1,6 @@
 """Reports rendered from the session's real audit ("real") and from saved fixtures for the cases a
 quick run cannot produce (black-box model, hostile strings, a crashed attack): content, escaping, structure."""
+
 from __future__ import annotations
 
 import math
@@ -74,13 +75,16 @@ def empty_html_sections(html: str) -> list[str]:
 
 
 def empty_markdown_sections(md: str) -> list[str]:
-    heads = [(i, len(m.group(1)), m.group(2)) for i, line in enumerate(md.splitlines())
-             if (m := re.match(r"^(#+) (.*)", line))]
+    heads = [
+        (i, len(m.group(1)), m.group(2))
+        for i, line in enumerate(md.splitlines())
+        if (m := re.match(r"^(#+) (.*)", line))
+    ]
     lines = md.splitlines()
     empty = []
     for n, (i, level, title) in enumerate(heads):
         end = heads[n + 1][0] if n + 1 < len(heads) else len(lines)
-        body = "".join(lines[i + 1:end]).strip()
+        body = "".join(lines[i + 1 : end]).strip()
         deeper = n + 1 < len(heads) and heads[n + 1][1] > level
         if not body and not deeper:
             empty.append(title)
@@ -98,6 +102,7 @@ def pages(tmp_path_factory, real_audit):
             result = real_audit.data if name == "real" else fixture(name)
             cache[name] = out, write_reports(result, out, ["html", "md", "json"])
         return cache[name]
+
     return render_once
 
 
@@ -146,11 +151,13 @@ def read_pages(out: Path) -> tuple[str, str]:
 @pytest.fixture
 def render(pages, tmp_path):
     """render(fixture name) from the module cache, or render(None, result) for a modified result."""
+
     def rendered_pages(name: str | None, result: dict | None = None) -> tuple[str, str]:
         if result is None:
             return read_pages(pages(name)[0])
         write_reports(result, tmp_path, ["html", "md"])
         return read_pages(tmp_path)
+
     return rendered_pages
 
 
@@ -282,8 +289,17 @@ def test_render_and_compare_commands(tmp_path, capsys):
         cli.main(["render", str(tmp_path / "report.json")])
     assert exc.value.code == 0 and (tmp_path / "report.html").is_file() and (tmp_path / "report.md").is_file()
     with pytest.raises(SystemExit) as exc:
-        cli.main(["compare", str(FIXTURES / "sigma0_audit.json"), str(tmp_path / "report.json"),
-                  "--out", str(tmp_path / "cmp"), "--format", "md"])
+        cli.main(
+            [
+                "compare",
+                str(FIXTURES / "sigma0_audit.json"),
+                str(tmp_path / "report.json"),
+                "--out",
+                str(tmp_path / "cmp"),
+                "--format",
+                "md",
+            ]
+        )
     assert exc.value.code == 0 and [p.name for p in (tmp_path / "cmp").glob("*.md")] == ["comparison.md"]
     assert "comparison.md" in capsys.readouterr().out
 
@@ -328,8 +344,9 @@ def test_a_bound_beaten_by_an_attack_is_called_untrustworthy_not_too_low():
     assert result["bounds"]["violated_by"]
     result["gate"] = evaluate_gate(result, fail_under_mse=bound / 2)  # the bound clears the threshold
     assert build_view(result, with_figures=False).headline == "FAILED: the provable bound cannot be trusted"
-    result["gate"] = evaluate_gate({**result, "bounds": {**result["bounds"], "violated_by": []}},
-                                   fail_under_mse=bound * 2)
+    result["gate"] = evaluate_gate(
+        {**result, "bounds": {**result["bounds"], "violated_by": []}}, fail_under_mse=bound * 2
+    )
     assert build_view(result, with_figures=False).headline == "FAILED: the provable bound is too low"
 
 
@@ -337,8 +354,10 @@ def test_sdar_section_says_what_query_access_is_worth(render):
     """Issue 5: SDAR's MSE beside the query-access decoder's (image_audit: decoder 0.0747,
     sdar 0.0963, so 1.3x); no comparison when the decoder did not run (blackbox_audit)."""
     html, md = render("image_audit")
-    sentence = ("What query access is worth: the decoder attack, which can run the bottom model, "
-                "reaches MSE 0.07471; this attack, which cannot, 0.09632 (1.3x the error).")
+    sentence = (
+        "What query access is worth: the decoder attack, which can run the bottom model, "
+        "reaches MSE 0.07471; this attack, which cannot, 0.09632 (1.3x the error)."
+    )
     sdar_section = html.split('id="attack-sdar"')[1].split("</section>")[0]
     assert sentence in sdar_section and sentence in md
     assert html.count("What query access is worth") == 1

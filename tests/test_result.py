@@ -1,5 +1,6 @@
 """The result schema on real pipeline output: validation, the shipped schema, render/compare
 rejecting broken files, and reports that read the gate's and the leakage stage's decisions."""
+
 from __future__ import annotations
 
 import copy
@@ -8,6 +9,7 @@ import re
 
 import pytest
 from jsonschema import Draft202012Validator
+from test_reports import empty_html_sections, empty_markdown_sections
 
 from splitaudit import cli
 from splitaudit.gate import evaluate_gate
@@ -15,7 +17,6 @@ from splitaudit.reports import load_result, write_reports
 from splitaudit.reports.view import CAUSE_WORDS, build_view
 from splitaudit.reports.writer import to_strict_json
 from splitaudit.result import SCHEMA_VERSION, first_error, json_schema, shipped_schema
-from test_reports import empty_html_sections, empty_markdown_sections
 
 
 def run_cli(args) -> int:
@@ -50,17 +51,23 @@ def test_real_audit_output_validates_and_round_trips(real_audit, tmp_path):
     stored = json.loads((tmp_path / "report.json").read_text())
     assert first_error(stored) is None
     assert to_strict_json(load_result(tmp_path / "report.json")) == stored
-    html, md = (tmp_path / "report.html").read_text(encoding="utf-8"), (tmp_path / "report.md").read_text(encoding="utf-8")
+    html, md = (
+        (tmp_path / "report.html").read_text(encoding="utf-8"),
+        (tmp_path / "report.md").read_text(encoding="utf-8"),
+    )
     assert empty_html_sections(html) == [] and empty_markdown_sections(md) == []
 
 
-@pytest.mark.parametrize("path, value, message", [
-    (("dfil", "mean"), "abc", "/dfil/mean: expected number, got 'abc'"),
-    (("dfil", "mean"), [1.0], "/dfil/mean: expected number"),
-    (("data", "classes"), "ten", "/data/classes: expected integer or null"),
-    (("attacks", "kmeans", "status"), "done", '/attacks/kmeans/status: expected one of "ok", "skipped", "failed"'),
-    (("gate", "checks", 0, "cause"), None, "/gate/checks/0/cause: expected one of"),
-])
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        (("dfil", "mean"), "abc", "/dfil/mean: expected number, got 'abc'"),
+        (("dfil", "mean"), [1.0], "/dfil/mean: expected number"),
+        (("data", "classes"), "ten", "/data/classes: expected integer or null"),
+        (("attacks", "kmeans", "status"), "done", '/attacks/kmeans/status: expected one of "ok", "skipped", "failed"'),
+        (("gate", "checks", 0, "cause"), None, "/gate/checks/0/cause: expected one of"),
+    ],
+)
 def test_first_error_names_the_offending_path(real, path, value, message):
     *parents, last = path
     node = real
@@ -134,7 +141,10 @@ def test_violation_causes_come_from_the_result(real, tmp_path):
     assert causes and any("smooth" in c for c in causes)  # digits are [0,1] images: smoothed bound
     real["bounds"]["violation_causes"] = ["a cause only this result states"]
     write_reports(real, tmp_path, ["html", "md"])
-    html, md = (tmp_path / "report.html").read_text(encoding="utf-8"), (tmp_path / "report.md").read_text(encoding="utf-8")
+    html, md = (
+        (tmp_path / "report.html").read_text(encoding="utf-8"),
+        (tmp_path / "report.md").read_text(encoding="utf-8"),
+    )
     bounds_html = html.split('id="bounds"')[1].split("</section>")[0]
     assert "Likely causes: a cause only this result states." in re.sub(r"\s+", " ", bounds_html)
     assert "Likely causes: a cause only this result states." in re.sub(r"\s+", " ", md)

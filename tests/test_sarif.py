@@ -1,4 +1,5 @@
 """SARIF 2.1.0 output, validated against the official OASIS schema (tests/fixtures/sarif/)."""
+
 from __future__ import annotations
 
 import copy
@@ -39,8 +40,9 @@ def test_failed_checks_and_violations_become_results_at_the_model_file(real_audi
         assert check["message"] in finding["message"]["text"]
     warnings = [f for f in run["results"] if f["ruleId"] == "bound-violated"]
     assert [f["properties"]["attack"] for f in warnings] == violated
-    assert all(f["level"] == "warning" and result["bounds"]["violation_causes"][0] in f["message"]["text"]
-               for f in warnings)
+    assert all(
+        f["level"] == "warning" and result["bounds"]["violation_causes"][0] in f["message"]["text"] for f in warnings
+    )
 
 
 def test_fingerprints_are_stable_across_runs(real_audit):
@@ -65,6 +67,7 @@ def test_model_path_is_relative_to_the_source_root_when_inside_it(real_audit, tm
 
     def artifact(base: Path) -> dict:
         return sarif_log(result, base)["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]
+
     assert artifact(tmp_path) == {"uri": "models%20dir/bottom.onnx", "uriBaseId": "%SRCROOT%"}
     assert artifact(tmp_path / "elsewhere") == {"uri": model.as_uri()}
     assert model.as_uri().endswith("/models%20dir/bottom.onnx")

@@ -1,20 +1,26 @@
 """Memory at real image sizes: saved-activation accounting, the prior's score networks, the
 optimisation attack's chunked inversion and the raw-input baselines' dimension reduction, on
 real architectures (tests/architectures.py) at 3x64x64 with tiny widths."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from architectures import build
+
 from splitaudit import memory
 from splitaudit.attacks.features import COMPONENTS, reduced
 from splitaudit.attacks.kmeans import cluster_scores
 from splitaudit.attacks.optimization import invert
 from splitaudit.estimators.prior import (
-    QUICK_SCORE_SETTINGS, MultiScaleResidual, ScoreSettings, estimate_prior, make_score_net, within_work_cap,
+    QUICK_SCORE_SETTINGS,
+    MultiScaleResidual,
+    ScoreSettings,
+    estimate_prior,
+    make_score_net,
+    within_work_cap,
 )
 from splitaudit.models import Encoder
 
@@ -32,9 +38,20 @@ def encoder_of(module: torch.nn.Module, x: torch.Tensor) -> Encoder:
     for p in module.parameters():
         p.requires_grad_(False)
     out = module(x[:1])
-    return Encoder(path="mem", format="torch", input_shape=tuple(x.shape[1:]), output_shape=tuple(out.shape[1:]),
-                   device=torch.device("cpu"), torch_fn=module, blackbox_fn=module, fixed_batch=None,
-                   parity_max_abs_err=None, stochastic=False, warnings=[], providers=[])
+    return Encoder(
+        path="mem",
+        format="torch",
+        input_shape=tuple(x.shape[1:]),
+        output_shape=tuple(out.shape[1:]),
+        device=torch.device("cpu"),
+        torch_fn=module,
+        blackbox_fn=module,
+        fixed_batch=None,
+        parity_max_abs_err=None,
+        stochastic=False,
+        warnings=[],
+        providers=[],
+    )
 
 
 def test_saved_bytes_counts_what_autograd_keeps():
@@ -136,8 +153,12 @@ def _cost(size: int, prior: str, quick: bool = False):
     from splitaudit.data import Dataset
 
     x, y = smooth_images(32, size)
-    ctx = AuditContext(encoder=encoder_of(build("resnet"), x), aux=Dataset(x=x[:16], y=y[:16]),
-                       target=Dataset(x=x[16:], y=y[16:]), quick=quick)
+    ctx = AuditContext(
+        encoder=encoder_of(build("resnet"), x),
+        aux=Dataset(x=x[:16], y=y[:16]),
+        target=Dataset(x=x[16:], y=y[16:]),
+        quick=quick,
+    )
     return estimate_cost(ctx, prior, 0.25, ["optimization", "kmeans"])
 
 
@@ -165,12 +186,24 @@ def test_cli_prints_the_cost_estimate_on_stderr_only_for_long_audits(tmp_path, m
     named); below it (the digits sample takes seconds) nothing is printed. The digits are below the
     size worth estimating, so that floor is lowered here; at its default no timing runs at all."""
     from conftest import sample
+
     from splitaudit import cli, cost
 
     monkeypatch.setattr(cost, "MIN_VALUES_TO_ESTIMATE", 0)
 
-    args = ["run", sample("digits_mlp.pt"), "--aux", sample("digits.npz"), "--attacks", "optimization,kmeans",
-            "--prior", "gaussian", "--quick", "--out", str(tmp_path / "a")]
+    args = [
+        "run",
+        sample("digits_mlp.pt"),
+        "--aux",
+        sample("digits.npz"),
+        "--attacks",
+        "optimization,kmeans",
+        "--prior",
+        "gaussian",
+        "--quick",
+        "--out",
+        str(tmp_path / "a"),
+    ]
     for threshold, expected in ((1e9, False), (0.0, True)):
         monkeypatch.setattr(cli, "COST_NOTICE_SECONDS", threshold)
         with pytest.raises(SystemExit):
@@ -203,8 +236,9 @@ def test_embedding_reports_progress_batch_by_batch(monkeypatch):
 
     x, y = smooth_images(20, 32)
     monkeypatch.setattr(memory, "FORWARD_VALUES", 6 * x[0].numel())
-    ctx = AuditContext(encoder=encoder_of(build("resnet"), x), aux=Dataset(x=x[:14]), target=Dataset(x=x[14:]),
-                       progress=progress)
+    ctx = AuditContext(
+        encoder=encoder_of(build("resnet"), x), aux=Dataset(x=x[:14]), target=Dataset(x=x[14:]), progress=progress
+    )
     first = ctx.clean_embeddings("aux")
     assert steps == [6, 6, 2] and bars[0].n == 14 and bars[0].desc == "embedding aux"
     assert torch.equal(ctx.clean_embeddings("aux"), first) and len(bars) == 1

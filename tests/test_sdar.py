@@ -1,19 +1,31 @@
 """SDAR (Zhu et al., NDSS 2025) on the sample models: it reconstructs without query access, query access
 does at least as well, noise hurts it, and it runs without g and on tables."""
+
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 import torch
-
 from conftest import make_context, sample
+
 from splitaudit.attacks import get_attack
-from splitaudit.attacks.reconstruction import reconstruction_metrics
 from splitaudit.attacks.nets import Decoder, reinitialized_copy, restore_batch_norm
-from splitaudit.attacks.sdar import (ABLATIONS, D2_CONVS, D2_SIDE, FULL, BatchStream, SDARNets, d1_discriminator,
-                                     discriminator, sdar_iteration, sdar_reconstruct, sdar_settings,
-                                     simultaneous_step)
+from splitaudit.attacks.reconstruction import reconstruction_metrics
+from splitaudit.attacks.sdar import (
+    ABLATIONS,
+    D2_CONVS,
+    D2_SIDE,
+    FULL,
+    BatchStream,
+    SDARNets,
+    d1_discriminator,
+    discriminator,
+    sdar_iteration,
+    sdar_reconstruct,
+    sdar_settings,
+    simultaneous_step,
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +81,18 @@ def test_level7_decoder_is_table_ix_fully_convolutional_with_the_label_as_a_chan
     on the embedding."""
     decoder = Decoder((64, 8, 8), (3, 32, 32), unit_range=True, num_classes=10)
     body = [row for row in layer_list(decoder.body) if row[0] not in ("BatchNorm2d", "ReLU")]
-    assert body == [("Upsample",), ("Conv2d", 64, 1), ("ConvTranspose2d", 32, 1), ("ConvTranspose2d", 32, 1),
-                    ("Upsample",), ("Conv2d", 32, 1), ("ConvTranspose2d", 16, 1), ("ConvTranspose2d", 16, 1),
-                    ("ConvTranspose2d", 16, 1), ("Conv2d", 3, 1)]
+    assert body == [
+        ("Upsample",),
+        ("Conv2d", 64, 1),
+        ("ConvTranspose2d", 32, 1),
+        ("ConvTranspose2d", 32, 1),
+        ("Upsample",),
+        ("Conv2d", 32, 1),
+        ("ConvTranspose2d", 16, 1),
+        ("ConvTranspose2d", 16, 1),
+        ("ConvTranspose2d", 16, 1),
+        ("Conv2d", 3, 1),
+    ]
     assert decoder.body[1].in_channels == 65  # 64 embedding channels + the label channel
     assert layer_list(decoder.label) == [("Embedding",), ("Linear",)] and decoder.label.net[1].out_features == 64
     x = decoder(torch.randn(4, 64, 8, 8), torch.tensor([0, 1, 2, 9]))
@@ -98,15 +119,32 @@ def test_level7_d1_and_d2_are_table_ix_stacks_without_extra_layers_after_the_las
     d2 ends Conv 256 s2 + LeakyReLU (no batch norm); Keras's LeakyReLU slope 0.3; dropout 0.4."""
     d1 = d1_discriminator((64, 8, 8), 10)
     assert layer_list(d1.body) == [
-        ("Conv2d", 128, 1), ("LeakyReLU",), ("Conv2d", 256, 1), ("BatchNorm2d",), ("LeakyReLU",),
-        ("Conv2d", 256, 1), ("BatchNorm2d",), ("LeakyReLU",), ("Conv2d", 256, 1), ("BatchNorm2d",), ("LeakyReLU",),
-        ("Conv2d", 256, 2), ("Flatten",), ("Dropout",), ("Linear",)]
+        ("Conv2d", 128, 1),
+        ("LeakyReLU",),
+        ("Conv2d", 256, 1),
+        ("BatchNorm2d",),
+        ("LeakyReLU",),
+        ("Conv2d", 256, 1),
+        ("BatchNorm2d",),
+        ("LeakyReLU",),
+        ("Conv2d", 256, 1),
+        ("BatchNorm2d",),
+        ("LeakyReLU",),
+        ("Conv2d", 256, 2),
+        ("Flatten",),
+        ("Dropout",),
+        ("Linear",),
+    ]
     assert d1.body[0].in_channels == 65 and d1.body[-1].in_features == 256 * 4 * 4
     assert d1.body[1].negative_slope == 0.3 and d1.body[-2].p == 0.4
     d2 = discriminator((3, 32, 32), 10, D2_CONVS, D2_SIDE, last_activation=True)
     assert layer_list(d2.body)[-5:] == [("Conv2d", 256, 2), ("LeakyReLU",), ("Flatten",), ("Dropout",), ("Linear",)]
     assert [row for row in layer_list(d2.body) if row[0] == "Conv2d"] == [
-        ("Conv2d", 64, 1), ("Conv2d", 128, 2), ("Conv2d", 128, 2), ("Conv2d", 256, 2)]
+        ("Conv2d", 64, 1),
+        ("Conv2d", 128, 2),
+        ("Conv2d", 128, 2),
+        ("Conv2d", 256, 2),
+    ]
     logits = d1(torch.randn(3, 64, 8, 8), torch.tensor([0, 1, 2]))
     assert logits.shape == (3,)
     levels_4_to_6 = d1_discriminator((32, 16, 16), 10)
@@ -142,16 +180,19 @@ def test_batches_are_drawn_in_epochs_without_replacement():
 def test_presets_and_label_options(digits_ctx):
     """`preset=paper` is App. B-B's budget (20k iterations of 128), the default on a GPU; on CPU
     the default stays small; `labels=true` is the old name of `known`."""
-    settings = (lambda ctx, **options: sdar_settings(dataclasses.replace(ctx, attack_options={"sdar": options})))
-    on_cpu = dataclasses.replace(digits_ctx, encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cpu")))
+    settings = lambda ctx, **options: sdar_settings(dataclasses.replace(ctx, attack_options={"sdar": options}))
+    on_cpu = dataclasses.replace(
+        digits_ctx, encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cpu"))
+    )
     assert settings(on_cpu)["iterations"] == 150 and settings(on_cpu)["preset"] == "cpu"  # quick
     paper = settings(digits_ctx, preset="paper")
     assert (paper["iterations"], paper["batch_size"]) == (20000, 128)
     # the authors' Glorot simulator under the paper's preset; Kaiming (measured faster on digits) on cpu
     assert (paper["simulator_init"], settings(on_cpu)["simulator_init"]) == ("glorot", "kaiming")
     assert settings(digits_ctx, preset="paper", iterations=50)["iterations"] == 50
-    on_gpu = dataclasses.replace(digits_ctx, quick=False,
-                                 encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cuda")))
+    on_gpu = dataclasses.replace(
+        digits_ctx, quick=False, encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cuda"))
+    )
     assert (settings(on_gpu)["preset"], settings(on_gpu)["iterations"]) == ("paper", 20000)
     assert settings(dataclasses.replace(on_cpu, quick=False))["iterations"] == 3000  # cpu, no g
     assert settings(digits_ctx, labels="true")["labels"] == "known"
@@ -164,6 +205,7 @@ def test_simulator_of_an_onnx_resnet_gets_back_its_folded_batch_norm_and_glorot_
     """ONNX export folds BatchNorm into the convolutions; the simulator gets one BN per conv back.
     Glorot-uniform (Keras's default): weights within sqrt(6 / (fan_in + fan_out)), reaching it."""
     from architectures import build, export_onnx
+
     from splitaudit.models import open_model
 
     model = build("resnet")
@@ -173,8 +215,11 @@ def test_simulator_of_an_onnx_resnet_gets_back_its_folded_batch_norm_and_glorot_
     convs = sum(type(m) is torch.nn.Conv2d for m in converted.modules())
     fresh = reinitialized_copy(converted, seed=0, init="glorot")
     first = next(m for m in fresh.modules() if type(m) is torch.nn.Conv2d)
-    bound = (6 / ((first.in_channels + first.out_channels) * 9)) ** 0.5 if first.kernel_size == (3, 3) else \
-        (6 / ((first.in_channels + first.out_channels) * first.kernel_size[0] ** 2)) ** 0.5
+    bound = (
+        (6 / ((first.in_channels + first.out_channels) * 9)) ** 0.5
+        if first.kernel_size == (3, 3)
+        else (6 / ((first.in_channels + first.out_channels) * first.kernel_size[0] ** 2)) ** 0.5
+    )
     assert 0.9 * bound < first.weight.abs().max() <= bound
     assert restore_batch_norm(fresh)
     assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in fresh.modules()) == convs
@@ -284,8 +329,7 @@ def test_sdar_runs_on_tabular_data_with_its_top_model():
     """Runs with flat inputs and embeddings (MLP decoder and discriminators). On 285 aux rows
     with a binary label it is unstable (seed 0 with g: 0.013 at 600 iterations, 0.059 at 2000;
     mean guess 0.021; Zhu et al. (NDSS 2025) evaluates images only), so only sanity is asserted."""
-    ctx = make_context("breast_cancer_mlp.onnx", "breast_cancer.npz",
-                       top_model=sample("breast_cancer_mlp_top.pt"))
+    ctx = make_context("breast_cancer_mlp.onnx", "breast_cancer.npz", top_model=sample("breast_cancer_mlp_top.pt"))
     entry = get_attack("sdar").run(ctx)
     assert entry["status"] == "ok", entry.get("reason")
     assert "ssim" not in entry["metrics"]

@@ -1,5 +1,6 @@
 """The structured Jacobian trace: exact against plain reverse/forward mode, and it declines
 models without local structure (global normalisation, dense layers, hidden couplings)."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,10 +25,15 @@ def frozen(module: nn.Module) -> nn.Module:
 
 def local_conv() -> nn.Module:
     """3x32x32 -> 8x16x16, receptive fields of 8x8 input pixels: local, no global coupling."""
-    return frozen(nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.GELU(), nn.AvgPool2d(2),
-        nn.Conv2d(8, 8, 3, padding=1), nn.Tanh(),
-    ))
+    return frozen(
+        nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.GELU(),
+            nn.AvgPool2d(2),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.Tanh(),
+        )
+    )
 
 
 def colouring(f, x):
@@ -70,8 +76,9 @@ def test_colouring_is_optimal_and_classes_are_disjoint_on_a_single_conv():
     for c in range(found.count):
         members = support[:, found.colour == c].int()
         assert members.sum(dim=1).max() <= 1, f"colour {c} has overlapping supports"
-    torch.testing.assert_close(jacobian_sq_norm(f, x, "structured"), jacobian_sq_norm(f, x, "reverse"),
-                               rtol=RTOL, atol=0)
+    torch.testing.assert_close(
+        jacobian_sq_norm(f, x, "structured"), jacobian_sq_norm(f, x, "reverse"), rtol=RTOL, atol=0
+    )
 
 
 def test_inputs_are_coloured_when_they_need_fewer_products():
@@ -97,10 +104,14 @@ def test_colouring_is_computed_once_per_model_and_shape():
     assert colouring(f, torch.rand(2, 3, 16, 16)) is not first  # a new shape is detected anew
 
 
-@pytest.mark.parametrize("model", [
-    nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.LayerNorm(4 * 16 * 16, elementwise_affine=False)),
-    nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 64)),
-], ids=["layernorm-over-all-features", "linear"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.LayerNorm(4 * 16 * 16, elementwise_affine=False)),
+        nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 64)),
+    ],
+    ids=["layernorm-over-all-features", "linear"],
+)
 def test_global_coupling_is_detected_as_unstructured_after_one_pass(model):
     f = Counting(frozen(model))
     x = torch.rand(2, 3, 16, 16)

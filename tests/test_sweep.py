@@ -1,6 +1,7 @@
 """`splitaudit sweep`: the closed-form bound of a linear encoder at every sigma, the frontier on the
 bundled models (bound and attack MSEs rise, utility falls), utility against the model's clean
 accuracy, the recommendation and its gates, the reports and the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -8,16 +9,16 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import sample
+
 from splitaudit import leakage
 from splitaudit.cli import main
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 from splitaudit.reports import load_result
+from splitaudit.reports.sweep import build_sweep_view, sweep_summary
 from splitaudit.reports.writer import to_strict_json
 from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
-from splitaudit.reports.sweep import build_sweep_view, sweep_summary
 from splitaudit.sweep import AUTO_FACTORS, recommend, run_sweep, sweep_sigmas
 
 DIGITS = dict(model=sample("digits_cnn.onnx"), aux=sample("digits.npz"))
@@ -31,6 +32,7 @@ def cli(args) -> int:
 
 
 # --- the analytic case: a linear encoder and Gaussian data -----------------------------------------
+
 
 @pytest.fixture(scope="module")
 def linear_case(tmp_path_factory):
@@ -52,8 +54,9 @@ def test_a_linear_encoder_has_the_closed_form_bound_at_every_sigma(linear_case, 
     model, data, a_norm_sq, s = linear_case
     measured = []
     monkeypatch.setattr(leakage, "measure", lambda *args, **kw: measured.append(1) or real_measure(*args, **kw))
-    options = AuditOptions(model=model, aux=data, noise_sigmas=[0.1, 0.3, 1.0, 3.0], prior="gaussian",
-                           attacks=["none"], quick=True)
+    options = AuditOptions(
+        model=model, aux=data, noise_sigmas=[0.1, 0.3, 1.0, 3.0], prior="gaussian", attacks=["none"], quick=True
+    )
     sweep = run_sweep(options)
     assert measured == [1]  # traces and prior computed once for the four sigmas
     aux = prepare_context(options).aux.x.double()
@@ -83,15 +86,24 @@ def test_a_point_context_has_its_own_sigma_and_shares_the_clean_embeddings(digit
 
 # --- the recommendation on synthetic points --------------------------------------------------------
 
+
 def point(sigma: float, bound: float, violated=(), loss=0.0) -> dict:
-    return {"noise_sigma": sigma, "bounds": {"van_trees_mse": bound, "violated_by": list(violated)},
-            "attacks": {"decoder": {"kind": "reconstruction", "status": "ok"}},
-            "utility": {"status": "ok", "loss": loss, "accuracy": 0.9 - loss, "clean_accuracy": 0.9}}
+    return {
+        "noise_sigma": sigma,
+        "bounds": {"van_trees_mse": bound, "violated_by": list(violated)},
+        "attacks": {"decoder": {"kind": "reconstruction", "status": "ok"}},
+        "utility": {"status": "ok", "loss": loss, "accuracy": 0.9 - loss, "clean_accuracy": 0.9},
+    }
 
 
 def test_recommendation_is_the_smallest_sigma_reaching_the_target_that_no_attack_beats():
-    points = [point(0.0, 0.0), point(0.5, 0.02), point(1.0, 0.05, violated=["decoder"]),
-              point(2.0, 0.08, loss=0.03), point(4.0, 0.1, loss=0.2)]
+    points = [
+        point(0.0, 0.0),
+        point(0.5, 0.02),
+        point(1.0, 0.05, violated=["decoder"]),
+        point(2.0, 0.08, loss=0.03),
+        point(4.0, 0.1, loss=0.2),
+    ]
     rec = recommend(points, target_mse=0.04)
     assert rec["noise_sigma"] == 2.0 and rec["point_index"] == 3
     assert rec["van_trees_mse"] == 0.08 and rec["utility_loss"] == 0.03 and rec["meets_utility"] is None
@@ -124,11 +136,17 @@ def test_auto_sigma_adds_the_calibrated_sigma_and_log_spaced_neighbours_once():
 
 # --- the bundled digits CNN ------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def digits_sweep():
     """The digits CNN with its top model at sigma 0..3, the fast attacks, quick settings."""
-    options = AuditOptions(**DIGITS, top_model=sample("digits_cnn_top.pt"), noise_sigmas=[0, 0.1, 0.3, 1, 3],
-                           attacks=["kmeans", "optimization"], quick=True)
+    options = AuditOptions(
+        **DIGITS,
+        top_model=sample("digits_cnn_top.pt"),
+        noise_sigmas=[0, 0.1, 0.3, 1, 3],
+        attacks=["kmeans", "optimization"],
+        quick=True,
+    )
     return run_sweep(options), options
 
 
@@ -152,8 +170,14 @@ def test_on_the_digits_cnn_the_bound_rises_and_every_attack_weakens_with_sigma(d
 @pytest.mark.slow
 @pytest.mark.parametrize("stem", ["digits_cnn"])  # quick SDAR on digits_mlp is noise-dominated (below)
 def test_every_reconstruction_attack_weakens_toward_the_mean_guess(stem):
-    options = AuditOptions(model=sample(f"{stem}.onnx"), aux=sample("digits.npz"), top_model=sample(f"{stem}_top.pt"),
-                           noise_sigmas=[0, 0.3, 3], attacks=["decoder", "optimization", "sdar"], quick=True)
+    options = AuditOptions(
+        model=sample(f"{stem}.onnx"),
+        aux=sample("digits.npz"),
+        top_model=sample(f"{stem}_top.pt"),
+        noise_sigmas=[0, 0.3, 3],
+        attacks=["decoder", "optimization", "sdar"],
+        quick=True,
+    )
     sweep = run_sweep(options)
     bounds = series(sweep, lambda p: p["bounds"]["van_trees_mse"])
     assert bounds[0] == 0.0 < bounds[1] < bounds[2]
@@ -228,12 +252,34 @@ def test_sweep_json_has_the_contract_keys_and_renders_from_itself(digits_sweep):
 
 # --- the command line ------------------------------------------------------------------------------
 
+
 def test_sweep_cli_writes_the_reports_gates_the_utility_and_renders_again(tmp_path, capsys):
     out = tmp_path / "sweep"
     junit = tmp_path / "gates.xml"
-    code = cli(["sweep", DIGITS["model"], "--aux", DIGITS["aux"], "--noise-sigma", "0,0.3", "--auto-sigma",
-                "--top-model", sample("digits_cnn_top.pt"), "--target-mse", "0.03", "--attacks", "none",
-                "--max-utility-loss", "0", "--quick", "--out", str(out), "--junit", str(junit)])
+    code = cli(
+        [
+            "sweep",
+            DIGITS["model"],
+            "--aux",
+            DIGITS["aux"],
+            "--noise-sigma",
+            "0,0.3",
+            "--auto-sigma",
+            "--top-model",
+            sample("digits_cnn_top.pt"),
+            "--target-mse",
+            "0.03",
+            "--attacks",
+            "none",
+            "--max-utility-loss",
+            "0",
+            "--quick",
+            "--out",
+            str(out),
+            "--junit",
+            str(junit),
+        ]
+    )
     stdout = capsys.readouterr().out
     assert code == 1  # the recommended sigma costs accuracy, and none is allowed
     assert {p.name for p in out.iterdir()} >= {"sweep.json", "sweep.html", "sweep.md"}
@@ -257,14 +303,17 @@ def test_sweep_cli_writes_the_reports_gates_the_utility_and_renders_again(tmp_pa
     assert "/recommendation/noise_sigma: expected number" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--noise-sigma", "0,-1"], "--noise-sigma takes finite values >= 0"),
-    ([], "no noise sigmas to sweep"),
-    (["--noise-sigma", "0,x"], "comma-separated list"),
-    (["--noise-sigma", "1", "--target-mse", "0"], "--target-mse must be"),
-    (["--noise-sigma", "1", "--max-utility-loss", "2"], "--max-utility-loss"),
-    (["--noise-sigma", "1", "--format", "html,sarif"], "SARIF is written by splitaudit run"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--noise-sigma", "0,-1"], "--noise-sigma takes finite values >= 0"),
+        ([], "no noise sigmas to sweep"),
+        (["--noise-sigma", "0,x"], "comma-separated list"),
+        (["--noise-sigma", "1", "--target-mse", "0"], "--target-mse must be"),
+        (["--noise-sigma", "1", "--max-utility-loss", "2"], "--max-utility-loss"),
+        (["--noise-sigma", "1", "--format", "html,sarif"], "SARIF is written by splitaudit run"),
+    ],
+)
 def test_sweep_bad_input_is_one_line_and_exit_2(args, fragment, capsys):
     code = cli(["sweep", DIGITS["model"], "--aux", DIGITS["aux"], "--attacks", "none", "--quick", *args])
     err = capsys.readouterr().err
@@ -273,8 +322,23 @@ def test_sweep_bad_input_is_one_line_and_exit_2(args, fragment, capsys):
 
 def test_run_reports_utility_at_its_sigma_with_a_probe_without_a_top_model(tmp_path):
     out = tmp_path / "r"
-    code = cli(["run", sample("breast_cancer_mlp.onnx"), "--aux", sample("breast_cancer.npz"), "--attacks", "none",
-                "--noise-sigma", "3", "--quick", "--out", str(out), "--format", "json,md"])
+    code = cli(
+        [
+            "run",
+            sample("breast_cancer_mlp.onnx"),
+            "--aux",
+            sample("breast_cancer.npz"),
+            "--attacks",
+            "none",
+            "--noise-sigma",
+            "3",
+            "--quick",
+            "--out",
+            str(out),
+            "--format",
+            "json,md",
+        ]
+    )
     assert code == 0
     utility = load_result(out / "report.json")["utility"]
     assert utility["source"] == "probe" and utility["noise_sigma"] == 3

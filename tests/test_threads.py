@@ -1,4 +1,5 @@
 """The CPU thread policy: one thread for small jobs, every thread for large ones, always restored."""
+
 import torch
 from threadpoolctl import threadpool_info
 

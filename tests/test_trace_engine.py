@@ -1,6 +1,7 @@
 """The dFIL trace engine on real architectures: every export format and method against reverse
 mode (called repeatedly), the mean estimator's interval, the runtime cross-check, memory with
 parameters that require grad, the cost of choosing a method, and a float64 reference."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,8 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from architectures import BasicBlock, build, export_onnx, export_torchscript
+
 from splitaudit.estimators import jacobian_sq_norm, jacobian_trace, mean_trace
 from splitaudit.estimators.jacobian import TraceOptions, forward_mode_works, measure_plan
 from splitaudit.estimators.mean_trace import MeanOptions, TraceCheckError, estimate_mean_trace
@@ -35,12 +36,15 @@ def exported(model: nn.Module, x: torch.Tensor, how: str, folder: Path) -> Path:
         return export_torchscript(model, x, folder / "m.pt", how)
     if how == "dynamo":
         return export_onnx(model, x, folder / "m.onnx", "dynamo")
-    return export_onnx(model, x, folder / "m.onnx", "legacy", int(how[len("legacy"):]))
+    return export_onnx(model, x, folder / "m.onnx", "legacy", int(how[len("legacy") :]))
 
 
-@pytest.mark.parametrize("arch,how", [("resnet", how) for how in EXPORTS]
-                         + [(arch, how) for arch in ("mobilenet", "vit") for how in ("trace", "script", "dynamo", "legacy17")]
-                         + [("vit", "legacy20")])
+@pytest.mark.parametrize(
+    "arch,how",
+    [("resnet", how) for how in EXPORTS]
+    + [(arch, how) for arch in ("mobilenet", "vit") for how in ("trace", "script", "dynamo", "legacy17")]
+    + [("vit", "legacy20")],
+)
 def test_every_method_matches_reverse_mode_on_every_call(arch, how, tmp_path):
     model = small(arch)
     x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -68,6 +72,7 @@ def test_a_traced_attention_model_falls_back_to_reverse_probes(tmp_path):
 
 
 # --- the mean estimator --------------------------------------------------------------------------
+
 
 def resnet_stem() -> nn.Module:
     return build("resnet", width=8, blocks=2)
@@ -101,13 +106,16 @@ def test_the_leakiest_samples_are_refined_to_their_own_rtol():
     model = resnet_stem()
     x = torch.rand(32, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     x[:4] *= 3  # brighter inputs, larger Jacobians through ReLU
-    result = estimate_mean_trace(model, x, "hutchinson", MeanOptions(rtol=0.02, generator=torch.Generator().manual_seed(1)))
+    result = estimate_mean_trace(
+        model, x, "hutchinson", MeanOptions(rtol=0.02, generator=torch.Generator().manual_seed(1))
+    )
     top = torch.argsort(result.traces.values, descending=True)[:5]
     counts_ok = result.traces.stderr[top] <= 0.02 * result.traces.values[top]
     assert bool(counts_ok.all())
 
 
 # --- the runtime cross-check ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("factor", [0.0, 0.5, 2.0])
 def test_a_wrong_exact_trace_stops_with_a_trace_check_error(factor, monkeypatch):
@@ -119,6 +127,7 @@ def test_a_wrong_exact_trace_stops_with_a_trace_check_error(factor, monkeypatch)
         est = real(*args, **kwargs)
         est.values = est.values * factor
         return est
+
     monkeypatch.setattr(mean_trace, "jacobian_trace", wrong)
     with pytest.raises(TraceCheckError, match="self-check failed"):
         estimate_mean_trace(model, x, "forward")
@@ -133,6 +142,7 @@ def test_a_wrong_randomised_trace_is_caught(factor, monkeypatch):
         if side == "inputs":  # the method's products; the check uses reverse mode
             sums[1:] *= torch.tensor([[factor], [factor**2]], dtype=sums.dtype)
         return sums
+
     monkeypatch.setattr(mean_trace, "probe_sums", wrong)
     with pytest.raises(TraceCheckError):
         estimate_mean_trace(resnet_stem(), torch.rand(16, 3, 16, 16), "hutchinson")
@@ -150,15 +160,30 @@ def test_the_cross_check_raises_no_false_alarm(seed):
 
 def test_the_cli_exits_3_without_a_report_when_the_check_fails(tmp_path, monkeypatch, capsys):
     from conftest import sample
+
     from splitaudit.cli import main
 
     def wrong(*args, **kwargs):
         raise TraceCheckError("Jacobian trace self-check failed: test")
+
     monkeypatch.setattr(mean_trace, "cross_check", wrong)
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as exit_:
-        main(["run", sample("digits_cnn.pt"), "--aux", sample("digits.npz"), "--attacks", "none", "--prior",
-              "gaussian", "--quick", "--out", str(out)])
+        main(
+            [
+                "run",
+                sample("digits_cnn.pt"),
+                "--aux",
+                sample("digits.npz"),
+                "--attacks",
+                "none",
+                "--prior",
+                "gaussian",
+                "--quick",
+                "--out",
+                str(out),
+            ]
+        )
     assert exit_.value.code == 3
     assert "self-check failed" in capsys.readouterr().err
     assert not (out / "report.json").exists()
@@ -167,6 +192,7 @@ def test_the_cli_exits_3_without_a_report_when_the_check_fails(tmp_path, monkeyp
 @pytest.mark.parametrize("flag,value", [("--dfil-rtol", "0"), ("--dfil-rtol", "1.5"), ("--dfil-samples", "1")])
 def test_dfil_flags_are_validated(flag, value, capsys):
     from conftest import sample
+
     from splitaudit.cli import main
 
     with pytest.raises(SystemExit) as exit_:
@@ -196,9 +222,17 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
 def test_parameters_that_require_grad_cost_no_extra_memory(method):
     """Before the fix, reverse mode kept every chunk's graph: 680 MiB more than frozen here."""
     tests = str(Path(__file__).parent)
-    peak = {grad: float(subprocess.run([sys.executable, "-c", PEAK_RSS.format(tests=tests, grad=grad, method=method)],
-                                       capture_output=True, text=True, check=True).stdout)
-            for grad in (True, False)}
+    peak = {
+        grad: float(
+            subprocess.run(
+                [sys.executable, "-c", PEAK_RSS.format(tests=tests, grad=grad, method=method)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        for grad in (True, False)
+    }
     assert peak[True] <= 1.5 * peak[False] + 64, peak  # MiB
 
 
@@ -223,14 +257,19 @@ def test_choosing_a_method_for_an_attention_model_costs_a_few_forward_passes():
 
 # --- agreement with the definition (the dFIL paper's calc_tr computes the same sum) -----------------
 
+
 class CifarResNetSplit(nn.Module):
     """A CIFAR-style ResNet (3x3 stem) cut after its 7th layer: conv, bn, relu and four basic blocks."""
 
     def __init__(self, width: int = 4) -> None:
         super().__init__()
         self.conv, self.bn = nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width)
-        self.blocks = nn.Sequential(BasicBlock(width, width), BasicBlock(width, width),
-                                    BasicBlock(width, 2 * width, 2), BasicBlock(2 * width, 2 * width))
+        self.blocks = nn.Sequential(
+            BasicBlock(width, width),
+            BasicBlock(width, width),
+            BasicBlock(width, 2 * width, 2),
+            BasicBlock(2 * width, 2 * width),
+        )
 
     def forward(self, x):
         return self.blocks(F.relu(self.bn(self.conv(x))))
@@ -246,8 +285,10 @@ def reference_sq_norm(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     for xi in x.double():
         basis = torch.eye(xi.numel(), dtype=torch.float64).view(-1, 1, *xi.shape)
         with torch.no_grad():
-            products = [torch.func.vmap(lambda e: torch.func.jvp(reference, (xi[None],), (e,))[1])(chunk)
-                        for chunk in basis.split(512)]
+            products = [
+                torch.func.vmap(lambda e: torch.func.jvp(reference, (xi[None],), (e,))[1])(chunk)
+                for chunk in basis.split(512)
+            ]
         values.append(sum(p.pow(2).sum() for p in products))
     return torch.stack(values)
 
