@@ -26,6 +26,7 @@ from splitaudit.safety import display_path, displayable, require_regular_file
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 MAX_REPORT_BYTES = 256 * 1024**2  # a report.json is a few MB at most; larger is not one of ours
+MAX_JSON_DEPTH = 64  # a report nests about 8 levels; deeper input is hostile
 LOCK_NAME = ".splitaudit.lock"
 UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -60,7 +61,7 @@ def read_json_file(path: Path, what: str = "report"):
     if size > MAX_REPORT_BYTES:
         raise InputError(f"{display_path(path)} is {size} bytes; a {what} is at most {MAX_REPORT_BYTES} bytes")
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        document = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise InputError(
             f"{display_path(path)} is not a splitaudit report.json (not UTF-8 text: {exc.reason} at byte {exc.start})"
@@ -69,6 +70,21 @@ def read_json_file(path: Path, what: str = "report"):
         raise InputError(f"{display_path(path)} is not a splitaudit report.json (invalid JSON: {exc})") from exc
     except RecursionError as exc:
         raise InputError(f"{display_path(path)} is not a splitaudit report.json (nested too deeply)") from exc
+    if nested_deeper_than(document, MAX_JSON_DEPTH):  # Python >= 3.12 parses deep JSON; later readers recurse
+        raise InputError(f"{display_path(path)} is not a splitaudit report.json (nested too deeply)")
+    return document
+
+
+def nested_deeper_than(document, limit: int) -> bool:
+    """Whether lists/objects nest deeper than limit (checked without recursion)."""
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
 
 
 def load_result(path: Path) -> dict:

@@ -113,7 +113,7 @@ def test_non_finite_advantage_is_not_gated():
 def fake_audit(monkeypatch):
     """Replace the pipeline by the image fixture, gated with the thresholds the CLI passes on."""
 
-    def run_audit(options, progress=None):
+    def run_audit(options, progress=None, on_cost=None):
         result = fixture("image_audit")
         result["gate"] = evaluate_gate(
             result,

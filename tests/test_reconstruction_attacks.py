@@ -174,7 +174,7 @@ def test_map_attack_on_a_linear_gaussian_model_is_the_posterior_mean(tmp_path):
     x_map = invert(ctx.encoder, z, aux, "gaussian", torch.full((16,), sigma**2, device=z.device), steps=600, lr=0.05)
     a, b = layer.weight.detach().double().to(aux.device), layer.bias.detach().double().to(aux.device)
     mu, v = aux.double().mean(0), torch.diag(aux.double().var(0))
-    gain = v @ a.T @ torch.linalg.inv(a @ v @ a.T + sigma**2 * torch.eye(4, dtype=torch.float64))
+    gain = v @ a.T @ torch.linalg.inv(a @ v @ a.T + sigma**2 * torch.eye(4, dtype=torch.float64, device=aux.device))
     posterior_mean = mu + (z.double() - mu @ a.T - b) @ gain.T
     assert torch.allclose(x_map.double(), posterior_mean, atol=2e-3)
 

@@ -208,8 +208,8 @@ def test_on_the_digits_cnn_utility_falls_with_sigma(digits_sweep):
 def test_utility_at_sigma_zero_is_the_split_models_clean_accuracy(digits_sweep):
     sweep, options = digits_sweep
     target = prepare_context(options).target
-    bottom = torch.jit.load(sample("digits_cnn.pt"))  # TorchScript twin of the audited ONNX file
-    top = torch.jit.load(sample("digits_cnn_top.pt"))
+    bottom = torch.jit.load(sample("digits_cnn.pt"), map_location=target.x.device)  # TorchScript twin of the ONNX
+    top = torch.jit.load(sample("digits_cnn_top.pt"), map_location=target.x.device)
     with torch.no_grad():
         clean = float((top(bottom(target.x)).argmax(1) == target.y).double().mean())
     assert clean > 0.95
