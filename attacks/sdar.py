@@ -136,7 +136,13 @@ class SDAROptions:
         "the target labels: known (vanilla SL) or inferred (U-shaped SL)",
         choices=tuple(LABEL_SOURCES) + tuple(LABEL_ALIASES),
     )
-    label_flip: float = option(LABEL_FLIP, "probability of replacing an aux label by a uniform one", low=0, high=1)
+    label_flip: float | None = option(
+        None,
+        f"probability of replacing an aux label by a uniform one (default {LABEL_FLIP} where the "
+        "attack infers the target labels, 0 where it knows them)",
+        low=0,
+        high=1,
+    )
     ablation: bool = option(False, "also run without d1 and without d2 (mse_no_d1, mse_no_d2)")
 
 
@@ -241,7 +247,7 @@ class SDARAttack(Attack):
             "classifier": "top model g (frozen)" if ctx.top_model is not None else "head trained jointly",
             "target_labels": LABEL_SOURCES[settings["labels"]],
         }
-        if settings["labels"] == "inferred":
+        if settings["label_flip"]:
             details["label_flip"] = settings["label_flip"]
         return SeedOutcome(
             metrics=metrics, baseline=baseline, examples=reconstruction_examples(target.x, x_hat), details=details
@@ -271,7 +277,10 @@ def sdar_settings(ctx: AuditContext) -> dict:
         int(options.get("iterations", budget["iterations"])),
         int(options.get("batch_size", budget["batch_size"])),
     )
-    label_flip = float(options.get("label_flip", LABEL_FLIP))
+    # Flipping regularises label inference (U-shaped SL); with the targets' labels known it would
+    # only train the simulator on wrong labels (digits CNN with g, seed 0, 2000 iterations:
+    # target MSE 0.0290 with 10% flips against 0.0146 without).
+    label_flip = float(options.get("label_flip", LABEL_FLIP if labels != "known" else 0.0))
     if iterations < 1 or batch_size < 2 or not 0 <= label_flip <= 1:
         raise ValueError(
             "sdar needs iterations >= 1, batch_size >= 2 and 0 <= label_flip <= 1, got "

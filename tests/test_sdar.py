@@ -196,6 +196,14 @@ def test_presets_and_label_options(digits_ctx):
     assert (settings(on_gpu)["preset"], settings(on_gpu)["iterations"]) == ("paper", 20000)
     assert settings(dataclasses.replace(on_cpu, quick=False))["iterations"] == 3000  # cpu, no g
     assert settings(digits_ctx, labels="true")["labels"] == "known"
+    # label flips regularise label inference only: with known labels they would train the
+    # simulator on wrong labels (0.0290 against 0.0146 target MSE, digits CNN with g, seed 0)
+    assert [settings(digits_ctx, labels=mode)["label_flip"] for mode in ("known", "inferred", "predicted")] == [
+        0.0,
+        0.1,
+        0.1,
+    ]
+    assert settings(digits_ctx, label_flip=0.2)["label_flip"] == 0.2  # asked for: honoured
     for bad in ({"preset": "fast"}, {"labels": "guess"}, {"batch_size": 1}, {"label_flip": 2.0}):
         with pytest.raises(ValueError):
             settings(digits_ctx, **bad)
