@@ -153,6 +153,9 @@ class Attack(ABC):
     title: ClassVar[str]  # the report's heading
     baseline_name: ClassVar[str] = ""  # what the baseline is, in the report's words ("" for the mean guess)
     metrics: ClassVar[tuple[str, ...]]  # the metric names every ok run fills (IMAGE_ONLY_METRICS on images)
+    # A seed's typical run time against other attacks' (a scheduling hint: workers start the
+    # heaviest tasks first, so the last ones to start are short and the workers finish together).
+    relative_cost: ClassVar[float] = 1.0
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of option(...) fields: its [attack.NAME] table
 
     @classmethod

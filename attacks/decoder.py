@@ -52,6 +52,7 @@ class DecoderAttack(Attack):
     name = "decoder"
     kind = "reconstruction"
     primary_metric = "mse"
+    relative_cost = 10.0  # digits CNN on one CPU core: ~7 s a seed, most attacks ~1 s
     needs = frozenset()
     title = "Learned inversion (decoder)"
     metrics = ("mse", "psnr", "ssim")

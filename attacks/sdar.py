@@ -69,21 +69,26 @@ D1_LR = LAMBDA1 * SIMULATOR_LR  # 2e-5
 D2_LR = LAMBDA2 * DECODER_LR  # 5e-9
 ADAM_EPS = 1e-7  # the paper's networks are Keras models: Keras's Adam epsilon, not torch's 1e-8
 LEAKY_SLOPE = 0.3  # Table IX's LeakyReLU() is Keras's, whose default slope is 0.3
-# Budgets (option `preset`). "paper": SL's batches of 128 for 20k iterations (App. B-B), the
-# default on a GPU. "cpu": under a CPU budget the number of steps matters more than the batch:
-# on the digits CNN, 1200 steps of 32 reach the MSE of 1500 steps of 128 at a third of the cost.
-# The attack keeps improving long after 300 iterations (digits CNN with g, seed 0: target MSE
-# 0.036 at 250, 0.016 at 1500, 0.013 at 2000, 0.010 at 5000; mean guess 0.073). Without g,
-# only d1 ties f~ to f and that takes longer: the target MSE stays above the mean guess until
-# ~1000-1500 iterations and reaches 0.025-0.031 at 2500 (seeds 0-2).
+# Budgets (option `preset`). "paper": SL's batches of 128 for 20k iterations (App. B-B) at the
+# paper's learning rates, the default on a GPU. "cpu": chosen by measured learning curves
+# (benchmarks/sdar_curve.py: digits CNN, targets' labels, batch 32, target MSE; mean guess 0.073).
+# Steps matter more than the batch (seed 0 at 1000/1500 iterations: batch 16 0.0222/0.0185,
+# 32 0.0210/0.0184, 64 0.0208/0.0163; a step of 64 costs 1.5x one of 32), and every learning
+# rate 4x the paper's (their relations kept: the decoder's half the simulator's, each
+# discriminator's lambda times its generator's) reaches in 1000 iterations what the paper's
+# rates reach in 2000: with g, seeds 0/1/2, paper rates 0.0210/0.0220/- at 1000 and
+# 0.0146/0.0167/- at 2000; 2x 0.0161/0.0171/- at 1000; 4x 0.0138/0.0152/0.0153 at 1000,
+# 0.0129/0.0143/0.0118 at 1500 (the preset), 0.0108/0.0115/0.0133 at 2000. Without g, where only
+# d1 ties f~ to f, seed 0: paper rates 0.0495 at 2000; 4x 0.0244 at 1000, 0.0133 at 2000, 0.0119
+# at 2500 (the preset), 0.0100 at 3000. One iteration of 32 costs ~22 ms on one CPU core.
 # The simulator's initial weights: "paper" keeps the authors' (Keras's Glorot-uniform, from their
 # released code; the paper names none), "cpu" PyTorch's Kaiming-uniform, which trains the digits
 # CNN's simulator faster (SDARNets.build has the numbers).
 PRESETS = {
-    "cpu": {"iterations": 2000, "batch_size": 32, "simulator_init": "kaiming"},
-    "paper": {"iterations": 20000, "batch_size": 128, "simulator_init": "glorot"},
+    "cpu": {"iterations": 1500, "batch_size": 32, "simulator_init": "kaiming", "lr_scale": 4.0},
+    "paper": {"iterations": 20000, "batch_size": 128, "simulator_init": "glorot", "lr_scale": 1.0},
 }
-ITERATIONS_WITHOUT_G = 3000  # the cpu preset's budget when no top model is given
+ITERATIONS_WITHOUT_G = 2500  # the cpu preset's budget when no top model is given
 QUICK_ITERATIONS = 150
 DROPOUT = 0.4  # Table IX discriminators
 HEAD_WIDTH = 128  # the head trained in g's place when no top model is given
@@ -149,8 +154,9 @@ class SDAROptions:
 class SDARAttack(Attack):
     """SDAR (Zhu et al., NDSS 2025): simulator + decoder, each regularised by a discriminator.
 
-    Options (`[attack.sdar]`): `preset` ("cpu": 2000 iterations of 32 with g, 3000 without,
-    150 under --quick; "paper": App. B-B's 20,000 iterations of 128, the default on a GPU);
+    Options (`[attack.sdar]`): `preset` ("cpu": 1500 iterations of 32 with g, 2500 without, at
+    4x the paper's learning rates, 150 under --quick; "paper": App. B-B's 20,000 iterations of
+    128 at the paper's rates, the default on a GPU);
     `iterations` and `batch_size` override the preset's; `labels`: "known" (default; "true" is
     its old name): the server holds the targets' labels, as in vanilla SL; "inferred": the
     U-shaped attack (Sec. IV-B, Fig. 15): decoder and discriminators without label inputs (App.
@@ -161,25 +167,17 @@ class SDARAttack(Attack):
     also runs the variants without d1 and without d2 (same seed, so the same initial networks)
     and reports their MSE as `mse_no_d1` and `mse_no_d2`.
 
-    What the ablation shows (digits CNN, test contexts, the targets' labels; Zhu et al. (NDSS 2025) reports
-    about 3x on CIFAR-10). Without g, d1 is all that ties f~ to f: the decoder fits f~'s
-    embeddings within a few hundred iterations, but on the targets it does worse than the mean
-    guess (0.073) until d1 has pulled f~ onto f's embeddings; seed 0, 2000 iterations: 0.028
-    with d1, 0.112 without (4x). With g, g already ties f~ to f and d1 adds 10-15% (1500
-    iterations: 0.0168 vs 0.0185; 4000 iterations with predicted labels: 0.011 vs 0.014).
-    Neither shows at 300 iterations: d1's pull, weighted by lambda1 = 0.02, needs time.
-    Re-measured after issue 13's fixes (benchmarks/sdar_curve.py, seed 0, batch 32, targets'
-    labels): removing d1 still worsens the MSE. With g, target MSE at 250/500/.../1500
-    iterations 0.0375/0.0329/0.0286/0.0261/0.0239/0.0230 with d1 against 0.0393/0.0349/0.0314/
-    0.0301/0.0300/0.0302 without (1.31x at 1500); without g, 0.0899 at 250 falling to 0.0495
-    at 2000 with d1 against 0.096-0.106 without (2.1x at 2000, above the mean guess 0.073).
-    With g these MSEs were higher than before the fixes (0.0168 at 1500). The cause, measured
-    with short runs (seed 0, 800 iterations, target MSE 0.0281 as landed): batch norm wrongly
-    added to the digits CNN's simulator (onnx2pytorch's LayerNorm was not seen as a
-    normalisation; without it 0.0262) and the Glorot simulator init (Kaiming 0.0254; both
-    changed 0.0230, seed 1 at 1000: 0.0219 against 0.0260 with Glorot). Not the cause: the
-    update order (one forward pass for every step, as before the fixes: 0.0299, worse) nor the
-    0.3 LeakyReLU slope (0.01: 0.0275, within noise); both stay as the paper runs them.
+    What the ablation shows (digits CNN, targets' labels, seed 0, benchmarks/sdar_curve.py; Zhu et
+    al. (NDSS 2025) report about 3x on CIFAR-10). Without g, d1 is all that ties f~ to f: the
+    decoder soon fits f~'s embeddings, but on the targets it does no better than the mean guess
+    (0.073) unless d1 pulls f~ onto f's embeddings. At the cpu preset's rates: 0.0160 at 1500
+    iterations and 0.0119 at 2500 with d1, against 0.116 and 0.121 without (10x); at the
+    paper's rates: 0.0495 against 0.096-0.106 at 2000 (2x). With g, g already ties f~ to f and
+    d1 adds little: 0.0129 with d1 and 0.0125 without at 1500 iterations (cpu preset), within
+    the spread between seeds. A regression found on the way: after issue 13's changes the
+    demo's SDAR MSE rose from 0.0154 to 0.0267 because the U-shaped label flips were applied
+    with known labels too (seed 0, 2000 iterations, paper rates: 0.0290 with them, 0.0146
+    without); they now apply only where the attack infers the labels.
     On small tabular data SDAR is unstable (breast_cancer, 285 aux rows, binary label, with g,
     seed 0: target MSE 0.013 at 600 iterations, 0.059 at 2000, mean guess 0.021): g barely
     constrains f~ and d1 does not keep it on f's embeddings; Zhu et al. (NDSS 2025) evaluates images only.
@@ -195,6 +193,7 @@ class SDARAttack(Attack):
     name = "sdar"
     kind = "reconstruction"
     primary_metric = "mse"
+    relative_cost = 100.0  # digits CNN on one CPU core: ~45 s a seed, the decoder ~7 s
     needs = frozenset({"labels"})
     title = "SDAR inversion (no query access)"
     metrics = ("mse", "psnr", "ssim")
@@ -224,6 +223,7 @@ class SDARAttack(Attack):
             conditional=settings["labels"] != "inferred",
             label_flip=settings["label_flip"],
             simulator_init=settings["simulator_init"],
+            lr_scale=settings["lr_scale"],
         )
         x_hat, labels = run(FULL)
         metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
@@ -241,6 +241,7 @@ class SDARAttack(Attack):
             "lambda1": LAMBDA1,
             "lambda2": LAMBDA2,
             "simulator_init": settings["simulator_init"],
+            "learning_rate": SIMULATOR_LR * settings["lr_scale"],
             "simulator": "bottom model's architecture, re-initialised"
             if ctx.encoder.architecture() is not None
             else "generic network of the same shapes",
@@ -292,6 +293,7 @@ def sdar_settings(ctx: AuditContext) -> dict:
         "iterations": iterations,
         "batch_size": batch_size,
         "simulator_init": budget["simulator_init"],
+        "lr_scale": budget["lr_scale"],
         "label_flip": label_flip,
         "ablation": bool(options.get("ablation", False)),
     }
@@ -331,20 +333,21 @@ def sdar_reconstruct(
     conditional: bool = True,
     label_flip: float = 0.0,
     simulator_init: str = "kaiming",
+    lr_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Train SDAR's networks for `iterations`; decode the observed target embeddings.
 
     `known_labels` are the targets' labels when the server holds them, else None (the
     classifier's). `conditional=False` is the U-shaped attack: label-free decoder and
     discriminators, and the classifier trained on aux labels flipped with probability
-    `label_flip`. `after_iteration(i, nets)`, when given, runs after iteration i
+    `label_flip`. `lr_scale` multiplies every learning rate (the cpu preset's 4). `after_iteration(i, nets)`, when given, runs after iteration i
     (benchmarks/sdar_curve.py measures the learning curve with it). Returns the reconstructions
     and the target labels the classifier gives (or the known ones).
     """
     # Dropout draws from the global RNG (seeded: reproducible runs). The networks are small: on
     # CPU one thread avoids the threads' hand-offs that slow small ops down on busy cores.
     with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
-        nets = SDARNets.build(ctx, seed, regularizers, known_labels, conditional, label_flip, simulator_init)
+        nets = SDARNets.build(ctx, seed, regularizers, known_labels, conditional, label_flip, simulator_init, lr_scale)
         gen = ctx.generator(seed + TRAINING_STREAM)
         streams = (BatchStream(len(ctx.aux), batch_size, gen), BatchStream(len(observed), batch_size, gen))
         with ctx.progress(total=iterations, desc=f"sdar (seed {seed})") as bar:
@@ -371,16 +374,17 @@ class SDARNets:
         conditional: bool = True,
         label_flip: float = 0.0,
         num_classes: int | None = None,
+        lr_scale: float = 1.0,
     ) -> None:
         self.simulator, self.classifier, self.decoder, self.d1, self.d2 = simulator, classifier, decoder, d1, d2
         self.known_labels, self.conditional = known_labels, conditional
         self.label_flip, self.num_classes = label_flip, num_classes
         simulated = list(simulator.parameters()) + (list(classifier.parameters()) if train_classifier else [])
         adam = lambda params, lr: torch.optim.Adam(params, lr=lr, eps=ADAM_EPS)
-        self.simulator_opt = adam(simulated, SIMULATOR_LR)
-        self.decoder_opt = adam(decoder.parameters(), DECODER_LR)
-        self.d1_opt = adam(d1.parameters(), D1_LR) if d1 is not None else None
-        self.d2_opt = adam(d2.parameters(), D2_LR) if d2 is not None else None
+        self.simulator_opt = adam(simulated, SIMULATOR_LR * lr_scale)
+        self.decoder_opt = adam(decoder.parameters(), DECODER_LR * lr_scale)
+        self.d1_opt = adam(d1.parameters(), D1_LR * lr_scale) if d1 is not None else None
+        self.d2_opt = adam(d2.parameters(), D2_LR * lr_scale) if d2 is not None else None
 
     @classmethod
     def build(
@@ -392,6 +396,7 @@ class SDARNets:
         conditional: bool = True,
         label_flip: float = 0.0,
         simulator_init: str = "kaiming",
+        lr_scale: float = 1.0,
     ) -> "SDARNets":
         """The simulator starts from `simulator_init` weights (preset "paper": Keras's Glorot-uniform,
         as the authors' TensorFlow code; "cpu": PyTorch's Kaiming-uniform), and an ONNX bottom
@@ -431,6 +436,7 @@ class SDARNets:
             conditional=conditional,
             label_flip=label_flip,
             num_classes=classes,
+            lr_scale=lr_scale,
         )
 
     @torch.no_grad()

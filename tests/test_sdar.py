@@ -17,6 +17,7 @@ from splitaudit.attacks.sdar import (
     D2_CONVS,
     D2_SIDE,
     FULL,
+    PRESETS,
     BatchStream,
     SDARNets,
     d1_discriminator,
@@ -194,7 +195,9 @@ def test_presets_and_label_options(digits_ctx):
         digits_ctx, quick=False, encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cuda"))
     )
     assert (settings(on_gpu)["preset"], settings(on_gpu)["iterations"]) == ("paper", 20000)
-    assert settings(dataclasses.replace(on_cpu, quick=False))["iterations"] == 3000  # cpu, no g
+    assert settings(dataclasses.replace(on_cpu, quick=False))["iterations"] == 2500  # cpu, no g
+    # the cpu preset trains at 4x the paper's rates (measured curves in attacks/sdar.py), the paper preset at 1x
+    assert (settings(on_cpu)["lr_scale"], paper["lr_scale"]) == (4.0, 1.0)
     assert settings(digits_ctx, labels="true")["labels"] == "known"
     # label flips regularise label inference only: with known labels they would train the
     # simulator on wrong labels (0.0290 against 0.0146 target MSE, digits CNN with g, seed 0)
@@ -294,20 +297,22 @@ def test_u_shaped_attack_infers_labels_with_label_free_networks(digits_top_ctx):
 
 @pytest.mark.slow
 def test_removing_d1_makes_the_reconstruction_worse(digits_ctx):
-    """Issue 5 / Zhu et al.'s (NDSS 2025) ablation (about 3x on CIFAR-10). Without g only d1 ties the simulator
-    to f: the decoder soon fits f~'s embeddings, but the target MSE stays above the mean guess
-    (0.073) until d1 has pulled f~ onto f's embeddings, from ~1000 iterations on. Digits CNN,
-    targets' labels, 2000 iterations, the same seed for both (about 90 s on one core): seed 0
-    gave 0.028 with d1 and 0.112 without (4x); seeds 1 and 2 were slower to align (0.044 and
-    0.060 with d1 at 2000, 0.025 and 0.031 at 2500). Asserted: at least 1.5x worse without d1."""
+    """Issue 5 / Zhu et al.'s (NDSS 2025) ablation (about 3x on CIFAR-10). Without g only d1 ties the
+    simulator to f: the decoder soon fits f~'s embeddings, but the target MSE stays near the mean
+    guess (0.073) unless d1 pulls f~ onto f's embeddings. Digits CNN, targets' labels, the cpu
+    preset's rates, 1500 iterations, the same seed for both (about 70 s on one core): seed 0
+    gave 0.0160 with d1 and 0.116 without (7x). Asserted: at least 2x worse without d1."""
     observed = digits_ctx.observed_embeddings("target", digits_ctx.generator(0))
     target = digits_ctx.target
+    cpu = PRESETS["cpu"]
 
     def mse(regularizers):
-        x_hat, _ = sdar_reconstruct(digits_ctx, observed, target.y, 0, 2000, 32, regularizers)
+        x_hat, _ = sdar_reconstruct(
+            digits_ctx, observed, target.y, 0, 1500, cpu["batch_size"], regularizers, lr_scale=cpu["lr_scale"]
+        )
         return reconstruction_metrics(target.x, x_hat, target.is_image)["mse"]
 
-    assert mse(ABLATIONS["mse_no_d1"]) > 1.5 * mse(FULL)
+    assert mse(ABLATIONS["mse_no_d1"]) > 2 * mse(FULL)
 
 
 def test_ablation_option_adds_one_mse_per_variant(digits_top_ctx):
