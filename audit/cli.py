@@ -42,6 +42,16 @@ def _comma_list(convert):
     return callback
 
 
+def _worker_count(_ctx, param, value):
+    """--workers: a count, or auto (None: one per CPU core)."""
+    if value is None or value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"expected a worker count or auto, got {value!r}", param=param) from exc
+
+
 def model_data_options(func, noise_sigma_option=None):
     """Options shared by every command that loads a model and its data (a sweep passes its own
     --noise-sigma, a list)."""
@@ -94,7 +104,7 @@ def model_data_options(func, noise_sigma_option=None):
 
 
 def executor_options(func):
-    """Where the attack tasks run (--executor local|ray), shared by run and sweep."""
+    """Where the attack tasks run (--executor local|ray, --workers), shared by run and sweep."""
     decorators = [
         click.option(
             "--executor",
@@ -109,6 +119,13 @@ def executor_options(func):
             type=float,
             metavar="S",
             help="Seconds one task (an attack's seed) may run before it is retried once, then failed.",
+        ),
+        click.option(
+            "--workers",
+            callback=_worker_count,
+            metavar="N|auto",
+            help="Worker processes of the local executor (default 1: tasks run in this process; "
+            "auto: one per CPU core).",
         ),
     ]
     for decorator in reversed(decorators):
@@ -189,7 +206,15 @@ def run(model: str | None, **flags) -> None:
     help="Sweep the noise instead: sigma 0 and the calibrated sigma with points around it, every "
     "attack but SDAR (sweep.html).",
 )
-def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool) -> None:
+@click.option(
+    "--workers",
+    callback=_worker_count,
+    default="auto",
+    show_default=True,
+    metavar="N|auto",
+    help="Worker processes for the attacks (auto: one per CPU core; 1: all in this process).",
+)
+def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool, workers: int | None) -> None:
     """Audit the bundled digits CNN with every attack (nothing to download)."""
     samples = files("splitaudit.sample_models")
     options = AuditOptions(
@@ -199,6 +224,7 @@ def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool) -> Non
         out=out,
         quick=quick,
         device=device,
+        workers=workers,
     ).validate()
     if as_sweep:
         from splitaudit.sweep import demo_sweep_options

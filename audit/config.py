@@ -20,6 +20,7 @@ FORMATS = ("html", "md", "json", "sarif")
 MAX_SCALE = 1e12  # --noise-sigma/--smoothing above this overflow float32 when squared or added
 MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, seed+1, ...
 EXECUTORS = ("local", "ray")
+MAX_WORKERS = 256
 
 
 @dataclass
@@ -53,6 +54,7 @@ class AuditOptions:
     executor: str = "local"  # where the attack tasks run: in this process, or on Ray
     ray_address: str | None = None  # an existing Ray cluster (default: start a local instance)
     task_timeout: float | None = None  # seconds one task may run before it is retried, then failed
+    workers: int | None = 1  # local executor's worker processes; None: one per CPU core (auto)
     dfil_rtol: float = 0.02  # target relative standard error of the mean Jacobian trace
     dfil_samples: int | None = None  # at most this many target samples for dFIL (None: 2048, 256 quick)
     # splitaudit sweep
@@ -88,6 +90,10 @@ class AuditOptions:
             raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.task_timeout is not None and not self.task_timeout > 0:
             raise InputError(f"--task-timeout must be > 0 seconds, got {self.task_timeout}")
+        if self.workers is not None and not 1 <= self.workers <= MAX_WORKERS:
+            raise InputError(f"--workers must be auto or a count in [1, {MAX_WORKERS}], got {self.workers}")
+        if self.executor == "ray" and self.workers != 1:
+            raise InputError("--workers sets the local executor's processes; Ray's workers are its cluster's CPUs/GPUs")
         self.validate_dfil()
         self._validate_sweep()
         return self

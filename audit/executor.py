@@ -9,9 +9,10 @@ lives in `splitaudit.ray_executor` and is imported only when asked for, so nothi
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Callable, Hashable, Protocol
 
 import torch
 from tqdm import tqdm
@@ -22,6 +23,8 @@ from splitaudit.config import EXECUTORS
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
 
+MAX_ATTEMPTS = 2  # a task that fails on a worker is retried once
+POLL_SECONDS = 1.0  # how often a scheduler looks at its running tasks' time-outs
 RAY_INSTALL_HINT = 'the ray executor needs Ray: pip install "splitaudit[ray]" (or pip install ray)'
 
 
@@ -106,6 +109,82 @@ class LocalExecutor:
         pass
 
 
+class Slots(Protocol):
+    """Where a scheduler starts tasks: `workers` at a time (a pool of processes, a Ray cluster)."""
+
+    workers: int
+
+    def start(self, task: SeedTask) -> Hashable:
+        """Start the task; a handle to wait on."""
+
+    def wait(self, handles: list[Hashable], timeout: float) -> list[tuple[Hashable, Finished]]:
+        """The handles that finished within `timeout` seconds, each with what came back."""
+
+    def cancel(self, handle: Hashable) -> None:
+        """Stop a running task (its time-out passed) and free its slot."""
+
+
+@dataclass
+class Finished:
+    """What a finished task gave back: its outcome or the reason it failed, where it ran."""
+
+    outcome: SeedOutcome | None
+    error: str | None
+    seconds: float | None  # None: the worker was lost, the scheduler counts from the task's start
+    worker: str
+
+
+def schedule(slots: Slots, tasks: list[SeedTask], bar: tqdm, task_timeout: float | None) -> list[TaskResult]:
+    """Every task's result, in the tasks' order: at most `slots.workers` run at once, the heaviest
+    attacks first (so the last tasks to start are short ones and the workers finish together);
+    a task that fails or passes `task_timeout` (counted from its start) is retried once, then
+    reported as failed."""
+    results: dict[int, TaskResult] = {}
+    order = sorted(range(len(tasks)), key=lambda i: -_relative_cost(tasks[i].attack))
+    queue = [(i, 1) for i in order]  # (task index, attempt)
+    running: dict = {}  # handle -> (index, attempt, start)
+
+    def settle(index: int, attempt: int, result: TaskResult) -> None:
+        if result.error is not None and attempt < MAX_ATTEMPTS:
+            queue.insert(0, (index, attempt + 1))
+        else:
+            results[index] = result
+            bar.update()
+
+    while queue or running:
+        while queue and len(running) < slots.workers:
+            index, attempt = queue.pop(0)
+            running[slots.start(tasks[index])] = (index, attempt, time.monotonic())
+        bar.set_postfix_str(f"running {len(running)}")
+        for handle, done in slots.wait(list(running), _seconds_to_wait(running, task_timeout)):
+            index, attempt, start = running.pop(handle)
+            seconds = done.seconds if done.seconds is not None else time.monotonic() - start
+            settle(index, attempt, TaskResult(tasks[index], done.outcome, done.error, seconds, attempt, done.worker))
+        for handle, (index, attempt, start) in list(running.items()):
+            if task_timeout is not None and time.monotonic() - start > task_timeout:
+                slots.cancel(handle)
+                running.pop(handle)
+                reason = f"timed out after {task_timeout:g} s (--task-timeout), {attempt} attempts"
+                settle(index, attempt, TaskResult(tasks[index], None, reason, time.monotonic() - start, attempt, ""))
+    return [results[i] for i in range(len(tasks))]
+
+
+def _relative_cost(attack: str) -> float:
+    """The attack's scheduling hint; an unknown name fails on its worker like any task error."""
+    try:
+        return get_attack(attack).relative_cost
+    except KeyError:
+        return 1.0
+
+
+def _seconds_to_wait(running: dict, task_timeout: float | None) -> float:
+    """Until the next poll, or sooner when a running task reaches its time-out."""
+    if task_timeout is None:
+        return POLL_SECONDS
+    first_deadline = min(start for _, _, start in running.values()) + task_timeout
+    return min(POLL_SECONDS, max(0.0, first_deadline - time.monotonic()))
+
+
 def require_ray() -> None:
     """InputError (exit 2) with the install command when Ray cannot be imported."""
     try:
@@ -115,15 +194,31 @@ def require_ray() -> None:
 
 
 def open_executor(name: str, options, ctx: AuditContext) -> Executor:
-    """The backend an audit asked for (`--executor`); Ray is imported only here, only for `ray`."""
+    """The backend an audit asked for (`--executor`, `--workers`); Ray is imported only here, only for `ray`."""
     if name == "local":
-        return LocalExecutor()
+        workers = local_workers(options.workers, ctx)
+        if workers == 1 and options.task_timeout is None:
+            return LocalExecutor()  # a time-out needs a worker process that can be stopped
+        from splitaudit.process_pool import ProcessPool
+
+        return ProcessPool(options, ctx, workers, task_timeout=options.task_timeout)
     if name != "ray":
         raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {name!r}")
     require_ray()
     from splitaudit.ray_executor import RayExecutor
 
     return RayExecutor(options, ctx, address=options.ray_address, task_timeout=options.task_timeout)
+
+
+def local_workers(asked: int | None, ctx: AuditContext) -> int:
+    """Worker processes for the local executor: as asked, or (None: auto) one per CPU core this
+    process may use; one on a GPU (processes would only queue for the one device) and for --quick
+    smoke runs (a worker's start-up, ~4 s, costs more than their short tasks)."""
+    if asked is not None:
+        return asked
+    if ctx.device.type != "cpu" or ctx.quick:
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def run_attack_grid(

@@ -1,8 +1,9 @@
-"""What the Ray executor costs on one machine, and what it would give on N machines.
+"""What the executors cost on one machine, and what Ray would give on N machines.
 
 Runs one grid of seed tasks (noise sigmas x attacks x seeds, as `run` and a sweep submit them)
-on a sample model three ways, side by side in one process: the local executor, Ray with one
-worker slot (no parallelism: the difference is pure overhead), and Ray with --cpus slots. It
+on a sample model four ways, side by side in one process: the local executor in this process,
+the local executor with --cpus worker processes (`--workers`), Ray with one worker slot (no
+parallelism: the difference is pure overhead), and Ray with --cpus slots. It
 checks that every backend gave the same numbers, then prints the wall times, the ratios, the
 overhead per task, the one-off costs (starting Ray, putting the model and data in the object
 store) and a projection to N machines of that many slots each.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -101,15 +103,23 @@ def main() -> None:
     clock = time.perf_counter()
     local, local_results = run_attack_grid(ctx, names, sigmas, LocalExecutor())
     local_wall = time.perf_counter() - clock
+    clock = time.perf_counter()
+    pool = open_executor("local", replace(options, executor="local", workers=args.cpus), ctx)
+    pool_start = time.perf_counter() - clock
+    pooled, _ = run_attack_grid(ctx, names, sigmas, pool)
+    pool_wall = time.perf_counter() - clock - pool_start
+    pool.close()
     one = ray_grid(options, ctx, names, sigmas, 1)
     many = ray_grid(options, ctx, names, sigmas, args.cpus)
-    same = numbers(local) == numbers(one["grid"]) == numbers(many["grid"])
+    same = numbers(local) == numbers(pooled) == numbers(one["grid"]) == numbers(many["grid"])
     n = len(local_results)
     task_seconds = sum(r.seconds for r in local_results)
 
     print(f"same numbers on every backend: {same}")
     print(f"{'backend':<22}{'tasks wall s':>14}{'ratio to local':>16}")
     print(f"{'local':<22}{local_wall:>14.2f}{1.0:>16.2f}")
+    workers_label = f"local, {pool.workers} workers"
+    print(f"{workers_label:<22}{pool_wall:>14.2f}{pool_wall / local_wall:>16.2f}  (+ {pool_start:.2f} s start-up)")
     for label, r in (("ray, 1 slot", one), (f"ray, {many['workers']} slots", many)):
         print(f"{label:<22}{r['tasks_wall']:>14.2f}{r['tasks_wall'] / local_wall:>16.2f}")
     overhead = one["per_task"]

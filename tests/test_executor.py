@@ -117,7 +117,7 @@ def test_workers_rebuild_an_onnx_model_with_external_data_from_the_object_store(
     from architectures import build, export_onnx
 
     from splitaudit.pipeline import prepare_context
-    from splitaudit.ray_executor import model_files
+    from splitaudit.recipe import model_files
 
     model = export_onnx(build("mobilenet"), torch.rand(2, 3, 32, 32), tmp_path / "stem.onnx")
     rng = np.random.default_rng(0)
@@ -187,10 +187,20 @@ def test_without_ray_local_works_and_ray_says_how_to_install(monkeypatch, tmp_pa
     assert 'pip install "splitaudit[ray]"' in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("flag, value", [("--executor", "dask"), ("--task-timeout", "0")])
-def test_bad_executor_flags_exit_2(flag, value, capsys):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--executor", "dask"],
+        ["--task-timeout", "0"],
+        ["--workers", "0"],
+        ["--workers", "many"],
+        ["--executor", "ray", "--workers", "2"],
+    ],
+)
+def test_bad_executor_flags_exit_2(flags, capsys):
+    flag = flags[-2]
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", QUICK_RUN["model"], "--aux", QUICK_RUN["aux"], flag, value])
+        main(["run", QUICK_RUN["model"], "--aux", QUICK_RUN["aux"], *flags])
     assert exit_info.value.code == 2
     assert flag in capsys.readouterr().err
 
@@ -215,3 +225,50 @@ def test_ray_sweep_points_equal_local(ray_instance, tmp_path):
         (0.5, "decoder"),
         (0.5, "kmeans"),
     ]
+
+
+def test_worker_processes_give_the_in_process_numbers(tmp_path):
+    """--workers 2: tasks run in two spawned processes that rebuilt the context from the recipe,
+    and the report's numbers and examples are exactly the in-process loop's."""
+    local = run_audit(AuditOptions(**QUICK_RUN, out=str(tmp_path / "l")).validate())
+    pooled = run_audit(AuditOptions(**QUICK_RUN, out=str(tmp_path / "p"), workers=2).validate())
+    for name in QUICK_RUN["attacks"]:
+        assert attack_numbers(pooled["attacks"][name]) == attack_numbers(local["attacks"][name])
+        assert pooled["attacks"][name]["examples"] == local["attacks"][name]["examples"]
+    assert (local["run"]["workers"], pooled["run"]["executor"], pooled["run"]["workers"]) == (1, "local", 2)
+    workers = {t["worker"] for t in pooled["run"]["tasks"]}
+    assert len(workers) == 2 and all(w.startswith("local/") for w in workers)
+
+
+def test_worker_time_out_retry_and_death_are_reported_and_the_pool_goes_on(cancer_ctx):
+    """A --task-timeout runs tasks in a worker process even with one worker, so a task can be
+    stopped: it is stopped, retried once on a fresh worker, then reported as failed. A worker
+    killed mid-task is reported as dead and replaced; the same pool then runs the next tasks."""
+    import os
+    import signal
+
+    from splitaudit.process_pool import ProcessPool
+
+    options = AuditOptions(
+        model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"), task_timeout=0.05
+    ).validate()
+    pool = open_executor("local", options, cancer_ctx)
+    assert isinstance(pool, ProcessPool) and pool.workers == 1
+    try:
+        grid, results = run_attack_grid(cancer_ctx, ["decoder"], [0.0], pool)
+        assert results[0].attempts == 2 and "timed out after 0.05 s" in results[0].error
+        assert grid[0.0]["decoder"]["status"] == "failed"
+        pool.task_timeout = None
+        token = pool.start(SeedTask("decoder", 0, 0.0))
+        os.kill(pool.pool[0].process.pid, signal.SIGKILL)
+        [(finished, done)] = pool.wait([token], 60)
+        assert finished == token and done.outcome is None and "worker process died" in done.error
+        for _ in range(2):  # the replacement worker, twice
+            ok, broken = pool.map(
+                cancer_ctx, [SeedTask("kmeans", 0, 0.0), SeedTask("no-such-attack", 0, 0.0)], NullBar()
+            )
+            assert ok.error is None and ok.worker.startswith("local/")
+            assert broken.attempts == 2 and "KeyError" in broken.error
+    finally:
+        pool.close()
+    assert not any(worker.process.is_alive() for worker in pool.pool)

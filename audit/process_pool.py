@@ -1,0 +1,142 @@
+"""The local executor's worker processes (`--workers N`, or any `--task-timeout`): seed tasks on
+this machine's cores.
+
+Each worker is a fresh (spawned) Python process that rebuilds the audit context once from the
+parent's recipe (splitaudit.recipe) and then runs the tasks it is sent, one at a time, each
+through the same `timed_task` as the in-process loop, so the numbers are the same. Every
+worker talks over its own pipe: a worker stopped for its time-out, or one that dies, takes
+nothing down with it; its task is retried once on a fresh worker (executor.schedule), then
+reported as that attack's failure. Workers ignore Ctrl-C; the parent stops them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+
+import torch
+from tqdm import tqdm
+
+from splitaudit.config import AuditOptions
+from splitaudit.context import AuditContext
+from splitaudit.executor import Finished, SeedTask, TaskResult, schedule, timed_task
+from splitaudit.recipe import ContextRecipe, make_recipe, rebuild_context
+
+STOP_SECONDS = 5.0  # how long a worker may take to exit when asked, before it is terminated
+
+
+def serve(recipe: ContextRecipe, device: str, threads: int, conn: Connection) -> None:
+    """A worker's life: rebuild the context and say so, then answer (token, task) messages until None."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    name = f"local/{os.getpid()}"
+    try:
+        ctx, failure = rebuild_context(recipe, device), None
+    except Exception as exc:  # reported with every task it is sent, never raised in the parent
+        ctx, failure = None, f"the worker could not rebuild the audit context: {type(exc).__name__}: {exc}"
+    conn.send("ready")
+    while (message := conn.recv()) is not None:
+        token, task = message
+        outcome, error, seconds = timed_task(ctx, task) if ctx is not None else (None, failure, 0.0)
+        conn.send((token, Finished(outcome, error, seconds, name)))
+
+
+@dataclass
+class Worker:
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    token: int | None = None  # the task it runs, if any
+
+
+class ProcessPool:
+    """`workers` spawned processes, each with its own copy of the context."""
+
+    name = "local"
+
+    def __init__(
+        self, options: AuditOptions, ctx: AuditContext, workers: int, task_timeout: float | None = None
+    ) -> None:
+        self.workers, self.task_timeout = workers, task_timeout
+        self.recipe, self.device = make_recipe(options, ctx), ctx.device.type
+        self.threads = max(1, torch.get_num_threads() // workers)
+        self.spawn = multiprocessing.get_context("spawn")
+        self.tokens = itertools.count()
+        self.pool: list[Worker] = [self._spawn() for _ in range(workers)]
+        for worker in self.pool:  # they rebuild in parallel; a task's time-out counts from its start
+            self._until_ready(worker)
+
+    def _spawn(self) -> Worker:
+        parent, child = self.spawn.Pipe()
+        process = self.spawn.Process(
+            target=serve, args=(self.recipe, self.device, self.threads, child), daemon=True, name="splitaudit-worker"
+        )
+        process.start()
+        child.close()
+        return Worker(process, parent)
+
+    @staticmethod
+    def _until_ready(worker: Worker) -> None:
+        """Wait for the worker's context (a worker that dies first is found by the next task)."""
+        try:
+            worker.conn.recv()
+        except (EOFError, OSError):
+            pass
+
+    def map(self, ctx: AuditContext, tasks: list[SeedTask], bar: tqdm) -> list[TaskResult]:
+        return schedule(self, tasks, bar, self.task_timeout)
+
+    def start(self, task: SeedTask) -> int:
+        worker = next(w for w in self.pool if w.token is None)
+        worker.token = next(self.tokens)
+        try:
+            worker.conn.send((worker.token, task))
+        except (BrokenPipeError, OSError):  # it died idle: wait() finds its pipe closed and says so
+            pass
+        return worker.token
+
+    def wait(self, handles: list[int], timeout: float) -> list[tuple[int, Finished]]:
+        busy = {w.conn: w for w in self.pool if w.token in handles}
+        finished = []
+        for conn in wait(list(busy), timeout):
+            worker = busy[conn]
+            try:
+                token, done = conn.recv()
+            except (EOFError, OSError):  # the process died mid-task (killed, out of memory, crashed)
+                worker.process.join(STOP_SECONDS)
+                token = worker.token
+                done = Finished(None, f"worker process died (exit code {worker.process.exitcode})", None, "")
+                self._replace(worker)
+            else:
+                worker.token = None
+            finished.append((token, done))
+        return finished
+
+    def cancel(self, handle: int) -> None:
+        """Stop the worker running `handle` (its time-out passed) and start a fresh one in its place."""
+        worker = next(w for w in self.pool if w.token == handle)
+        worker.process.terminate()
+        worker.process.join(STOP_SECONDS)
+        self._replace(worker)
+
+    def _replace(self, worker: Worker) -> None:
+        worker.conn.close()
+        fresh = self._spawn()
+        self._until_ready(fresh)
+        self.pool[self.pool.index(worker)] = fresh
+
+    def close(self) -> None:
+        for worker in self.pool:
+            try:
+                worker.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for worker in self.pool:
+            worker.process.join(STOP_SECONDS)
+            if worker.process.is_alive():
+                worker.process.terminate()
+                worker.process.join(STOP_SECONDS)
+            worker.conn.close()
