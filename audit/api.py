@@ -83,6 +83,7 @@ def audit(
     seed: int = 0,
     device: str = "auto",
     quick: bool = False,
+    workers: int | None = 1,
     progress: bool = False,
 ) -> AuditResult:
     """Audit a bottom model and return the result.
@@ -90,8 +91,9 @@ def audit(
     model: a torch.nn.Module (copied, left unchanged) or a .onnx / TorchScript file.
     aux, target: an array or tensor of samples, a tuple (x, y) or (x, y, attr), a dict with
     keys x, y, attr, or a path (.npz, .csv, image folder). Without target, aux is split 50/50.
-    attacks: "all", "none", a comma string or a list of names. The keywords are `splitaudit run`'s
-    options. Bad input raises splitaudit.errors.InputError.
+    attacks: "all", "none", a comma string or a list of names. workers: processes for the attacks
+    (None: one per CPU core). The keywords are `splitaudit run`'s options. Bad input raises
+    splitaudit.errors.InputError.
     """
     options = AuditOptions(
         model=_model_source(model),
@@ -113,6 +115,7 @@ def audit(
         attack_options=attack_options or {},
         seed=seed,
         device=device,
+        workers=workers,
         quick=quick,
     )
     return run(options, progress=_stderr_progress if progress else None)

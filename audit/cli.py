@@ -52,6 +52,31 @@ def _worker_count(_ctx, param, value):
         raise click.BadParameter(f"expected a worker count or auto, got {value!r}", param=param) from exc
 
 
+def apply_options(func, decorators: list):
+    """func decorated by click options listed in the order --help shows them."""
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def attack_selection_options(top_model_help: str):
+    """--attacks, --top-model and --attack-option, shared by run and sweep."""
+    decorators = [
+        click.option(
+            "--attacks", callback=_comma_list(str), help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}."
+        ),
+        click.option("--top-model", help=top_model_help),
+        click.option(
+            "--attack-option",
+            "attack_option",
+            multiple=True,
+            metavar="NAME.KEY=VALUE",
+            help="An attack setting, e.g. sdar.ablation=true (repeatable; `splitaudit attacks` lists them).",
+        ),
+    ]
+    return lambda func: apply_options(func, decorators)
+
+
 def model_data_options(func, noise_sigma_option=None):
     """Options shared by every command that loads a model and its data (a sweep passes its own
     --noise-sigma, a list)."""
@@ -98,9 +123,7 @@ def model_data_options(func, noise_sigma_option=None):
             help="At most this many target samples for dFIL (default 2048, 256 with --quick).",
         ),
     ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+    return apply_options(func, decorators)
 
 
 def executor_options(func):
@@ -128,9 +151,7 @@ def executor_options(func):
             "auto: one per CPU core).",
         ),
     ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+    return apply_options(func, decorators)
 
 
 def given_flags(flags: dict) -> dict:
@@ -170,15 +191,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("model", required=False)
 @model_data_options
-@click.option("--attacks", callback=_comma_list(str), help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}.")
-@click.option("--top-model", help="The top model g (TorchScript/ONNX), for attacks that use one.")
-@click.option(
-    "--attack-option",
-    "attack_option",
-    multiple=True,
-    metavar="NAME.KEY=VALUE",
-    help="An attack setting, e.g. sdar.ablation=true (repeatable; `splitaudit attacks` lists them).",
-)
+@attack_selection_options("The top model g (TorchScript/ONNX), for attacks that use one.")
 @click.option("--out", help="Output folder (default ./splitaudit-report).")
 @click.option(
     "--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json,sarif (default html,md,json)."
@@ -359,15 +372,7 @@ def schema() -> None:
     help="The bound MSE the recommended sigma must guarantee (default --fail-under-mse, else half the mean-guess MSE).",
 )
 @click.option("--max-utility-loss", type=float, help="Gate: fail when the recommended sigma costs more accuracy.")
-@click.option("--attacks", callback=_comma_list(str), help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}.")
-@click.option("--top-model", help="The top model g; utility is its accuracy under noise (else a probe's).")
-@click.option(
-    "--attack-option",
-    "attack_option",
-    multiple=True,
-    metavar="NAME.KEY=VALUE",
-    help="An attack setting, e.g. sdar.ablation=true (repeatable).",
-)
+@attack_selection_options("The top model g; utility is its accuracy under noise (else a probe's).")
 @click.option("--out", help="Output folder (default ./splitaudit-report).")
 @click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json (default all).")
 @click.option("--fail-under-mse", type=float, help="Gate: fail when the recommended sigma's bound MSE is below T.")

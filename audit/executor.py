@@ -22,6 +22,7 @@ from splitaudit.attacks.base import SeedOutcome
 from splitaudit.config import EXECUTORS
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
+from splitaudit.estimators.mean_trace import Job
 
 MAX_ATTEMPTS = 2  # a task that fails on a worker is retried once
 POLL_SECONDS = 1.0  # how often a scheduler looks at its running tasks' time-outs
@@ -35,14 +36,43 @@ class SeedTask:
     attack: str
     seed: int
     noise_sigma: float
+    units = 1  # progress units
+
+    def run(self, ctx: AuditContext) -> SeedOutcome:
+        return run_seed_task(ctx, self)
+
+    @property
+    def relative_cost(self) -> float:
+        """The attack's scheduling hint; an unknown name fails on its worker like any task error."""
+        try:
+            return get_attack(self.attack).relative_cost
+        except KeyError:
+            return 1.0
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """A shard of the dFIL traces' Jacobian products (estimators/mean_trace.py's jobs), run with the
+    worker's own copy of the encoder; the job travels on the CPU and its result comes back there."""
+
+    job: Job
+    relative_cost = 1.0
+
+    @property
+    def units(self) -> int:  # progress units: samples
+        return len(self.job.x)
+
+    def run(self, ctx: AuditContext):
+        result = self.job.to(ctx.device).run(ctx.encoder)
+        return result.to("cpu")
 
 
 @dataclass
 class TaskResult:
     """What became of a task: its outcome, or why it failed, and what it cost."""
 
-    task: SeedTask
-    outcome: SeedOutcome | None
+    task: SeedTask | ShardTask
+    outcome: object  # SeedOutcome for a SeedTask, the job's result for a ShardTask; None on failure
     error: str | None
     seconds: float
     attempts: int = 1
@@ -64,6 +94,7 @@ class TaskResult:
 class Executor(Protocol):
     name: str
     workers: int
+    task_timeout: float | None
 
     def map(self, ctx: AuditContext, tasks: list[SeedTask], bar: tqdm) -> list[TaskResult]:
         """Every task's result, in the tasks' order; a failing task never raises."""
@@ -81,11 +112,11 @@ def run_seed_task(ctx: AuditContext, task: SeedTask) -> SeedOutcome:
         return get_attack(task.attack).run_seed(point, task.seed)
 
 
-def timed_task(ctx: AuditContext, task: SeedTask) -> tuple[SeedOutcome | None, str | None, float]:
-    """(outcome, None, seconds) or (None, reason, seconds): an attack's failure is data, not an error."""
+def timed_task(ctx: AuditContext, task: SeedTask | ShardTask) -> tuple[object, str | None, float]:
+    """(outcome, None, seconds) or (None, reason, seconds): a task's failure is data, not an error."""
     start = time.perf_counter()
     try:
-        return run_seed_task(ctx, task), None, time.perf_counter() - start
+        return task.run(ctx), None, time.perf_counter() - start
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}", time.perf_counter() - start
 
@@ -95,6 +126,7 @@ class LocalExecutor:
 
     name = "local"
     workers = 1
+    task_timeout = None  # a time-out needs a worker process (ProcessPool)
 
     def map(self, ctx: AuditContext, tasks: list[SeedTask], bar: tqdm) -> list[TaskResult]:
         results = []
@@ -102,7 +134,7 @@ class LocalExecutor:
             bar.set_postfix_str(f"running 1, {task.attack} seed {task.seed}")
             outcome, error, seconds = timed_task(ctx, task)
             results.append(TaskResult(task, outcome, error, seconds))
-            bar.update()
+            bar.update(task.units)
         return results
 
     def close(self) -> None:
@@ -140,7 +172,7 @@ def schedule(slots: Slots, tasks: list[SeedTask], bar: tqdm, task_timeout: float
     a task that fails or passes `task_timeout` (counted from its start) is retried once, then
     reported as failed."""
     results: dict[int, TaskResult] = {}
-    order = sorted(range(len(tasks)), key=lambda i: -_relative_cost(tasks[i].attack))
+    order = sorted(range(len(tasks)), key=lambda i: -tasks[i].relative_cost)
     queue = [(i, 1) for i in order]  # (task index, attempt)
     running: dict = {}  # handle -> (index, attempt, start)
 
@@ -149,7 +181,7 @@ def schedule(slots: Slots, tasks: list[SeedTask], bar: tqdm, task_timeout: float
             queue.insert(0, (index, attempt + 1))
         else:
             results[index] = result
-            bar.update()
+            bar.update(tasks[index].units)
 
     while queue or running:
         while queue and len(running) < slots.workers:
@@ -167,14 +199,6 @@ def schedule(slots: Slots, tasks: list[SeedTask], bar: tqdm, task_timeout: float
                 reason = f"timed out after {task_timeout:g} s (--task-timeout), {attempt} attempts"
                 settle(index, attempt, TaskResult(tasks[index], None, reason, time.monotonic() - start, attempt, ""))
     return [results[i] for i in range(len(tasks))]
-
-
-def _relative_cost(attack: str) -> float:
-    """The attack's scheduling hint; an unknown name fails on its worker like any task error."""
-    try:
-        return get_attack(attack).relative_cost
-    except KeyError:
-        return 1.0
 
 
 def _seconds_to_wait(running: dict, task_timeout: float | None) -> float:
@@ -259,11 +283,59 @@ def attack_entry(attack, seeds: list[int], results: list[TaskResult]) -> dict:
     return attack.summarize(seeds, [r.outcome for r in results], seconds)
 
 
-def describe_executor(executor: Executor, results: list[TaskResult], task_timeout: float | None) -> dict:
-    """The run section's executor keys: backend, workers, time-out and each task's wall time."""
-    return {
+class ShardFailed(RuntimeError):
+    """A dFIL shard failed on its worker twice: without all its products there is no bound."""
+
+
+class ShardRunner:
+    """The dFIL traces' Jacobian-product shards as tasks on an executor's workers (a JobRunner of
+    estimators/mean_trace.py); keeps their results for the run section."""
+
+    def __init__(self, executor: Executor, ctx: AuditContext) -> None:
+        self.executor, self.ctx = executor, ctx
+        self.results: list[TaskResult] = []
+
+    def __call__(self, jobs: list[Job], on_samples: Callable[[int], None]) -> list:
+        results = self.executor.map(self.ctx, [ShardTask(job.to("cpu")) for job in jobs], SamplesBar(on_samples))
+        self.results += results
+        failed = next((r for r in results if r.error is not None), None)
+        if failed is not None:
+            raise ShardFailed(f"a dFIL shard failed on its worker after {failed.attempts} attempts: {failed.error}")
+        return [r.outcome for r in results]
+
+    def summary(self) -> dict:
+        """The run section's dfil_shards: how many shard tasks, their summed wall time, retries."""
+        return {
+            "tasks": len(self.results),
+            "seconds": sum(r.seconds for r in self.results),
+            "retried": sum(r.attempts > 1 for r in self.results),
+        }
+
+
+class SamplesBar:
+    """The progress interface schedule() drives, reporting finished samples to the trace estimate."""
+
+    def __init__(self, on_samples: Callable[[int], None]) -> None:
+        self.update = on_samples
+
+    def set_postfix_str(self, _text: str) -> None:
+        pass
+
+
+def trace_runner(executor: Executor, ctx: AuditContext) -> ShardRunner | None:
+    """Shards on the executor's workers, or None (run in this process) for the in-process loop."""
+    return None if isinstance(executor, LocalExecutor) else ShardRunner(executor, ctx)
+
+
+def describe_executor(executor: Executor, results: list[TaskResult], shards: ShardRunner | None = None) -> dict:
+    """The run section's executor keys: backend, workers, time-out, each attack task's wall time
+    and, when the dFIL traces ran on the workers, their shards."""
+    described = {
         "executor": executor.name,
         "workers": executor.workers,
-        "task_timeout": task_timeout,
+        "task_timeout": executor.task_timeout,
         "tasks": [r.record() for r in results],
     }
+    if shards is not None:
+        described["dfil_shards"] = shards.summary()
+    return described

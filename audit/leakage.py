@@ -22,7 +22,7 @@ from splitaudit.estimators.bounds import (
     van_trees_stderr,
 )
 from splitaudit.estimators.jacobian import TraceEstimate
-from splitaudit.estimators.mean_trace import Z_95, MeanOptions, MeanTrace, estimate_mean_trace
+from splitaudit.estimators.mean_trace import Z_95, JobRunner, MeanOptions, MeanTrace, estimate_mean_trace
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS,
     PriorEstimate,
@@ -80,14 +80,16 @@ def measure(
     smoothing: float | None = None,
     dfil_rtol: float = DFIL_RTOL,
     dfil_samples: int | None = None,
+    runner: JobRunner | None = None,
 ) -> Measurement:
     """Jacobian traces on (smoothed) target samples and J(pi_tau)/d from the aux data.
 
     dfil_rtol: target relative standard error of the mean trace (randomised estimates);
-    dfil_samples: at most this many target samples (default 2048, 256 with --quick)."""
+    dfil_samples: at most this many target samples (default 2048, 256 with --quick); runner:
+    where the traces' shards run (an executor's workers; None: here)."""
     tau = resolve_smoothing(ctx, smoothing)
     candidates = _dfil_sample_index(ctx, dfil_samples)
-    mean_trace = _jacobian_traces(ctx, ctx.target.x[candidates], tau, dfil_rtol)
+    mean_trace = _jacobian_traces(ctx, ctx.target.x[candidates], tau, dfil_rtol, runner)
     return Measurement(
         smoothing=tau,
         index=candidates[mean_trace.index],
@@ -109,7 +111,9 @@ def _dfil_sample_index(ctx: AuditContext, cap: int | None = None) -> torch.Tenso
     return torch.randperm(n, generator=generator)[:cap].sort().values.to(ctx.target.x.device)
 
 
-def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, tau: float, rtol: float) -> MeanTrace:
+def _jacobian_traces(
+    ctx: AuditContext, x: torch.Tensor, tau: float, rtol: float, runner: JobRunner | None = None
+) -> MeanTrace:
     """||J||_F^2 at x + N(0, tau^2 I) (the smoothed input the bound concerns) and its mean.
 
     Autograd models: exact when affordable, else Hutchinson probes to the mean's rtol
@@ -119,7 +123,10 @@ def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, tau: float, rtol: float
         x = x + tau * torch.randn(x.shape, generator=ctx.generator(ctx.seed), device=x.device, dtype=x.dtype)
     method = "auto" if ctx.encoder.differentiable else "finite-difference"
     options = MeanOptions(
-        rtol=rtol, max_probes=QUICK_MAX_PROBES if ctx.quick else MAX_PROBES, generator=ctx.generator(ctx.seed + 1)
+        rtol=rtol,
+        max_probes=QUICK_MAX_PROBES if ctx.quick else MAX_PROBES,
+        generator=ctx.generator(ctx.seed + 1),
+        runner=runner,
     )
     with ctx.progress(total=len(x), desc="dFIL", unit="sample") as bar:
         return estimate_mean_trace(ctx.encoder, x, method, options, on_samples=bar.update)

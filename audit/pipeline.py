@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import platform
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -19,6 +20,7 @@ from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.data import Dataset, load_dataset, split_dataset
 from splitaudit.errors import InputError
+from splitaudit.executor import Executor, ShardRunner, trace_runner
 from splitaudit.gate import evaluate_gate
 from splitaudit.models import RawModel, check_top_model, open_model, prepare_encoder, resolve_device, within_time_limit
 from splitaudit.result import SCHEMA_VERSION
@@ -130,23 +132,20 @@ def run_audit(
                 ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), names, options.dfil_samples
             )
         )
-    with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
+    with (
+        opened_executor(options, ctx) as executor,
+        progress(total=1 + len(names), desc="audit", unit="stage") as stages,
+    ):
         stages.set_postfix_str("dFIL and bounds")
-        result.update(
-            leakage.assess(
-                ctx,
-                prior=options.prior,
-                smoothing=options.smoothing,
-                target_mse=options.fail_under_mse,
-                dfil_rtol=options.dfil_rtol,
-                dfil_samples=options.dfil_samples,
-            )
+        shards = trace_runner(executor, ctx)
+        measurement = leakage.measure(
+            ctx, options.prior, options.smoothing, options.dfil_rtol, options.dfil_samples, runner=shards
         )
+        result.update(leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse))
         stages.update()
         stages.set_postfix_str("attacks")
-        result["attacks"] = attack_grid(ctx, options, names, [ctx.noise_sigma], progress, result["run"])[
-            ctx.noise_sigma
-        ]
+        grid = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, result["run"], shards)
+        result["attacks"] = grid[ctx.noise_sigma]
         stages.update(len(names))
     leakage.flag_violations(result)
     result["gate"] = evaluate_gate(
@@ -167,24 +166,34 @@ def check_executor(options: AuditOptions) -> None:
         require_ray()
 
 
+@contextmanager
+def opened_executor(options: AuditOptions, ctx: AuditContext) -> Iterator[Executor]:
+    """The executor the audit asked for (--executor, --workers), open for the dFIL shards and the
+    attacks, and closed (workers stopped) however the audit ends."""
+    from splitaudit.executor import open_executor
+
+    executor = open_executor(options.executor, options, ctx)
+    try:
+        yield executor
+    finally:
+        executor.close()
+
+
 def attack_grid(
     ctx: AuditContext,
-    options: AuditOptions,
+    executor: Executor,
     names: list[str],
     sigmas: list[float],
     progress: Callable[..., tqdm],
     run: dict,
+    shards: ShardRunner | None = None,
 ) -> dict[float, dict]:
-    """Every selected attack at every sigma on the chosen executor (--executor), as {sigma:
-    {attack: entry}}; the run section gets the executor, its workers and each task's wall time."""
-    from splitaudit.executor import describe_executor, open_executor, run_attack_grid
+    """Every selected attack at every sigma on the executor, as {sigma: {attack: entry}}; the run
+    section gets the executor, its workers, each task's wall time and the dFIL shards' summary."""
+    from splitaudit.executor import describe_executor, run_attack_grid
 
-    executor = open_executor(options.executor, options, ctx)
-    try:
-        grid, results = run_attack_grid(ctx, names, sigmas, executor, progress)
-    finally:
-        executor.close()
-    run.update(describe_executor(executor, results, options.task_timeout))
+    grid, results = run_attack_grid(ctx, names, sigmas, executor, progress)
+    run.update(describe_executor(executor, results, shards))
     return grid
 
 

@@ -46,6 +46,14 @@ class TaskRecord(TypedDict):
     worker: str
 
 
+class ShardSummary(TypedDict):
+    """The dFIL traces' Jacobian-product shards when they ran on the executor's workers."""
+
+    tasks: int
+    seconds: float
+    retried: int
+
+
 class Run(TypedDict):
     """When, where and how the audit ran."""
 
@@ -61,6 +69,7 @@ class Run(TypedDict):
     workers: NotRequired[int]
     task_timeout: NotRequired[float | None]
     tasks: NotRequired[list[TaskRecord]]
+    dfil_shards: NotRequired[ShardSummary]
 
 
 class Model(TypedDict):

@@ -24,8 +24,16 @@ from splitaudit.attacks import ATTACK_NAMES, check_attack_options, get_attack
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
+from splitaudit.executor import trace_runner
 from splitaudit.gate import evaluate_gate, no_recommendation_check, utility_loss_check
-from splitaudit.pipeline import attack_grid, check_executor, describe_run, prepare_context, select_attacks
+from splitaudit.pipeline import (
+    attack_grid,
+    check_executor,
+    describe_run,
+    opened_executor,
+    prepare_context,
+    select_attacks,
+)
 
 KIND = "sweep"
 AUTO_FACTORS = (0.5, 1.0, 2.0)  # around the calibrated sigma, on a log scale (each point costs every attack)
@@ -93,14 +101,18 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     torch.manual_seed(options.seed)
     ctx = prepare_context(options, progress)
     clean_utility = utility.measure_utility(ctx.at_sigma(0.0))
-    measurement = leakage.measure(ctx, options.prior, options.smoothing, options.dfil_rtol, options.dfil_samples)
-    target = options.target_mse if options.target_mse is not None else options.fail_under_mse
-    shared = leakage.assess_measurement(ctx.at_sigma(0.0), measurement, target)
-    calibration = shared["calibration"]
-    auto = calibration["sigma"] if options.auto_sigma and calibration["feasible"] else None
-    sigmas = sweep_sigmas(options.noise_sigmas or [], auto)
     sweep = describe_sweep(ctx, options, started)
-    grid = attack_grid(ctx, options, names, [sigma for sigma, _ in sigmas], progress, sweep["run"])
+    with opened_executor(options, ctx) as executor:
+        shards = trace_runner(executor, ctx)
+        measurement = leakage.measure(
+            ctx, options.prior, options.smoothing, options.dfil_rtol, options.dfil_samples, runner=shards
+        )
+        target = options.target_mse if options.target_mse is not None else options.fail_under_mse
+        shared = leakage.assess_measurement(ctx.at_sigma(0.0), measurement, target)
+        calibration = shared["calibration"]
+        auto = calibration["sigma"] if options.auto_sigma and calibration["feasible"] else None
+        sigmas = sweep_sigmas(options.noise_sigmas or [], auto)
+        grid = attack_grid(ctx, executor, names, [sigma for sigma, _ in sigmas], progress, sweep["run"], shards)
     points = []
     with progress(total=len(sigmas), desc="sweep", unit="sigma") as bar:
         for sigma, origin in sigmas:

@@ -16,6 +16,7 @@ memory budget. Tensors stay on x's device, so the same code runs on CPU and CUDA
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ class TraceEstimate:
     exact: bool
     products: int  # Jacobian products per sample (directions or probes)
     fd_step: float | None = None
+
+    def to(self, device) -> "TraceEstimate":
+        return dataclasses.replace(self, values=self.values.to(device), stderr=self.stderr.to(device))
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,18 @@ leakiest samples. "auto" chooses by cost:
 Every estimate is cross-checked on a few samples against independent Jacobian products of the
 other AD mode (unbiased random probes); a disagreement beyond the statistical tolerance raises
 TraceCheckError, an internal error that must stop an audit. Pure tensor code, no I/O.
+
+The products come in shards of samples (ProbeJob, ExactJob), each with its own seed drawn in
+order from the estimate's generator, so they can run anywhere that holds f (MeanOptions.runner:
+an executor's workers) and give the same numbers as here. The cross-check always runs here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Union
 
 import torch
 from torch import Tensor
@@ -56,6 +61,8 @@ CHECK_RTOL = 0.05  # the cross-check adds probes until its relative standard err
 CHECK_Z = 5.0  # disagreement beyond this many standard errors fails (false alarm ~ 1e-6)
 CHECK_ROUNDING = 1e-3  # relative slack for float rounding when both sides are exact
 Z_95 = 1.959964
+PROBE_SHARD = 32  # samples per shard of random probes (at most what the memory budget allows)
+EXACT_SHARD = 128  # samples per shard of an exact method
 
 
 class TraceCheckError(RuntimeError):
@@ -72,6 +79,77 @@ class MeanOptions:
     max_probes: int = 256
     memory_bytes: int = DEFAULT_MEMORY_BYTES
     generator: torch.Generator | None = None
+    runner: "JobRunner | None" = None  # where the shards run (None: here, one after the other)
+
+
+@dataclass(frozen=True)
+class ProbeJob:
+    """`probes` Rademacher probes of one AD side on each sample of x: [3, N] count, sum, sum of squares."""
+
+    x: Tensor
+    side: str
+    probes: int
+    plan: Plan
+    memory_bytes: int
+    seed: int
+
+    def run(self, f: BatchFn) -> Tensor:
+        with torch.no_grad():
+            return probe_sums(
+                f, self.x, self.side, self.probes, self.plan, self.memory_bytes, _seeded(self.x, self.seed)
+            )
+
+    def to(self, device) -> "ProbeJob":
+        return dataclasses.replace(self, x=self.x.to(device))
+
+
+@dataclass(frozen=True)
+class ExactJob:
+    """One exact (or finite-difference) method on each sample of x: a TraceEstimate."""
+
+    x: Tensor
+    method: str
+    memory_bytes: int
+    max_probes: int
+    seed: int
+
+    def run(self, f: BatchFn) -> TraceEstimate:
+        options = TraceOptions(
+            memory_bytes=self.memory_bytes, max_probes=self.max_probes, generator=_seeded(self.x, self.seed)
+        )
+        return jacobian_trace(f, self.x, self.method, options)
+
+    def to(self, device) -> "ExactJob":
+        return dataclasses.replace(self, x=self.x.to(device))
+
+
+Job = Union[ProbeJob, ExactJob]
+# Runs the jobs (anywhere), calling on_samples(n) as a job of n samples finishes; returns their
+# results in the jobs' order.
+JobRunner = Callable[[list[Job], Callable[[int], None]], list]
+
+
+def run_here(f: BatchFn) -> JobRunner:
+    """The default runner: every job in this process, in order."""
+
+    def run(jobs: list[Job], on_samples: Callable[[int], None]) -> list:
+        results = []
+        for job in jobs:
+            results.append(job.run(f))
+            on_samples(len(job.x))
+        return results
+
+    return run
+
+
+def _seeded(like: Tensor, seed: int) -> torch.Generator:
+    return torch.Generator(like.device).manual_seed(seed)
+
+
+def _next_seed(generator: torch.Generator | None) -> int:
+    """A job's seed, drawn in order from the estimate's generator (reproducible wherever the job runs)."""
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=device))
 
 
 @dataclass
@@ -127,15 +205,14 @@ def _randomised(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samp
 
 
 def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples) -> MeanTrace:
-    """One exact (or finite-difference) method on every sample, in progress-sized batches."""
-    trace_options = TraceOptions(
-        memory_bytes=options.memory_bytes, max_probes=options.max_probes, generator=options.generator
-    )
-    parts = []
-    for chunk in x.split(128):
-        parts.append(jacobian_trace(f, chunk, method, trace_options))
-        on_samples(len(chunk))
-    traces = concatenated(parts)
+    """One exact (or finite-difference) method on every sample, in shards."""
+    chunks = x.split(EXACT_SHARD)
+    jobs = [
+        ExactJob(chunk, method, options.memory_bytes, options.max_probes, _next_seed(options.generator))
+        for chunk in chunks
+    ]
+    runner = options.runner or run_here(f)
+    traces = concatenated([part.to(x.device) for part in runner(jobs, on_samples)])
     index = torch.arange(len(x), device=x.device)
     result = _summarised(traces, index, options.rtol, traces.products * len(x))
     if traces.fd_step is None:
@@ -170,11 +247,16 @@ class ProbeSampler:
         self.n = 0  # samples taken, in self.order
         self.k = PILOT_PROBES
 
-    def add(self, positions: Tensor, probes: int) -> None:
-        """`probes` more probes on each sample x[positions], in memory-sized batches."""
+    def add(self, positions: Tensor, probes: int, on_samples: Callable[[int], None] = lambda n: None) -> None:
+        """`probes` more probes on each sample x[positions], in shards of at most PROBE_SHARD samples
+        (fewer where the memory budget says so); on_samples(n) as each shard's n samples are done."""
         per_call = max(1, self.options.memory_bytes // (self.plan.bytes_per_product * MIN_DIRECTIONS_PER_CHUNK))
-        for batch in positions.split(per_call):
-            self.sums[:, batch] += probe_sums(self.f, self.x[batch], self.side, probes, self.plan, self.options)
+        shards = positions.split(min(per_call, PROBE_SHARD))
+        memory, gen = self.options.memory_bytes, self.options.generator
+        jobs = [ProbeJob(self.x[s], self.side, probes, self.plan, memory, _next_seed(gen)) for s in shards]
+        runner = self.options.runner or run_here(self.f)
+        for shard, sums in zip(shards, runner(jobs, on_samples)):
+            self.sums[:, shard] += sums.to(self.sums.device)
 
     def stats(self, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(probe count, per-sample mean, per-sample probe variance) at positions."""
@@ -222,10 +304,7 @@ class ProbeSampler:
         while True:
             self._top_up(self.order[: self.n], self.k)
             if self.planned_n > self.n:
-                new = self.order[self.n : self.planned_n]
-                for chunk in new.split(128):
-                    self.add(chunk, self.k)
-                    on_samples(len(chunk))
+                self.add(self.order[self.n : self.planned_n], self.k, on_samples)
                 self.n = self.planned_n
             count, t, _ = self.stats(self.order[: self.n])
             if float(t.std()) / math.sqrt(self.n) <= self.options.rtol * float(t.mean()) or self.n < 2:
@@ -270,16 +349,24 @@ class ProbeSampler:
         return result
 
 
-def probe_sums(f: BatchFn, x: Tensor, side: str, probes: int, plan: Plan, options: MeanOptions) -> Tensor:
+def probe_sums(
+    f: BatchFn,
+    x: Tensor,
+    side: str,
+    probes: int,
+    plan: Plan,
+    memory_bytes: int,
+    generator: torch.Generator | None,
+) -> Tensor:
     """[3, N]: count, sum and sum of squares of ||J v||^2 (side "inputs") or ||J^T u||^2 (side
     "outputs") over `probes` Rademacher probes per sample."""
     like, products = product_fn(f, x, side)
-    chunk = plan.directions_per_chunk(len(x), options.memory_bytes)
+    chunk = plan.directions_per_chunk(len(x), memory_bytes)
     sums = torch.zeros(3, len(x), dtype=torch.float64, device=x.device)
     done = 0
     while done < probes:
         n = min(chunk, probes - done)
-        sq = _squared_norms(products(rademacher((n, *like.shape), like, options.generator))).double()
+        sq = _squared_norms(products(rademacher((n, *like.shape), like, generator))).double()
         sums += torch.stack([torch.full_like(sq[0], n), sq.sum(0), sq.pow(2).sum(0)])
         done += n
     return sums
@@ -301,7 +388,7 @@ def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: Me
     sums = torch.zeros(3, len(samples), dtype=torch.float64, device=x.device)
     probes = CHECK_PROBES
     while True:
-        sums += probe_sums(f, samples, other, probes - int(sums[0, 0]), plan, options)
+        sums += probe_sums(f, samples, other, probes - int(sums[0, 0]), plan, options.memory_bytes, options.generator)
         count, total, total_sq = sums
         per_sample = total / count
         check_var = float((((total_sq - count * per_sample.pow(2)) / (count - 1)).clamp(min=0) / count).sum())

@@ -49,6 +49,18 @@ def test_in_memory_module_and_arrays_twice_give_the_same_valid_result(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
 
 
+def test_in_memory_module_and_arrays_on_worker_processes_give_the_in_process_result():
+    """workers=2: the in-memory module and arrays travel to two spawned workers in the recipe and
+    the attacks' numbers are exactly those of one process."""
+    x, y = DIGITS["x"][:300], DIGITS["y"][:300]
+    common = dict(attacks="kmeans,decoder", noise_sigma=0.2, prior="gaussian", quick=True)
+    alone = splitaudit.audit(small_encoder(), (x, y), **common)
+    pooled = splitaudit.audit(small_encoder(), (x, y), workers=2, **common)
+    assert pooled["run"]["workers"] == 2 and len({t["worker"] for t in pooled["run"]["tasks"]}) == 2
+    for name in ("kmeans", "decoder"):
+        assert pooled["attacks"][name]["metrics"] == alone["attacks"][name]["metrics"]
+
+
 def test_paths_and_rendering(tmp_path):
     result = splitaudit.audit(
         sample("breast_cancer_mlp.onnx"),

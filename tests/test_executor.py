@@ -104,6 +104,7 @@ def test_ray_run_report_equals_local(ray_instance, tmp_path):
     assert remote["bounds"]["van_trees_mse"] == local["bounds"]["van_trees_mse"]
     assert (local["run"]["executor"], local["run"]["workers"]) == ("local", 1)
     assert (remote["run"]["executor"], remote["run"]["workers"]) == ("ray", 2)
+    assert remote["run"]["dfil_shards"]["tasks"] >= 1 and remote["dfil"]["mean"] == pytest.approx(local["dfil"]["mean"])
     tasks = remote["run"]["tasks"]
     assert [t["attack"] for t in tasks] == QUICK_RUN["attacks"]
     assert all(t["status"] == "ok" and t["seconds"] > 0 and t["noise_sigma"] == 0.3 for t in tasks)
@@ -238,6 +239,31 @@ def test_worker_processes_give_the_in_process_numbers(tmp_path):
     assert (local["run"]["workers"], pooled["run"]["executor"], pooled["run"]["workers"]) == (1, "local", 2)
     workers = {t["worker"] for t in pooled["run"]["tasks"]}
     assert len(workers) == 2 and all(w.startswith("local/") for w in workers)
+    # the dFIL traces ran as shards on the workers, to the same numbers (float rounding apart)
+    assert "dfil_shards" not in local["run"] and pooled["run"]["dfil_shards"]["tasks"] >= 1
+    assert pooled["dfil"]["mean"] == pytest.approx(local["dfil"]["mean"], rel=1e-6)
+    assert pooled["bounds"]["van_trees_mse"] == pytest.approx(local["bounds"]["van_trees_mse"], rel=1e-6)
+
+
+def test_randomised_dfil_shards_on_workers_give_the_in_process_estimate(tmp_path):
+    """A ResNet-style stem whose trace is estimated with Hutchinson probes: its probe shards run on
+    two worker processes (each with its own copy of the model) and give the estimate of one
+    process, and the report says how many shard tasks ran."""
+    import numpy as np
+    import torch
+    from architectures import build
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.random((192, 3, 16, 16), dtype=np.float32), y=rng.integers(0, 3, 192))
+    common = dict(aux=str(tmp_path / "data.npz"), attacks=["none"], prior="gaussian", quick=True, dfil_rtol=0.2)
+    torch.manual_seed(0)
+    model = build("resnet", width=16, blocks=1)
+    alone = run_audit(AuditOptions(model=model, **common, out=str(tmp_path / "a")).validate())
+    pooled = run_audit(AuditOptions(model=model, **common, workers=2, out=str(tmp_path / "p")).validate())
+    assert alone["dfil"]["method"].startswith("hutchinson")
+    assert pooled["dfil"]["mean"] == pytest.approx(alone["dfil"]["mean"], rel=1e-5)
+    assert pooled["dfil"]["stderr"] == pytest.approx(alone["dfil"]["stderr"], rel=1e-5)
+    assert pooled["run"]["dfil_shards"]["tasks"] > 2 and pooled["run"]["dfil_shards"]["retried"] == 0
 
 
 def test_worker_time_out_retry_and_death_are_reported_and_the_pool_goes_on(cancer_ctx):

@@ -305,3 +305,30 @@ def test_cifar_resnet_split_at_layer_7_matches_the_float64_definition():
     for method in ("forward", "reverse", "auto"):
         got = jacobian_sq_norm(model, x, method=method).double()
         torch.testing.assert_close(got, reference, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("method", ["hutchinson", "reverse"])
+def test_shards_give_the_same_estimate_wherever_they_run(method):
+    """The products come in shards with their own seeds, drawn in order: shards that travel
+    (pickled, as to a worker process) and finish in any order give exactly the estimate computed
+    here, and every sample is reported to the progress callback once."""
+    import pickle
+
+    model, x = resnet_stem(), torch.rand(150, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    options = lambda runner=None: MeanOptions(rtol=0.1, generator=torch.Generator().manual_seed(3), runner=runner)
+    seen = []
+
+    def travelling(jobs, on_samples):
+        results = {}
+        for i in reversed(range(len(jobs))):  # out of order, each a pickled copy
+            results[i] = pickle.loads(pickle.dumps(jobs[i])).run(model)
+            on_samples(len(jobs[i].x))
+        seen.append(len(jobs))
+        return [results[i] for i in range(len(jobs))]
+
+    here = estimate_mean_trace(model, x, method, options())
+    counted = []
+    there = estimate_mean_trace(model, x, method, options(travelling), on_samples=counted.append)
+    assert torch.equal(here.traces.values, there.traces.values) and torch.equal(here.index, there.index)
+    assert (here.mean, here.stderr) == (there.mean, there.stderr) and there.check["passed"]
+    assert sum(seen) > 1 and sum(counted) >= len(there.index)
