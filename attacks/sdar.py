@@ -193,7 +193,7 @@ class SDARAttack(Attack):
     name = "sdar"
     kind = "reconstruction"
     primary_metric = "mse"
-    relative_cost = 100.0  # digits CNN on one CPU core: ~45 s a seed, the decoder ~7 s
+    relative_cost = 100.0  # digits CNN on one CPU core: ~35 s a seed, the decoder ~7 s
     needs = frozenset({"labels"})
     title = "SDAR inversion (no query access)"
     metrics = ("mse", "psnr", "ssim")

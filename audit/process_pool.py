@@ -1,5 +1,5 @@
-"""The local executor's worker processes (`--workers N`, or any `--task-timeout`): seed tasks on
-this machine's cores.
+"""The local executor's worker processes (`--workers N`, or any `--task-timeout`): attack seeds
+and dFIL shards on this machine's cores.
 
 Each worker is a fresh (spawned) Python process that rebuilds the audit context once from the
 parent's recipe (splitaudit.recipe) and then runs the tasks it is sent, one at a time, each

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext
+from splitaudit.errors import InputError
 from splitaudit.executor import Finished, SeedTask, TaskResult, schedule, timed_task
 from splitaudit.recipe import ContextRecipe, make_recipe, rebuild_context
 
@@ -41,6 +42,16 @@ def _run_on_worker(recipe_box: list, task: SeedTask):
     return outcome, error, seconds, f"{ray.get_runtime_context().get_node_id()[:8]}/{os.getpid()}"
 
 
+def cannot_connect(address: str, exc: Exception) -> str:
+    """One line for a cluster that refused or did not answer (bad input, exit 2)."""
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (
+        f"--ray-address {address}: cannot connect to the Ray cluster ({reason}). Is it running (ray status)? "
+        "A cluster with token authentication (Ray >= 2.59 turns it on for `ray start`) also needs "
+        "RAY_AUTH_MODE=token here, with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN"
+    )
+
+
 class RayExecutor:
     """Seed tasks on Ray: a local instance started (and shut down) here, or the cluster at `address`."""
 
@@ -51,7 +62,12 @@ class RayExecutor:
     ) -> None:
         self.started_here = not ray.is_initialized() and not address
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, RuntimeError) as exc:
+                if not address:
+                    raise
+                raise InputError(cannot_connect(address, exc)) from exc
         self.task_timeout = task_timeout
         resources = ray.cluster_resources()
         self.use_gpu = ctx.device.type == "cuda" and resources.get("GPU", 0) > 0

@@ -298,3 +298,21 @@ def test_worker_time_out_retry_and_death_are_reported_and_the_pool_goes_on(cance
     finally:
         pool.close()
     assert not any(worker.process.is_alive() for worker in pool.pool)
+
+
+def test_an_unreachable_ray_cluster_is_bad_input_in_one_line(monkeypatch, capsys):
+    """--ray-address to a cluster that refuses (here: ray.init raising as it does for a wrong
+    address or a missing token) ends with exit 2 and one line that says what to check."""
+    ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "splitaudit[ray]")')
+
+    def refuse(*_args, **_kwargs):
+        raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:1")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh process
+    args = ["run", QUICK_RUN["model"], "--aux", QUICK_RUN["aux"], "--quick", "--attacks", "kmeans"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--prior", "gaussian", "--executor", "ray", "--ray-address", "127.0.0.1:1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot connect" in err and "RAY_AUTH_MODE=token" in err
