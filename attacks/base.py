@@ -18,6 +18,7 @@ import time
 import types
 import typing
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -175,6 +176,12 @@ class Attack(ABC):
     @abstractmethod
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         """Run the attack once with this seed."""
+
+    def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float | None:
+        """Seconds all its seeds are expected to take (splitaudit.cost's up-front estimate), or None
+        when the attack has no cost model. pass_seconds: one encoder forward + backward pass per
+        sample; timed(step): the least seconds of a call of step, over repeated calls."""
+        return None
 
     def missing(self, ctx: AuditContext) -> str | None:
         """Why the attack cannot run on these inputs, or None when it can."""

@@ -19,6 +19,7 @@ On the digits CNN the Gaussian prior beat TV and their product at sigma in {0.1,
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,13 @@ class OptimizationAttack(Attack):
         "the noise level, observes the target embeddings, and fits its prior and starting "
         "point (the aux mean) to auxiliary data from the same distribution."
     )
+
+    def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
+        """Encoder passes: steps x samples x 2 (unbiased and MAP inverted together), every seed."""
+        settings = dataclasses.asdict(self.options(ctx))
+        n = min(len(ctx.target), settings["quick_samples"] if ctx.quick else settings["samples"])
+        steps = settings["quick_steps"] if ctx.quick else settings["steps"]
+        return len(ctx.seeds) * steps * 2 * n * pass_seconds
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         settings = dataclasses.asdict(self.options(ctx))

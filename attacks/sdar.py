@@ -207,6 +207,30 @@ class SDARAttack(Attack):
         "trained top model when one is given (Zhu et al., NDSS 2025)."
     )
 
+    def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
+        """A few of its own training iterations, timed on this model and data, times the
+        iterations of every seed and ablation variant."""
+        settings = sdar_settings(ctx)
+        known = ctx.target.y if settings["labels"] == "known" else None
+        observed = ctx.observed_embeddings("target", ctx.generator(0))
+        with seeded(0), threads_for(ctx.aux.x.numel(), ctx.device):
+            nets = SDARNets.build(
+                ctx,
+                0,
+                FULL,
+                known,
+                settings["labels"] != "inferred",
+                settings["label_flip"],
+                settings["simulator_init"],
+                settings["lr_scale"],
+            )
+            gen = ctx.generator(TRAINING_STREAM)
+            batch = settings["batch_size"]
+            streams = (BatchStream(len(ctx.aux), batch, gen), BatchStream(len(observed), batch, gen))
+            iteration = timed(lambda: sdar_iteration(ctx, nets, observed, gen, streams))
+        variants = 1 + (len(ABLATIONS) if settings["ablation"] else 0)
+        return len(ctx.seeds) * variants * settings["iterations"] * iteration
+
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         settings = sdar_settings(ctx)
         target = ctx.target

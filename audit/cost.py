@@ -2,15 +2,16 @@
 
 Forward and backward passes of the encoder (and one step of the score network) are timed on
 a small batch, then multiplied by the work each stage plans: the Jacobian products of the dFIL
-traces (the choice estimators/mean_trace.py's auto makes), the prior's capped training, and the
-inversion steps of the optimization attack on every seed. The estimate is rough (a randomised
-trace stops when its error target is met; training stops early), meant to tell minutes from
-hours. Attacks without a cost model are listed as not estimated. Pure computation, no I/O.
+traces (the choice estimators/mean_trace.py's auto makes), the prior's capped training, and each
+attack's own cost model (Attack.estimated_seconds: the optimization attack's inversion steps in
+encoder passes, SDAR's training iterations timed on the model and data), over every seed. The
+estimate is rough (a randomised trace stops when its error target is met; training stops
+early), meant to tell minutes from hours. Attacks without a cost model are listed as not
+estimated. Pure computation, no I/O.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -147,13 +148,8 @@ def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> float:
 
 
 def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> float | None:
-    """Seconds of an attack over all its seeds, for the attacks whose cost is encoder passes
-    (None for the others: their nets and solvers are not timed)."""
-    if name != "optimization":
-        return None
+    """Seconds of an attack over all its seeds, from the attack's own cost model (None for the
+    attacks without one)."""
     from splitaudit.attacks import get_attack
 
-    settings = dataclasses.asdict(get_attack(name).options(ctx))
-    n = min(len(ctx.target), settings["quick_samples"] if ctx.quick else settings["samples"])
-    steps = settings["quick_steps"] if ctx.quick else settings["steps"]
-    return len(ctx.seeds) * steps * 2 * n * pass_seconds  # unbiased and MAP inverted together
+    return get_attack(name).estimated_seconds(ctx, pass_seconds, _timed)

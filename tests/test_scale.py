@@ -147,19 +147,48 @@ def test_raw_inputs_over_4096_dimensions_are_reduced_and_still_cluster():
     assert small.shape == (10, 64) and none["reduction"] == "none"
 
 
-def _cost(size: int, prior: str, quick: bool = False):
+def _cost_context(size: int, quick: bool = False, attack_options: dict | None = None):
     from splitaudit.context import AuditContext
-    from splitaudit.cost import estimate_cost
     from splitaudit.data import Dataset
 
     x, y = smooth_images(32, size)
-    ctx = AuditContext(
+    return AuditContext(
         encoder=encoder_of(build("resnet"), x),
         aux=Dataset(x=x[:16], y=y[:16]),
         target=Dataset(x=x[16:], y=y[16:]),
         quick=quick,
+        attack_options=attack_options or {},
     )
-    return estimate_cost(ctx, prior, 0.25, ["optimization", "kmeans"])
+
+
+def _cost(size: int, prior: str, quick: bool = False):
+    from splitaudit.cost import estimate_cost
+
+    return estimate_cost(_cost_context(size, quick), prior, 0.25, ["optimization", "kmeans"])
+
+
+@pytest.mark.parametrize("ablation", [False, True])
+def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_variant(ablation, monkeypatch):
+    """SDAR's estimate times its own training iteration on the model and data (one real iteration
+    here, its time fixed at 0.5 s) and multiplies by iterations x seeds x variants (3 with the
+    ablation: without d1 and without d2)."""
+    from splitaudit import cost
+    from splitaudit.attacks.sdar import sdar_settings
+
+    steps = []
+
+    def timed(step):
+        step()
+        steps.append(step)
+        return 0.5
+
+    monkeypatch.setattr(cost, "_timed", timed)
+    ctx = _cost_context(16, attack_options={"sdar": {"ablation": ablation}})
+    estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["sdar"])
+    settings = sdar_settings(ctx)
+    expected = len(ctx.seeds) * settings["iterations"] * (3 if ablation else 1) * 0.5
+    assert estimate.stages["sdar"] == pytest.approx(expected) and estimate.not_estimated == []
+    assert len(steps) == 2  # the encoder pass and one SDAR iteration
 
 
 def test_cost_estimate_is_positive_finite_and_grows_with_the_input():
