@@ -1,10 +1,12 @@
-"""Where the attacks run: in this process (`local`, the default) or as tasks on Ray (`ray`).
+"""Where the audit's tasks run: in this process (`local`, the default), on local worker processes
+(`--workers N`, splitaudit.process_pool) or on Ray (`ray`, splitaudit.ray_executor).
 
-The unit of work is one seed of one attack at one noise sigma (a `SeedTask`). Both backends run
-it through `run_seed_task`, which seeds torch's global generator from the task alone, so a
-task's answer does not depend on which tasks ran before it in the same process: the report's
-numbers are the same whichever backend (and however many workers) ran them. The Ray backend
-lives in `splitaudit.ray_executor` and is imported only when asked for, so nothing else needs Ray.
+The units of work are one seed of one attack at one noise sigma (a `SeedTask`) and one shard of
+the dFIL traces' Jacobian products (a `ShardTask`). A seed task seeds torch's global generator
+from the task alone (`run_seed_task`) and a shard carries its own seed, so a task's answer does
+not depend on which tasks ran before it in the same process: the report's numbers are the same
+whichever backend (and however many workers) ran them. `schedule` is the one scheduler of the
+worker backends (heaviest first, retry once, time-outs). Ray is imported only when asked for.
 """
 
 from __future__ import annotations

@@ -95,6 +95,8 @@ def audit(args) -> None:
                     exit_code = stop.code or 0
         if exit_code not in (0, 1):
             print(quiet.getvalue()[-3000:])
+        estimates = [line for line in quiet.getvalue().splitlines() if "this audit may take" in line]
+        print("\n".join(estimates) or "no up-front cost estimate was printed (estimated under 3 minutes)")
     print(
         f"splitaudit run --quick --attacks all: ResNet stem width {args.width} at 3x{args.size}x{args.size}, "
         f"{args.samples} samples, dynamo ONNX; torch threads {torch.get_num_threads()}, load average "
