@@ -324,11 +324,15 @@ def test_ablation_option_adds_one_mse_per_variant(digits_top_ctx):
     assert metrics["mse_no_d1"] != metrics["mse"] and metrics["mse_no_d2"] != metrics["mse"]
 
 
-def test_large_noise_raises_sdar_mse(digits_top_ctx, sdar_entry):
-    """Quick runs (150 iterations): measured 0.0592 with sigma = 3 against 0.0496 without (1.19x);
-    the gap grows with training, the smoke budget only shows its sign."""
-    noisy = get_attack("sdar").run(dataclasses.replace(digits_top_ctx, noise_sigma=3.0))
-    assert noisy["metrics"]["mse"] > 1.1 * sdar_entry["metrics"]["mse"]
+def test_large_noise_raises_sdar_mse(digits_top_ctx):
+    """The cpu preset at a smoke budget (150 iterations) on every device (a GPU's default, the
+    paper preset, is too far from trained at 150 iterations to show it): measured 0.0437 with sigma
+    = 3 against 0.0281 without (1.56x); the gap grows with training, this budget only shows its sign."""
+    smoke = {"sdar": {"preset": "cpu", "iterations": 150}}
+    mse = lambda sigma: get_attack("sdar").run(
+        dataclasses.replace(digits_top_ctx, noise_sigma=sigma, attack_options=smoke)
+    )["metrics"]["mse"]
+    assert mse(3.0) > 1.2 * mse(0.0)
 
 
 def test_sdar_runs_without_a_top_model_on_a_jointly_trained_head(digits_ctx):
