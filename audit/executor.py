@@ -25,6 +25,7 @@ from splitaudit.config import EXECUTORS
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
 from splitaudit.estimators.mean_trace import Job
+from splitaudit.safety import machine_memory_bytes
 
 MAX_ATTEMPTS = 2  # a task that fails on a worker is retried once
 POLL_SECONDS = 1.0  # how often a scheduler looks at its running tasks' time-outs
@@ -236,15 +237,28 @@ def open_executor(name: str, options, ctx: AuditContext) -> Executor:
     return RayExecutor(options, ctx, address=options.ray_address, task_timeout=options.task_timeout)
 
 
+WORKER_BASE_BYTES = 768 * 1024**2  # a spawned worker before its data: Python, torch, model, working memory
+
+
 def local_workers(asked: int | None, ctx: AuditContext) -> int:
     """Worker processes for the local executor: as asked, or (None: auto) one per CPU core this
-    process may use; one on a GPU (processes would only queue for the one device) and for --quick
+    process may use, as many as half this machine's memory holds (each keeps its own copy of the
+    model and data); one on a GPU (processes would only queue for the one device) and for --quick
     smoke runs (a worker's start-up, ~4 s, costs more than their short tasks)."""
     if asked is not None:
         return asked
     if ctx.device.type != "cpu" or ctx.quick:
         return 1
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, machine_memory_bytes() // 2 // worker_bytes(ctx)))
+
+
+def worker_bytes(ctx: AuditContext) -> int:
+    """A worker's memory: the base, its data (twice: loading copies it) and the model's weights."""
+    data = sum(part.x.numel() * part.x.element_size() for part in (ctx.aux, ctx.target))
+    architecture = ctx.encoder.architecture()
+    weights = sum(p.numel() * p.element_size() for p in architecture.parameters()) if architecture else 0
+    return WORKER_BASE_BYTES + 2 * data + weights
 
 
 def run_attack_grid(

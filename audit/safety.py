@@ -16,14 +16,18 @@ from splitaudit.errors import InputError
 GIB = 1024**3
 
 
+def machine_memory_bytes() -> int:
+    """This machine's physical memory (16 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX systems
+        return 16 * GIB
+
+
 def memory_limit_bytes() -> int:
     """What one loaded input may declare: a quarter of this machine's memory (arrays are copied
     while loading, e.g. to float32 and to the device), at least 1 GiB."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX systems
-        total = 16 * GIB
-    return max(GIB, total // 4)
+    return max(GIB, machine_memory_bytes() // 4)
 
 
 def describe_bytes(n: float) -> str:

@@ -316,3 +316,21 @@ def test_an_unreachable_ray_cluster_is_bad_input_in_one_line(monkeypatch, capsys
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cannot connect" in err and "RAY_AUTH_MODE=token" in err
+
+
+def test_auto_workers_take_the_cores_that_half_the_memory_holds(cancer_ctx, monkeypatch):
+    """--workers auto: one per core, but no more than half the machine's memory holds (each worker
+    keeps its own model and data); one for --quick; a count given is taken as it is."""
+    import os
+
+    from splitaudit import executor
+
+    full = replace(cancer_ctx, quick=False)
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(executor, "machine_memory_bytes", lambda: 10**15)
+    assert executor.local_workers(None, full) == cores
+    monkeypatch.setattr(executor, "machine_memory_bytes", lambda: 3 * executor.worker_bytes(full))
+    assert executor.local_workers(None, full) == 1
+    assert executor.local_workers(None, replace(full, quick=True)) == 1
+    assert executor.local_workers(3, full) == 3
+    assert executor.worker_bytes(full) > executor.WORKER_BASE_BYTES
