@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import pickle
 import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -23,6 +24,7 @@ from tqdm import tqdm
 
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext
+from splitaudit.errors import InputError
 from splitaudit.executor import Finished, SeedTask, TaskResult, schedule, timed_task
 from splitaudit.recipe import ContextRecipe, make_recipe, rebuild_context
 
@@ -74,7 +76,13 @@ class ProcessPool:
         process = self.spawn.Process(
             target=serve, args=(self.recipe, self.device, self.threads, child), daemon=True, name="splitaudit-worker"
         )
-        process.start()
+        try:
+            process.start()
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # an in-memory model that cannot travel
+            raise InputError(
+                f"worker processes need a model and data that pickle ({type(exc).__name__}: {exc}); "
+                "use --workers 1 (workers=1)"
+            ) from exc
         child.close()
         return Worker(process, parent)
 

@@ -61,6 +61,23 @@ def test_in_memory_module_and_arrays_on_worker_processes_give_the_in_process_res
         assert pooled["attacks"][name]["metrics"] == alone["attacks"][name]["metrics"]
 
 
+def test_a_model_that_cannot_travel_to_worker_processes_is_bad_input():
+    """workers=2 ships the model to spawned processes: a module holding a lambda does not pickle,
+    which is an InputError that says to use one worker, not an internal error."""
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.scale = small_encoder(), lambda z: 2 * z
+
+        def forward(self, x):
+            return self.scale(self.inner(x))
+
+    x, y = DIGITS["x"][:300], DIGITS["y"][:300]
+    with pytest.raises(InputError, match="workers 1"):
+        splitaudit.audit(Scaled(), (x, y), attacks="kmeans", prior="gaussian", workers=2)
+
+
 def test_paths_and_rendering(tmp_path):
     result = splitaudit.audit(
         sample("breast_cancer_mlp.onnx"),
