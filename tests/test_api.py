@@ -53,7 +53,7 @@ def test_in_memory_module_and_arrays_on_worker_processes_give_the_in_process_res
     """workers=2: the in-memory module and arrays travel to two spawned workers in the recipe and
     the attacks' numbers are exactly those of one process."""
     x, y = DIGITS["x"][:300], DIGITS["y"][:300]
-    common = dict(attacks="kmeans,decoder", noise_sigma=0.2, prior="gaussian", quick=True)
+    common = dict(attacks="kmeans,decoder", noise_sigma=0.2, prior="gaussian", quick=True, device="cpu")
     alone = splitaudit.audit(small_encoder(), (x, y), **common)
     pooled = splitaudit.audit(small_encoder(), (x, y), workers=2, **common)
     assert pooled["run"]["workers"] == 2 and len({t["worker"] for t in pooled["run"]["tasks"]}) == 2

@@ -231,8 +231,9 @@ def test_ray_sweep_points_equal_local(ray_instance, tmp_path):
 def test_worker_processes_give_the_in_process_numbers(tmp_path):
     """--workers 2: tasks run in two spawned processes that rebuilt the context from the recipe,
     and the report's numbers and examples are exactly the in-process loop's."""
-    local = run_audit(AuditOptions(**QUICK_RUN, out=str(tmp_path / "l")).validate())
-    pooled = run_audit(AuditOptions(**QUICK_RUN, out=str(tmp_path / "p"), workers=2).validate())
+    on_cpu = {**QUICK_RUN, "device": "cpu"}  # bit-identical where the computation is deterministic: on CPU
+    local = run_audit(AuditOptions(**on_cpu, out=str(tmp_path / "l")).validate())
+    pooled = run_audit(AuditOptions(**on_cpu, out=str(tmp_path / "p"), workers=2).validate())
     for name in QUICK_RUN["attacks"]:
         assert attack_numbers(pooled["attacks"][name]) == attack_numbers(local["attacks"][name])
         assert pooled["attacks"][name]["examples"] == local["attacks"][name]["examples"]
@@ -255,7 +256,9 @@ def test_randomised_dfil_shards_on_workers_give_the_in_process_estimate(tmp_path
 
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "data.npz", x=rng.random((192, 3, 16, 16), dtype=np.float32), y=rng.integers(0, 3, 192))
-    common = dict(aux=str(tmp_path / "data.npz"), attacks=["none"], prior="gaussian", quick=True, dfil_rtol=0.2)
+    common = dict(
+        aux=str(tmp_path / "data.npz"), attacks=["none"], prior="gaussian", quick=True, dfil_rtol=0.2, device="cpu"
+    )
     torch.manual_seed(0)
     model = build("resnet", width=16, blocks=1)
     alone = run_audit(AuditOptions(model=model, **common, out=str(tmp_path / "a")).validate())
@@ -323,14 +326,18 @@ def test_auto_workers_take_the_cores_that_half_the_memory_holds(cancer_ctx, monk
     keeps its own model and data); one for --quick; a count given is taken as it is."""
     import os
 
+    import torch
+
     from splitaudit import executor
 
-    full = replace(cancer_ctx, quick=False)
+    on = lambda device: replace(cancer_ctx.encoder, device=torch.device(device))
+    full = replace(cancer_ctx, quick=False, encoder=on("cpu"))
     cores = len(os.sched_getaffinity(0))
     monkeypatch.setattr(executor, "machine_memory_bytes", lambda: 10**15)
     assert executor.local_workers(None, full) == cores
     monkeypatch.setattr(executor, "machine_memory_bytes", lambda: 3 * executor.worker_bytes(full))
     assert executor.local_workers(None, full) == 1
     assert executor.local_workers(None, replace(full, quick=True)) == 1
+    assert executor.local_workers(None, replace(full, encoder=on("cuda"))) == 1  # one GPU: one worker
     assert executor.local_workers(3, full) == 3
     assert executor.worker_bytes(full) > executor.WORKER_BASE_BYTES
