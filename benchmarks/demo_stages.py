@@ -107,7 +107,7 @@ def instrument(clock: StageClock, results: list[dict]) -> None:
     from splitaudit import leakage
 
     clock.wrap(pipeline, "prepare_context", "load model + data")
-    clock.wrap(leakage, "assess", "leakage: dFIL, prior, bounds")
+    clock.wrap(leakage, "measure", "leakage: dFIL traces, prior")
     clock.wrap(leakage, "_jacobian_traces", "Jacobian traces")
     clock.wrap(leakage, "_prior", "prior J(pi)")
     clock.wrap(reports, "write_reports", "reports (write)")
@@ -142,7 +142,8 @@ def main() -> None:
         quiet = io.StringIO()
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             try:
-                cli.demo.callback(out=out, quick=args.quick, device=args.device, debug=True, as_sweep=False)
+                # one process (--workers 1): the stages are timed where they run
+                cli.demo.callback(out=out, quick=args.quick, device=args.device, debug=True, as_sweep=False, workers=1)
             except SystemExit as stop:  # a failing gate exits 1 after writing every report
                 exit_code = stop.code or 0
     print(
