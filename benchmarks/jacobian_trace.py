@@ -29,8 +29,8 @@ import torch.nn as nn
 from torch.func import jvp, vjp, vmap
 
 from splitaudit.estimators import jacobian_trace
-from splitaudit.estimators.jacobian import DEFAULT_MEMORY_BYTES, measure_plan
-from splitaudit.estimators.structured import _chunks, _products, find_colouring
+from splitaudit.estimators.jacobian import DEFAULT_MEMORY_BYTES, measure_plan, product_fn
+from splitaudit.estimators.structured import _chunks, find_colouring
 
 RTOL = 1e-4
 FORWARD_CHUNK = 100
@@ -82,7 +82,7 @@ def forward_chunks(f, x: torch.Tensor) -> torch.Tensor:
 
 def bare_products(f, x: torch.Tensor, side: str, direction_chunks: list[torch.Tensor]) -> None:
     """The engine's products alone (vmapped vjps or jvps) on ready directions."""
-    _, products = _products(f, x, side)
+    _, products = product_fn(f, x, side)
     for directions in direction_chunks:
         products(directions)
 
