@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,22 @@ class DecoderAttack(Attack):
         "bottom model as a black box on its own auxiliary data from the same distribution; it "
         "knows the noise level. It trains a decoder from embeddings to inputs on that data."
     )
+
+    def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
+        """Its training at the epoch cap, an upper bound (early stopping usually ends it sooner): a
+        training step timed on a batch of this model's embeddings, times the steps of every epoch
+        and seed."""
+        settings = dataclasses.asdict(self.options(ctx))
+        batch = max(2, min(settings["batch_size"], len(ctx.aux)))
+        with seeded(0):
+            decoder = Decoder(ctx.encoder.output_shape, ctx.encoder.input_shape, ctx.aux.in_unit_range).to(ctx.device)
+        optimizer = torch.optim.Adam(decoder.parameters(), lr=settings["lr"])
+        z, x = ctx.clean_embeddings("aux")[:batch], ctx.aux.x[:batch]
+        with threads_for(ctx.aux.x.numel(), ctx.device):
+            step = timed(lambda: train_step(decoder.train(), optimizer, z, x))
+        n_train = len(ctx.aux) - max(1, math.ceil(settings["holdout_fraction"] * len(ctx.aux)))
+        epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
+        return len(ctx.seeds) * epochs * math.ceil(n_train / settings["batch_size"]) * step
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         settings = dataclasses.asdict(self.options(ctx))
@@ -121,12 +138,15 @@ def train_epoch(
     """One shuffled pass; batches of one sample are dropped (batch norm needs two)."""
     decoder.train()
     for batch in torch.randperm(len(z), generator=gen, device=gen.device).split(batch_size):
-        if len(batch) < 2:
-            continue
-        optimizer.zero_grad()
-        loss = (decoder(z[batch]) - x[batch]).pow(2).mean()
-        loss.backward()
-        optimizer.step()
+        if len(batch) >= 2:
+            train_step(decoder, optimizer, z[batch], x[batch])
+
+
+def train_step(decoder: nn.Module, optimizer: torch.optim.Optimizer, z: torch.Tensor, x: torch.Tensor) -> None:
+    """One Adam step on the batch's reconstruction MSE."""
+    optimizer.zero_grad()
+    (decoder(z) - x).pow(2).mean().backward()
+    optimizer.step()
 
 
 @torch.no_grad()

@@ -4,7 +4,8 @@ Forward and backward passes of the encoder (and one step of the score network) a
 a small batch, then multiplied by the work each stage plans: the Jacobian products of the dFIL
 traces (the choice estimators/mean_trace.py's auto makes), the prior's capped training, and each
 attack's own cost model (Attack.estimated_seconds: the optimization attack's inversion steps in
-encoder passes, SDAR's training iterations timed on the model and data), over every seed. The
+encoder passes, SDAR's training iterations and the decoder's steps up to its epoch cap, timed on
+the model and data), over every seed. The
 estimate is rough (a randomised trace stops when its error target is met; training stops
 early), meant to tell minutes from hours. Attacks without a cost model are listed as not
 estimated. Pure computation, no I/O.

@@ -271,3 +271,16 @@ def test_embedding_reports_progress_batch_by_batch(monkeypatch):
     first = ctx.clean_embeddings("aux")
     assert steps == [6, 6, 2] and bars[0].n == 14 and bars[0].desc == "embedding aux"
     assert torch.equal(ctx.clean_embeddings("aux"), first) and len(bars) == 1
+
+
+def test_decoder_cost_is_a_timed_step_times_the_steps_of_every_capped_epoch_and_seed(monkeypatch):
+    """The decoder's estimate is an upper bound: a real training step on a batch of the model's
+    embeddings (its time fixed at 0.5 s here) times the steps of its epoch cap, for every seed."""
+    from splitaudit import cost
+
+    monkeypatch.setattr(cost, "_timed", lambda step: (step(), 0.5)[1])
+    ctx = _cost_context(16)  # 16 aux samples: 2 held out, 14 trained on in one batch of 64
+    estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["decoder"])
+    assert estimate.stages["decoder"] == pytest.approx(len(ctx.seeds) * 200 * 1 * 0.5)
+    quick = cost.estimate_cost(_cost_context(16, quick=True), "gaussian", 0.25, ["decoder"])
+    assert quick.stages["decoder"] == pytest.approx(1 * 15 * 1 * 0.5)
