@@ -70,11 +70,14 @@ class ShardTask:
         return result.to("cpu")
 
 
+Task = SeedTask | ShardTask
+
+
 @dataclass
 class TaskResult:
     """What became of a task: its outcome, or why it failed, and what it cost."""
 
-    task: SeedTask | ShardTask
+    task: Task
     outcome: object  # SeedOutcome for a SeedTask, the job's result for a ShardTask; None on failure
     error: str | None
     seconds: float
@@ -99,7 +102,7 @@ class Executor(Protocol):
     workers: int
     task_timeout: float | None
 
-    def map(self, ctx: AuditContext, tasks: list[SeedTask], bar: tqdm) -> list[TaskResult]:
+    def map(self, ctx: AuditContext, tasks: list[Task], bar: tqdm) -> list[TaskResult]:
         """Every task's result, in the tasks' order; a failing task never raises."""
 
     def close(self) -> None:
@@ -115,7 +118,7 @@ def run_seed_task(ctx: AuditContext, task: SeedTask) -> SeedOutcome:
         return get_attack(task.attack).run_seed(point, task.seed)
 
 
-def timed_task(ctx: AuditContext, task: SeedTask | ShardTask) -> tuple[object, str | None, float]:
+def timed_task(ctx: AuditContext, task: Task) -> tuple[object, str | None, float]:
     """(outcome, None, seconds) or (None, reason, seconds): a task's failure is data, not an error."""
     start = time.perf_counter()
     try:
@@ -131,7 +134,7 @@ class LocalExecutor:
     workers = 1
     task_timeout = None  # a time-out needs a worker process (ProcessPool)
 
-    def map(self, ctx: AuditContext, tasks: list[SeedTask], bar: tqdm) -> list[TaskResult]:
+    def map(self, ctx: AuditContext, tasks: list[Task], bar: tqdm) -> list[TaskResult]:
         results = []
         for task in tasks:
             bar.set_postfix_str(f"running 1, {task.attack} seed {task.seed}")
@@ -149,7 +152,7 @@ class Slots(Protocol):
 
     workers: int
 
-    def start(self, task: SeedTask) -> Hashable:
+    def start(self, task: Task) -> Hashable:
         """Start the task; a handle to wait on."""
 
     def wait(self, handles: list[Hashable], timeout: float) -> list[tuple[Hashable, Finished]]:
@@ -169,7 +172,7 @@ class Finished:
     worker: str
 
 
-def schedule(slots: Slots, tasks: list[SeedTask], bar: tqdm, task_timeout: float | None) -> list[TaskResult]:
+def schedule(slots: Slots, tasks: list[Task], bar: tqdm, task_timeout: float | None) -> list[TaskResult]:
     """Every task's result, in the tasks' order: at most `slots.workers` run at once, the heaviest
     attacks first (so the last tasks to start are short ones and the workers finish together);
     a task that fails or passes `task_timeout` (counted from its start) is retried once, then

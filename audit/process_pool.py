@@ -25,7 +25,7 @@ from tqdm import tqdm
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
-from splitaudit.executor import Finished, SeedTask, TaskResult, schedule, timed_task
+from splitaudit.executor import Finished, Task, TaskResult, schedule, timed_task
 from splitaudit.recipe import ContextRecipe, make_recipe, rebuild_context
 
 STOP_SECONDS = 5.0  # how long a worker may take to exit when asked, before it is terminated
@@ -94,10 +94,10 @@ class ProcessPool:
         except (EOFError, OSError):
             pass
 
-    def map(self, ctx: AuditContext, tasks: list[SeedTask], bar: tqdm) -> list[TaskResult]:
+    def map(self, ctx: AuditContext, tasks: list[Task], bar: tqdm) -> list[TaskResult]:
         return schedule(self, tasks, bar, self.task_timeout)
 
-    def start(self, task: SeedTask) -> int:
+    def start(self, task: Task) -> int:
         worker = next(w for w in self.pool if w.token is None)
         worker.token = next(self.tokens)
         try:

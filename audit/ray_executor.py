@@ -19,7 +19,7 @@ from tqdm import tqdm
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
-from splitaudit.executor import Finished, SeedTask, TaskResult, schedule, timed_task
+from splitaudit.executor import Finished, Task, TaskResult, schedule, timed_task
 from splitaudit.recipe import ContextRecipe, make_recipe, rebuild_context
 
 _CONTEXTS: dict[str, AuditContext] = {}  # per worker process: recipe key -> rebuilt context
@@ -37,7 +37,7 @@ def context_on_worker(recipe_box: list) -> AuditContext:
 
 
 @ray.remote(max_retries=0)
-def _run_on_worker(recipe_box: list, task: SeedTask):
+def _run_on_worker(recipe_box: list, task: Task):
     outcome, error, seconds = timed_task(context_on_worker(recipe_box), task)
     return outcome, error, seconds, f"{ray.get_runtime_context().get_node_id()[:8]}/{os.getpid()}"
 
@@ -78,10 +78,10 @@ class RayExecutor:
         )
         self.recipe_box = [uuid.uuid4().hex, ray.put(make_recipe(options, ctx))]
 
-    def map(self, ctx: AuditContext, tasks: list[SeedTask], bar: tqdm) -> list[TaskResult]:
+    def map(self, ctx: AuditContext, tasks: list[Task], bar: tqdm) -> list[TaskResult]:
         return schedule(self, tasks, bar, self.task_timeout)
 
-    def start(self, task: SeedTask):
+    def start(self, task: Task):
         return self.remote.remote(self.recipe_box, task)
 
     def wait(self, handles: list, timeout: float) -> list[tuple[object, Finished]]:
