@@ -29,7 +29,8 @@ embeddings by their noise alone), and the decoder learns to decode noisy embeddi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -213,23 +214,11 @@ class SDARAttack(Attack):
         settings = sdar_settings(ctx)
         known = ctx.target.y if settings["labels"] == "known" else None
         observed = ctx.observed_embeddings("target", ctx.generator(0))
-        with seeded(0), threads_for(ctx.aux.x.numel(), ctx.device):
-            nets = SDARNets.build(
-                ctx,
-                0,
-                FULL,
-                known,
-                settings["labels"] != "inferred",
-                settings["label_flip"],
-                settings["simulator_init"],
-                settings["lr_scale"],
-            )
-            gen = ctx.generator(TRAINING_STREAM)
-            batch = settings["batch_size"]
-            streams = (BatchStream(len(ctx.aux), batch, gen), BatchStream(len(observed), batch, gen))
-            iteration = timed(lambda: sdar_iteration(ctx, nets, observed, gen, streams))
+        training = sdar_training(ctx, observed, known, 0, settings["batch_size"], FULL, **training_options(settings))
+        with training as (_, iteration):
+            seconds = timed(iteration)
         variants = 1 + (len(ABLATIONS) if settings["ablation"] else 0)
-        return len(ctx.seeds) * variants * settings["iterations"] * iteration
+        return len(ctx.seeds) * variants * settings["iterations"] * seconds
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         settings = sdar_settings(ctx)
@@ -244,10 +233,7 @@ class SDARAttack(Attack):
             settings["iterations"],
             settings["batch_size"],
             regularizers,
-            conditional=settings["labels"] != "inferred",
-            label_flip=settings["label_flip"],
-            simulator_init=settings["simulator_init"],
-            lr_scale=settings["lr_scale"],
+            **training_options(settings),
         )
         x_hat, labels = run(FULL)
         metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
@@ -323,6 +309,16 @@ def sdar_settings(ctx: AuditContext) -> dict:
     }
 
 
+def training_options(settings: dict) -> dict:
+    """The keyword arguments of sdar_reconstruct/sdar_training that a run's settings decide."""
+    return {
+        "conditional": settings["labels"] != "inferred",
+        "label_flip": settings["label_flip"],
+        "simulator_init": settings["simulator_init"],
+        "lr_scale": settings["lr_scale"],
+    }
+
+
 def majority_class_accuracy(aux_y: torch.Tensor, target_y: torch.Tensor) -> float:
     """Label accuracy of always guessing the aux data's most frequent class (the label baseline)."""
     majority = torch.bincount(aux_y).argmax()
@@ -364,23 +360,45 @@ def sdar_reconstruct(
     `known_labels` are the targets' labels when the server holds them, else None (the
     classifier's). `conditional=False` is the U-shaped attack: label-free decoder and
     discriminators, and the classifier trained on aux labels flipped with probability
-    `label_flip`. `lr_scale` multiplies every learning rate (the cpu preset's 4). `after_iteration(i, nets)`, when given, runs after iteration i
-    (benchmarks/sdar_curve.py measures the learning curve with it). Returns the reconstructions
-    and the target labels the classifier gives (or the known ones).
+    `label_flip`. `lr_scale` multiplies every learning rate (the cpu preset's 4).
+    `after_iteration(i, nets)`, when given, runs after iteration i (benchmarks/sdar_curve.py
+    measures the learning curve with it). Returns the reconstructions and the target labels the
+    classifier gives (or the known ones).
     """
-    # Dropout draws from the global RNG (seeded: reproducible runs). The networks are small: on
-    # CPU one thread avoids the threads' hand-offs that slow small ops down on busy cores.
-    with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
-        nets = SDARNets.build(ctx, seed, regularizers, known_labels, conditional, label_flip, simulator_init, lr_scale)
-        gen = ctx.generator(seed + TRAINING_STREAM)
-        streams = (BatchStream(len(ctx.aux), batch_size, gen), BatchStream(len(observed), batch_size, gen))
+    with sdar_training(
+        ctx, observed, known_labels, seed, batch_size, regularizers, conditional, label_flip, simulator_init, lr_scale
+    ) as (nets, iteration):
         with ctx.progress(total=iterations, desc=f"sdar (seed {seed})") as bar:
             for i in range(1, iterations + 1):
-                sdar_iteration(ctx, nets, observed, gen, streams)
+                iteration()
                 if after_iteration is not None:
                     after_iteration(i, nets)
                 bar.update(1)
         return nets.decode(observed)
+
+
+@contextmanager
+def sdar_training(
+    ctx: AuditContext,
+    observed: torch.Tensor,
+    known_labels: torch.Tensor | None,
+    seed: int,
+    batch_size: int,
+    regularizers: Regularizers,
+    conditional: bool = True,
+    label_flip: float = 0.0,
+    simulator_init: str = "kaiming",
+    lr_scale: float = 1.0,
+) -> Iterator[tuple["SDARNets", Callable[[], None]]]:
+    """SDAR's freshly built networks and a function that runs one training iteration, inside the
+    attack's seeded, thread-limited scope (sdar_reconstruct trains with it, the cost estimate
+    times it). Dropout draws from the global RNG (seeded: reproducible runs). The networks are
+    small: on CPU one thread avoids the threads' hand-offs that slow small ops down on busy cores."""
+    with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
+        nets = SDARNets.build(ctx, seed, regularizers, known_labels, conditional, label_flip, simulator_init, lr_scale)
+        gen = ctx.generator(seed + TRAINING_STREAM)
+        streams = (BatchStream(len(ctx.aux), batch_size, gen), BatchStream(len(observed), batch_size, gen))
+        yield nets, lambda: sdar_iteration(ctx, nets, observed, gen, streams)
 
 
 class SDARNets:
