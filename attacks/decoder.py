@@ -70,9 +70,7 @@ class DecoderAttack(Attack):
         and seed."""
         settings = dataclasses.asdict(self.options(ctx))
         batch = max(2, min(settings["batch_size"], len(ctx.aux)))
-        with seeded(0):
-            decoder = Decoder(ctx.encoder.output_shape, ctx.encoder.input_shape, ctx.aux.in_unit_range).to(ctx.device)
-        optimizer = torch.optim.Adam(decoder.parameters(), lr=settings["lr"])
+        decoder, optimizer = new_decoder(ctx, 0, settings["lr"])
         z, x = ctx.clean_embeddings("aux")[:batch], ctx.aux.x[:batch]
         with threads_for(ctx.aux.x.numel(), ctx.device):
             step = timed(lambda: train_step(decoder.train(), optimizer, z, x))
@@ -95,6 +93,13 @@ class DecoderAttack(Attack):
         )
 
 
+def new_decoder(ctx: AuditContext, seed: int, lr: float) -> tuple[Decoder, torch.optim.Optimizer]:
+    """A seeded decoder for the context's shapes and its Adam optimiser."""
+    with seeded(seed):
+        decoder = Decoder(ctx.encoder.output_shape, ctx.encoder.input_shape, ctx.aux.in_unit_range).to(ctx.device)
+    return decoder, torch.optim.Adam(decoder.parameters(), lr=lr)
+
+
 def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, settings: dict) -> tuple[Decoder, dict]:
     """Adam on the MSE, fresh noise on the aux embeddings every epoch, early stopping on a
     held-out slice of the aux data; returns the decoder at its best hold-out epoch."""
@@ -102,9 +107,7 @@ def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, settings: 
     order = torch.randperm(n, generator=gen, device=gen.device)
     n_holdout = max(1, math.ceil(settings["holdout_fraction"] * n))
     holdout, train = order[:n_holdout], order[n_holdout:]
-    with seeded(seed):
-        decoder = Decoder(ctx.encoder.output_shape, ctx.encoder.input_shape, ctx.aux.in_unit_range).to(ctx.device)
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=settings["lr"])
+    decoder, optimizer = new_decoder(ctx, seed, settings["lr"])
     epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
     best_mse, best_epoch, best_state = math.inf, 0, None
     with ctx.progress(total=epochs, desc="decoder") as bar:
