@@ -4,8 +4,9 @@
 The units of work are one seed of one attack at one noise sigma (a `SeedTask`) and one shard of
 the dFIL traces' Jacobian products (a `ShardTask`). A seed task seeds torch's global generator
 from the task alone (`run_seed_task`) and a shard carries its own seed, so a task's answer does
-not depend on which tasks ran before it in the same process: the report's numbers are the same
-whichever backend (and however many workers) ran them. `schedule` is the one scheduler of the
+not depend on which tasks ran before it in the same process: whichever backend (and however
+many workers) runs it, a task computes the same thing, bit for bit where it runs on as many CPU
+threads (README: a task on more threads sums in another order, and training amplifies that). `schedule` is the one scheduler of the
 worker backends (heaviest first, retry once, time-outs). Ray is imported only when asked for.
 """
 
@@ -26,6 +27,7 @@ from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
 from splitaudit.estimators.mean_trace import Job
 from splitaudit.safety import machine_memory_bytes
+from splitaudit.threads import SMALL_WORK
 
 MAX_ATTEMPTS = 2  # a task that fails on a worker is retried once
 POLL_SECONDS = 1.0  # how often a scheduler looks at its running tasks' time-outs
@@ -246,11 +248,14 @@ WORKER_BASE_BYTES = 768 * 1024**2  # a spawned worker before its data: Python, t
 def local_workers(asked: int | None, ctx: AuditContext) -> int:
     """Worker processes for the local executor: as asked, or (None: auto) one per CPU core this
     process may use, as many as half this machine's memory holds (each keeps its own copy of the
-    model and data); one on a GPU (processes would only queue for the one device) and for --quick
-    smoke runs (a worker's start-up, ~4 s, costs more than their short tasks)."""
+    model and data). Auto gives one where workers cannot help: on a GPU (processes would only
+    queue for the one device), for --quick smoke runs (a worker's start-up, ~4 s, costs more than
+    their short tasks), and for data of SMALL_WORK values or more, whose tasks already use every
+    core (splitaudit.threads; a 64 px ConvNeXt-style stem, 150 aux images: 166 s in one process,
+    185 s on 2 workers of one thread each)."""
     if asked is not None:
         return asked
-    if ctx.device.type != "cpu" or ctx.quick:
+    if ctx.device.type != "cpu" or ctx.quick or ctx.aux.x.numel() >= SMALL_WORK:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cores, machine_memory_bytes() // 2 // worker_bytes(ctx)))

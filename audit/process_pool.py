@@ -3,8 +3,8 @@ and dFIL shards on this machine's cores.
 
 Each worker is a fresh (spawned) Python process that rebuilds the audit context once from the
 parent's recipe (splitaudit.recipe) and then runs the tasks it is sent, one at a time, each
-through the same `timed_task` as the in-process loop, so the numbers are the same. Every
-worker talks over its own pipe: a worker stopped for its time-out, or one that dies, takes
+through the same `timed_task` as the in-process loop, on its share of the parent's threads.
+Every worker talks over its own pipe: a worker stopped for its time-out, or one that dies, takes
 nothing down with it; its task is retried once on a fresh worker (executor.schedule), then
 reported as that attack's failure. Workers ignore Ctrl-C; the parent stops them.
 """

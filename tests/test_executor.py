@@ -339,5 +339,7 @@ def test_auto_workers_take_the_cores_that_half_the_memory_holds(cancer_ctx, monk
     assert executor.local_workers(None, full) == 1
     assert executor.local_workers(None, replace(full, quick=True)) == 1
     assert executor.local_workers(None, replace(full, encoder=on("cuda"))) == 1  # one GPU: one worker
+    large = replace(full, aux=replace(full.aux, x=full.aux.x.new_zeros(executor.SMALL_WORK)))
+    assert executor.local_workers(None, large) == 1  # its tasks already use every core
     assert executor.local_workers(3, full) == 3
     assert executor.worker_bytes(full) > executor.WORKER_BASE_BYTES
