@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from architectures import export_onnx
 from conftest import sample
 from PIL import Image
 
@@ -41,21 +42,6 @@ class SmoothNet(nn.Module):
         return self.head(self.norm(h.flatten(1)))
 
 
-def export_onnx(model: nn.Module, path, example, dynamic_batch=True, opset=20):
-    kwargs = {"dynamic_shapes": ({0: torch.export.Dim("batch")},)} if dynamic_batch else {}
-    torch.onnx.export(
-        model.eval(),
-        (example,),
-        str(path),
-        opset_version=opset,
-        dynamo=True,
-        input_names=["x"],
-        output_names=["z"],
-        external_data=False,
-        **kwargs,
-    )
-
-
 @pytest.fixture(scope="module")
 def opset20_pair(tmp_path_factory):
     """The same smooth net exported by current torch as ONNX opset 20 and as TorchScript."""
@@ -65,7 +51,7 @@ def opset20_pair(tmp_path_factory):
     net.bn.running_var.uniform_(0.5, 2.0)
     folder = tmp_path_factory.mktemp("opset20")
     example = torch.rand(2, 1, 8, 8)
-    export_onnx(net, folder / "net.onnx", example)
+    export_onnx(net, example, folder / "net.onnx", opset=20)
     torch.jit.trace(net, example).save(str(folder / "net.pt"))
     return folder / "net.onnx", folder / "net.pt", net
 
@@ -101,7 +87,7 @@ def test_sample_models_agree_across_formats(stem, digits):
 def test_fixed_batch_onnx_runs_any_number_of_samples(tmp_path, digits):
     torch.manual_seed(1)
     net = SmoothNet().eval()
-    export_onnx(net, tmp_path / "fixed.onnx", torch.rand(4, 1, 8, 8), dynamic_batch=False)
+    export_onnx(net, torch.rand(4, 1, 8, 8), tmp_path / "fixed.onnx", opset=20, fixed_batch=True)
     enc = encoder_for(tmp_path / "fixed.onnx", digits.x[:10])
     assert enc.fixed_batch == 4
     with torch.no_grad():
