@@ -83,10 +83,19 @@ class MeanOptions:
 
 
 @dataclass(frozen=True)
-class ProbeJob:
-    """`probes` Rademacher probes of one AD side on each sample of x: [3, N] count, sum, sum of squares."""
+class Shard:
+    """The samples a job works on; a job travels to a worker's device with them."""
 
     x: Tensor
+
+    def to(self, device):
+        return dataclasses.replace(self, x=self.x.to(device))
+
+
+@dataclass(frozen=True)
+class ProbeJob(Shard):
+    """`probes` Rademacher probes of one AD side on each sample of x: [3, N] count, sum, sum of squares."""
+
     side: str
     probes: int
     plan: Plan
@@ -99,15 +108,11 @@ class ProbeJob:
                 f, self.x, self.side, self.probes, self.plan, self.memory_bytes, _seeded(self.x, self.seed)
             )
 
-    def to(self, device) -> "ProbeJob":
-        return dataclasses.replace(self, x=self.x.to(device))
-
 
 @dataclass(frozen=True)
-class ExactJob:
+class ExactJob(Shard):
     """One exact (or finite-difference) method on each sample of x: a TraceEstimate."""
 
-    x: Tensor
     method: str
     memory_bytes: int
     max_probes: int
@@ -118,9 +123,6 @@ class ExactJob:
             memory_bytes=self.memory_bytes, max_probes=self.max_probes, generator=_seeded(self.x, self.seed)
         )
         return jacobian_trace(f, self.x, self.method, options)
-
-    def to(self, device) -> "ExactJob":
-        return dataclasses.replace(self, x=self.x.to(device))
 
 
 Job = Union[ProbeJob, ExactJob]
