@@ -9,7 +9,7 @@ import platform
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -20,10 +20,21 @@ from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.data import Dataset, load_dataset, split_dataset
 from splitaudit.errors import InputError
-from splitaudit.executor import Executor, ShardRunner, trace_runner
+from splitaudit.executor import (
+    Executor,
+    ShardRunner,
+    describe_executor,
+    open_executor,
+    require_ray,
+    run_attack_grid,
+    trace_runner,
+)
 from splitaudit.gate import evaluate_gate
 from splitaudit.models import RawModel, check_top_model, open_model, prepare_encoder, resolve_device, within_time_limit
 from splitaudit.result import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from splitaudit.leakage import Measurement
 
 PARITY_BATCH = 64
 
@@ -137,10 +148,7 @@ def run_audit(
         progress(total=1 + len(names), desc="audit", unit="stage") as stages,
     ):
         stages.set_postfix_str("dFIL and bounds")
-        shards = trace_runner(executor, ctx)
-        measurement = leakage.measure(
-            ctx, options.prior, options.smoothing, options.dfil_rtol, options.dfil_samples, runner=shards
-        )
+        measurement, shards = measure_leakage(ctx, options, executor)
         result.update(leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse))
         stages.update()
         stages.set_postfix_str("attacks")
@@ -161,8 +169,6 @@ def run_audit(
 def check_executor(options: AuditOptions) -> None:
     """Before any slow stage: --executor ray without Ray installed is bad input (exit 2)."""
     if options.executor == "ray":
-        from splitaudit.executor import require_ray
-
         require_ray()
 
 
@@ -170,13 +176,25 @@ def check_executor(options: AuditOptions) -> None:
 def opened_executor(options: AuditOptions, ctx: AuditContext) -> Iterator[Executor]:
     """The executor the audit asked for (--executor, --workers), open for the dFIL shards and the
     attacks, and closed (workers stopped) however the audit ends."""
-    from splitaudit.executor import open_executor
-
     executor = open_executor(options.executor, options, ctx)
     try:
         yield executor
     finally:
         executor.close()
+
+
+def measure_leakage(
+    ctx: AuditContext, options: AuditOptions, executor: Executor
+) -> tuple[Measurement, ShardRunner | None]:
+    """The dFIL traces (in shards on the executor's workers, when it has any) and the prior term,
+    once per audit or sweep; with the shard runner, for the run section's summary."""
+    from splitaudit import leakage
+
+    shards = trace_runner(executor, ctx)
+    measurement = leakage.measure(
+        ctx, options.prior, options.smoothing, options.dfil_rtol, options.dfil_samples, runner=shards
+    )
+    return measurement, shards
 
 
 def attack_grid(
@@ -190,8 +208,6 @@ def attack_grid(
 ) -> dict[float, dict]:
     """Every selected attack at every sigma on the executor, as {sigma: {attack: entry}}; the run
     section gets the executor, its workers, each task's wall time and the dFIL shards' summary."""
-    from splitaudit.executor import describe_executor, run_attack_grid
-
     grid, results = run_attack_grid(ctx, names, sigmas, executor, progress)
     run.update(describe_executor(executor, results, shards))
     return grid

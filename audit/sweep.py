@@ -24,12 +24,12 @@ from splitaudit.attacks import ATTACK_NAMES, check_attack_options, get_attack
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
-from splitaudit.executor import trace_runner
 from splitaudit.gate import evaluate_gate, no_recommendation_check, utility_loss_check
 from splitaudit.pipeline import (
     attack_grid,
     check_executor,
     describe_run,
+    measure_leakage,
     opened_executor,
     prepare_context,
     select_attacks,
@@ -103,10 +103,7 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     clean_utility = utility.measure_utility(ctx.at_sigma(0.0))
     sweep = describe_sweep(ctx, options, started)
     with opened_executor(options, ctx) as executor:
-        shards = trace_runner(executor, ctx)
-        measurement = leakage.measure(
-            ctx, options.prior, options.smoothing, options.dfil_rtol, options.dfil_samples, runner=shards
-        )
+        measurement, shards = measure_leakage(ctx, options, executor)
         target = options.target_mse if options.target_mse is not None else options.fail_under_mse
         shared = leakage.assess_measurement(ctx.at_sigma(0.0), measurement, target)
         calibration = shared["calibration"]
