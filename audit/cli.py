@@ -141,7 +141,8 @@ def executor_options(func):
             "--task-timeout",
             type=float,
             metavar="S",
-            help="Seconds one task (an attack's seed) may run before it is retried once, then failed.",
+            help="Seconds one task (an attack's seed, or a dFIL shard) may run before it is retried once, then failed "
+            "(a dFIL shard past it stops the audit: exit 2).",
         ),
         click.option(
             "--workers",

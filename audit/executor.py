@@ -85,6 +85,7 @@ class TaskResult:
     seconds: float
     attempts: int = 1
     worker: str = "local"
+    timed_out: bool = False  # stopped by --task-timeout (a user setting, not a failure of the task)
 
     def record(self) -> dict:
         """The task's line in report.json's run.tasks."""
@@ -205,7 +206,8 @@ def schedule(slots: Slots, tasks: list[Task], bar: tqdm, task_timeout: float | N
                 slots.cancel(handle)
                 running.pop(handle)
                 reason = f"timed out after {task_timeout:g} s (--task-timeout), {attempt} attempts"
-                settle(index, attempt, TaskResult(tasks[index], None, reason, time.monotonic() - start, attempt, ""))
+                seconds = time.monotonic() - start
+                settle(index, attempt, TaskResult(tasks[index], None, reason, seconds, attempt, "", timed_out=True))
     return [results[i] for i in range(len(tasks))]
 
 
@@ -323,6 +325,12 @@ class ShardRunner:
         results = self.executor.map(self.ctx, [ShardTask(job.to("cpu")) for job in jobs], SamplesBar(on_samples))
         self.results += results
         failed = next((r for r in results if r.error is not None), None)
+        if failed is not None and failed.timed_out:
+            raise InputError(
+                f"a dFIL shard ({failed.task.units} samples) ran past --task-timeout "
+                f"{self.executor.task_timeout:g} s on {failed.attempts} attempts: the time-out bounds every task, "
+                "dFIL shards included; raise it or leave it out"
+            )
         if failed is not None:
             raise ShardFailed(f"a dFIL shard failed on its worker after {failed.attempts} attempts: {failed.error}")
         return [r.outcome for r in results]

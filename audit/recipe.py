@@ -8,8 +8,6 @@ the same context as the parent's: same model, same split, hence the same numbers
 
 from __future__ import annotations
 
-import atexit
-import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +26,7 @@ class ContextRecipe:
     top_model_files: dict[str, bytes]
     aux: Dataset
     target: Dataset
+    scratch: str | None = None  # the folder the parent owns (and removes) for the workers' files; None: the system's
 
 
 def model_files(path) -> dict[str, bytes]:
@@ -62,12 +61,18 @@ def make_recipe(options: AuditOptions, ctx: AuditContext) -> ContextRecipe:
 
 def rebuild_context(recipe: ContextRecipe, device: str) -> AuditContext:
     """The recipe's context in this process, on `device`: the model files are written to a
-    private temporary folder (removed when the process exits) and opened as the parent did."""
+    private temporary folder, opened as the parent did, and removed as soon as the context holds
+    them (a model copy never outlives its opening; the parent's scratch folder catches a worker
+    killed mid-way)."""
+    with tempfile.TemporaryDirectory(prefix="splitaudit-worker-", dir=recipe.scratch) as folder:
+        return _open_copies(recipe, device, Path(folder))
+
+
+def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditContext:
+    """Write the recipe's model files into `folder` and build the context from those copies."""
     from splitaudit.models import open_model, resolve_device
     from splitaudit.pipeline import build_context
 
-    folder = Path(tempfile.mkdtemp(prefix="splitaudit-worker-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     for files in (recipe.model_files, recipe.top_model_files):
         for name, data in files.items():
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
