@@ -145,7 +145,13 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
         }
     )
     sweep["recommendation"] = recommend(points, calibration["target_mse"], options.max_utility_loss)
-    sweep["gate"] = sweep_gate(sweep, options)
+    sweep["gate"] = sweep_gate(
+        sweep,
+        fail_under_mse=options.fail_under_mse,
+        fail_under_attack_mse=options.fail_under_attack_mse,
+        max_advantage=options.max_advantage,
+        max_utility_loss=options.max_utility_loss,
+    )
     sweep["run"]["seconds"] = time.perf_counter() - clock
     return sweep
 
@@ -244,8 +250,15 @@ def _recommendation_words(point: dict, target_mse: float, max_loss: float | None
     return words
 
 
-def sweep_gate(sweep: dict, options: AuditOptions) -> dict:
-    """The run's gates on the recommended point, the utility cap, and completeness at every point."""
+def sweep_gate(
+    sweep: dict,
+    fail_under_mse: float | None = None,
+    fail_under_attack_mse: float | None = None,
+    max_advantage: float | None = None,
+    max_utility_loss: float | None = None,
+) -> dict:
+    """The run's gates on the recommended point, the utility cap, and completeness at every point
+    (from sweep.json's content alone, so that a rendered sweep.json can be checked against it)."""
     failed_anywhere = {
         f"{name} at sigma {p['noise_sigma']:.4g}": a
         for p in sweep["points"]
@@ -255,21 +268,21 @@ def sweep_gate(sweep: dict, options: AuditOptions) -> dict:
     checks = evaluate_gate({"attacks": failed_anywhere})["checks"]
     rec = sweep["recommendation"]
     thresholds = {
-        "fail_under_mse": options.fail_under_mse,
-        "fail_under_attack_mse": options.fail_under_attack_mse,
-        "max_advantage": options.max_advantage,
+        "fail_under_mse": fail_under_mse,
+        "fail_under_attack_mse": fail_under_attack_mse,
+        "max_advantage": max_advantage,
     }
     if rec["noise_sigma"] is not None:
         at_rec = evaluate_gate(sweep["points"][rec["point_index"]], **thresholds)["checks"]
         checks += [c for c in at_rec if c["name"] != "audit-complete"]
-    elif any(v is not None for v in thresholds.values()) or options.max_utility_loss is not None:
+    elif any(v is not None for v in thresholds.values()) or max_utility_loss is not None:
         checks.append(no_recommendation_check(rec["reason"], rec["target_mse"]))
-    if options.max_utility_loss is not None and rec["noise_sigma"] is not None:
-        checks.append(utility_loss_check(rec["utility_loss"], options.max_utility_loss, rec["noise_sigma"]))
+    if max_utility_loss is not None and rec["noise_sigma"] is not None:
+        checks.append(utility_loss_check(rec["utility_loss"], max_utility_loss, rec["noise_sigma"]))
     failed = [c for c in checks if not c["passed"]]
     return {
         **thresholds,
-        "max_utility_loss": options.max_utility_loss,
+        "max_utility_loss": max_utility_loss,
         "passed": not failed,
         "reasons": [c["message"] for c in failed],
         "checks": checks,

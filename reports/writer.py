@@ -19,6 +19,7 @@ from markupsafe import Markup, escape
 from tabulate import tabulate
 
 from splitaudit.errors import InputError
+from splitaudit.reports.consistency import check_consistency
 from splitaudit.reports.view import Figure, Table, build_view
 from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
 from splitaudit.safety import display_path, displayable, require_regular_file
@@ -104,7 +105,9 @@ def checked_result(stored, source: str) -> dict:
     error = first_error(stored, sweep_json_schema() if stored.get("kind") == "sweep" else None)
     if error:
         raise InputError(f"{source}: {error}")
-    return from_strict_json(stored)
+    restored = from_strict_json(stored)
+    check_consistency(restored, source)
+    return restored
 
 
 def markdown_text(value) -> Markup:

@@ -1,0 +1,113 @@
+"""What a saved report.json or sweep.json must satisfy beyond its schema: its verdict and its
+recommendation follow from its own numbers. A crafted or corrupted file whose gate says passed
+while a check failed, or whose recommendation names a sigma its point does not have, would render
+as something it is not; the gate and the recommendation are recomputed here, from the document's
+measurements, by the code that wrote them, and any disagreement refuses the file."""
+
+from __future__ import annotations
+
+import math
+
+from splitaudit.errors import InputError
+from splitaudit.gate import evaluate_gate
+
+RUN_THRESHOLDS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage")
+SWEEP_THRESHOLDS = (*RUN_THRESHOLDS, "max_utility_loss")
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)  # a field the schema lets through
+
+
+def check_consistency(document: dict, source: str) -> None:
+    """InputError naming the first place where the document contradicts its own numbers."""
+    try:
+        problem = _sweep_problem(document) if document.get("kind") == "sweep" else _report_problem(document)
+    except MALFORMED as exc:
+        problem = f"its gate cannot be recomputed from its numbers ({type(exc).__name__}: {exc})"
+    if problem:
+        raise InputError(f"{source} contradicts itself: {problem} (edited or corrupted? rerun the audit)")
+
+
+def _report_problem(report: dict) -> str | None:
+    gate = report.get("gate")
+    if not isinstance(gate, dict):
+        return None  # rendered as "NO VERDICT"
+    return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(
+        gate, evaluate_gate(report, **{k: gate.get(k) for k in RUN_THRESHOLDS})
+    )
+
+
+def _sweep_problem(sweep: dict) -> str | None:
+    from splitaudit.sweep import recommend, sweep_gate
+
+    points = sweep["points"]
+    if not points:
+        return "it has no points (no noise sigma was audited)"
+    sigmas = [p["noise_sigma"] for p in points]
+    if sweep.get("noise_sigmas") is not None and sweep["noise_sigmas"] != sigmas:
+        return f"noise_sigmas {sweep['noise_sigmas']} are not its points' sigmas {sigmas}"
+    rec = sweep["recommendation"]
+    problem = _recommendation_problem(rec, points)
+    if problem:
+        return problem
+    again = recommend(points, rec["target_mse"], rec.get("max_utility_loss"))
+    if again["point_index"] != rec["point_index"]:
+        return (
+            f"its recommendation (point {rec['point_index']}) is not what its points give "
+            f"(point {again['point_index']}, sigma {again['noise_sigma']})"
+        )
+    gate = sweep["gate"]
+    return _threshold_problem(gate, SWEEP_THRESHOLDS) or _gate_problem(
+        gate, sweep_gate(sweep, **{k: gate.get(k) for k in SWEEP_THRESHOLDS})
+    )
+
+
+def _recommendation_problem(rec: dict, points: list[dict]) -> str | None:
+    """The recommended index names a point, and its sigma and bound are that point's."""
+    index, sigma = rec["point_index"], rec["noise_sigma"]
+    if (index is None) != (sigma is None):
+        return f"recommendation.point_index {index} and recommendation.noise_sigma {sigma} disagree on whether there is one"
+    if index is None:
+        return None
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(points):
+        return f"recommendation.point_index {index} is not the index of a point (0 to {len(points) - 1})"
+    point = points[index]
+    if sigma != point["noise_sigma"]:
+        return f"recommendation.noise_sigma {sigma} is not its point's sigma {point['noise_sigma']}"
+    if not _same(rec.get("van_trees_mse"), point["bounds"]["van_trees_mse"]):
+        return (
+            f"recommendation.van_trees_mse {rec.get('van_trees_mse')} is not its point's bound "
+            f"{point['bounds']['van_trees_mse']}"
+        )
+    return None
+
+
+def _threshold_problem(gate: dict, names: tuple[str, ...]) -> str | None:
+    bad = next((n for n in names if gate.get(n) is not None and not _finite(gate[n])), None)
+    return f"gate.{bad} is {gate[bad]!r}, not a finite number" if bad else None
+
+
+def _gate_problem(gate: dict, recomputed: dict) -> str | None:
+    """gate.passed is the conjunction of its checks, and every check the document's numbers give
+    is there with the same outcome (a file may carry more checks, never fewer or flipped ones)."""
+    checks = gate.get("checks") or []
+    failed = [c.get("name") for c in checks if not c.get("passed")]
+    if bool(gate.get("passed")) != (not failed):
+        return f"gate.passed is {str(gate.get('passed')).lower()} but its failed checks are {failed or 'none'}"
+    stored = {c.get("name"): c.get("passed") for c in checks}
+    for check in recomputed["checks"]:
+        if check["name"] not in stored:
+            return f"gate check {check['name']!r} is missing"
+        if bool(stored[check["name"]]) != check["passed"]:
+            outcome = "passed" if check["passed"] else "failed"
+            return f"gate check {check['name']!r} says the opposite of its numbers, which give: {outcome}"
+    return None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _same(a, b) -> bool:
+    """Equal numbers, or both missing or not a number (nan is never equal to itself)."""
+    if _finite(a) or _finite(b):
+        return a == b
+    return (a is None and b is None) or (isinstance(a, float) and isinstance(b, float) and str(a) == str(b))

@@ -1,0 +1,184 @@
+"""Hostile and odd inputs, round 2 (issue 24): sweeps, render of sweep.json, config files, task
+time-outs and the Python API. Each case ends in exit 2 with one line on stderr before anything is
+computed (or in a correct report), and nothing is left behind outside --out.
+
+Every fixture is tiny and made here; the sample model and data stand in for a real audit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import sample
+from test_hostile_inputs import assert_refused, run_cli
+
+from splitaudit.config import AuditOptions
+from splitaudit.executor import SeedTask, open_executor, run_attack_grid
+
+MLP, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer.npz")
+
+
+@pytest.fixture
+def private_tmp(tmp_path_factory, monkeypatch) -> Path:
+    """A temp directory of this test's own (for this process and the workers it spawns)."""
+    folder = tmp_path_factory.mktemp("tmp")
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def ours(folder: Path) -> list[Path]:
+    """splitaudit's files in a temp directory (native libraries leave their own, e.g. `.ses`)."""
+    return list(folder.glob("splitaudit-*"))
+
+
+# --- 1. --task-timeout: workers' model copies never outlive the pool --------------------------------
+
+
+def test_a_shard_past_the_task_timeout_is_bad_input_and_leaves_no_model_copy(tmp_path, capsys, private_tmp):
+    line = assert_refused(
+        ["run", MLP, "--aux", CANCER, "--attacks", "none", "--task-timeout", "0.01", "--noise-sigma", "0.5"],
+        capsys,
+        tmp_path,
+        "--task-timeout 0.01 s",
+    )
+    assert "dFIL shard" in line
+    assert ours(private_tmp) == []
+
+
+def test_stopped_and_killed_workers_leave_no_model_copy(cancer_ctx, private_tmp):
+    """A worker stopped for its time-out removes its copy itself; one killed outright leaves it
+    to the pool, which removes its whole scratch folder when it closes."""
+    options = AuditOptions(model=MLP, aux=CANCER, task_timeout=0.05).validate()
+    pool = open_executor("local", options, cancer_ctx)
+    scratch = Path(pool.scratch.name)
+    try:
+        assert ours(private_tmp) == [scratch] and scratch.is_dir()
+        _, results = run_attack_grid(cancer_ctx, ["decoder"], [0.0], pool)
+        assert results[0].timed_out and results[0].attempts == 2
+        assert list(scratch.iterdir()) == []  # the stopped workers removed their copies
+        pool.task_timeout = None
+        pool.start(SeedTask("decoder", 0, 0.0))
+        os.kill(pool.pool[0].process.pid, signal.SIGKILL)
+    finally:
+        pool.close()
+    assert not scratch.exists() and ours(private_tmp) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_timed_audit_leaves_no_folder_and_no_semaphore_warning(tmp_path, private_tmp):
+    """The CLI in its own process, interrupted while its workers run: exit 130, one line, nothing
+    left in the temp directory and no resource_tracker warning about leaked semaphores."""
+    args = [sys.executable, "-m", "splitaudit", "run", MLP, "--aux", CANCER, "--attacks", "decoder"]
+    args += ["--task-timeout", "60", "--noise-sigma", "0.5", "--out", str(tmp_path / "out")]
+    cli = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(private_tmp)})
+    deadline = time.monotonic() + 120
+    while not any(private_tmp.glob("splitaudit-worker-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # until the pool exists
+    time.sleep(5)  # its worker rebuilt the context and runs the decoder
+    cli.send_signal(signal.SIGINT)
+    _, err = cli.communicate(timeout=120)
+    assert cli.returncode == 130, err
+    assert len(err.strip().splitlines()) == 1 and "interrupted" in err, err
+    assert ours(private_tmp) == []
+
+
+# --- 2. render refuses a report or sweep whose verdict contradicts its own numbers ------------------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def edited(tmp_path: Path, fixture: str, edit) -> Path:
+    """A copy of a fixture with one edit applied."""
+    document = json.loads((FIXTURES / fixture).read_text())
+    edit(document)
+    path = tmp_path / fixture
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _set(path: tuple, value):
+    def edit(document):
+        *parents, last = path
+        for key in parents:
+            document = document[key]
+        document[last] = value
+
+    return edit
+
+
+def _drop_points(document):
+    document["points"], document["noise_sigmas"] = [], []
+
+
+def _lower_recommended_bound(document):
+    """The recommended point's bound below the target, recommendation kept: the next point is the answer."""
+    document["points"][1]["bounds"]["van_trees_mse"] = document["recommendation"]["van_trees_mse"] = 0.001
+
+
+def _fail_a_met_bound_check(document):
+    """A consistent-looking failure (passed = all checks) that the numbers contradict: only
+    recomputing the check from the recommended point's bound catches it."""
+    document["gate"]["passed"] = document["gate"]["checks"][1]["passed"] = False
+
+
+SWEEP_EDITS = {
+    "passed-with-a-failed-check": (_set(("gate", "checks", 1, "passed"), False), "gate.passed is true"),
+    "sigma-not-its-points": (_set(("recommendation", "noise_sigma"), 7), "noise_sigma 7 is not its point's sigma 0.5"),
+    "negative-index": (_set(("recommendation", "point_index"), -1), "point_index -1 is not the index of a point"),
+    "index-out-of-range": (_set(("recommendation", "point_index"), 99), "point_index 99 is not the index"),
+    "no-points": (_drop_points, "it has no points"),
+    "recommendation-not-recomputable": (_lower_recommended_bound, "not what its points give (point 2"),
+    "check-flipped": (_fail_a_met_bound_check, "gate check 'fail-under-mse' says the opposite"),
+    "sigmas-not-the-points": (_set(("noise_sigmas",), [0.0, 0.5, 3.0]), "are not its points' sigmas"),
+}
+
+
+@pytest.mark.parametrize("case", SWEEP_EDITS)
+def test_render_refuses_a_sweep_that_contradicts_itself(tmp_path, capsys, case):
+    edit, fragment = SWEEP_EDITS[case]
+    source = edited(tmp_path, "tabular_sweep.json", edit)
+    line = assert_refused(["render", source, "--out", tmp_path / "out"], capsys, tmp_path, fragment)
+    assert "contradicts itself" in line
+
+
+def test_the_unedited_sweep_fixture_renders(tmp_path, capsys):
+    code, out, err = run_cli(["render", FIXTURES / "tabular_sweep.json", "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "out" / "sweep.html").is_file()
+
+
+REPORT_EDITS = {
+    "passed-with-a-failed-check": ("sigma0_audit.json", _set(("gate", "passed"), True), "gate.passed is true"),
+    "bound-check-claims-a-pass": (
+        "sigma0_audit.json",
+        lambda d: (_set(("gate", "passed"), True)(d), _set(("gate", "checks", 1, "passed"), True)(d)),
+        "gate check 'fail-under-mse' says the opposite of its numbers, which give: failed",
+    ),
+    "threshold-check-dropped": (
+        "tabular_audit.json",
+        lambda d: d["gate"]["checks"].pop(1),
+        "gate check 'fail-under-mse' is missing",
+    ),
+    "completeness-claimed-with-a-failed-attack": (
+        "failed_attack_audit.json",
+        lambda d: (_set(("gate", "passed"), True)(d), _set(("gate", "checks", 0, "passed"), True)(d)),
+        "gate check 'audit-complete' says the opposite",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REPORT_EDITS)
+def test_render_and_compare_refuse_a_report_that_contradicts_itself(tmp_path, capsys, case):
+    fixture, edit, fragment = REPORT_EDITS[case]
+    source = edited(tmp_path, fixture, edit)
+    assert_refused(["render", source, "--out", tmp_path / "out"], capsys, tmp_path, fragment)
+    assert_refused(["compare", FIXTURES / fixture, source, "--out", tmp_path / "cmp"], capsys, tmp_path, fragment)
