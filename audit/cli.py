@@ -279,17 +279,15 @@ def print_long_cost(estimate) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> None:
     """The noise sigma that makes MODEL's provable bound reach --target-mse."""
-    if not 0 < target_mse < float("inf"):
-        raise InputError(f"--target-mse must be > 0 and finite, got {target_mse}")
     from splitaudit import leakage
     from splitaudit.pipeline import prepare_context
     from splitaudit.reports.writer import to_strict_json
 
-    options = build_options(model, {**given_flags(flags), "attacks": ["none"]})
+    options = build_options(model, {**given_flags(flags), "attacks": ["none"], "target_mse": target_mse})
     ctx = prepare_context(options, progress=cli_progress)
     answer = leakage.calibrate(
         ctx,
-        target_mse,
+        options.target_mse,
         prior=options.prior,
         smoothing=options.smoothing,
         dfil_rtol=options.dfil_rtol,

@@ -18,6 +18,12 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 PRIORS = ("ssm", "dsm", "gaussian")
 FORMATS = ("html", "md", "json", "sarif")
 MAX_SCALE = 1e12  # --noise-sigma/--smoothing above this overflow float32 when squared or added
+MIN_SCALE = 1e-12  # a positive scale below this underflows float32 when squared (1/sigma^2 divides by 0)
+MAX_THRESHOLD = 1e12  # an MSE or advantage threshold beyond this is no threshold
+MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
+MAX_INT32 = 2**31 - 1  # sizes and counts beyond this overflow the int32 indices of torch kernels
+MAX_SIGMAS = 64  # points in one sweep (each runs every attack)
+SIGMA_DIGITS = 12  # sigmas equal to this many significant digits are one point
 MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, seed+1, ...
 EXECUTORS = ("local", "ray")
 MAX_WORKERS = 256
@@ -66,53 +72,45 @@ class AuditOptions:
     def validate(self) -> "AuditOptions":
         """Raise InputError for values that no audit can use."""
         check_option_types(self)
-        check_finite_options(self)
-        if self.noise_sigma < 0:
-            raise InputError(f"--noise-sigma must be >= 0, got {self.noise_sigma}")
-        if self.smoothing is not None and self.smoothing < 0:
-            raise InputError(f"--smoothing must be >= 0, got {self.smoothing}")
+        check_numeric_ranges(self)
+        self._normalize_sigmas()
         if self.prior not in PRIORS:
             raise InputError(f"--prior must be one of {', '.join(PRIORS)}, got {self.prior!r}")
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown or not self.formats:
             raise InputError(f"--format takes a comma list of {', '.join(FORMATS)}; got {','.join(self.formats)!r}")
-        if not 0 < self.target_fraction < 1:
-            raise InputError(f"target_fraction must lie in (0, 1), got {self.target_fraction}")
-        for name in ("fail_under_mse", "fail_under_attack_mse"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise InputError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise InputError(f"--seed must lie in [0, {MAX_SEED}] (32-bit seeds), got {self.seed}")
         if not str(self.out).strip():
             raise InputError("--out is empty; name an output folder")
         if self.executor not in EXECUTORS:
             raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
-        if self.task_timeout is not None and not self.task_timeout > 0:
-            raise InputError(f"--task-timeout must be > 0 seconds, got {self.task_timeout}")
-        if self.workers is not None and not 1 <= self.workers <= MAX_WORKERS:
-            raise InputError(f"--workers must be auto or a count in [1, {MAX_WORKERS}], got {self.workers}")
         if self.executor == "ray" and self.workers != 1:
             raise InputError("--workers sets the local executor's processes; Ray's workers are its cluster's CPUs/GPUs")
-        self.validate_dfil()
-        self._validate_sweep()
         return self
 
-    def validate_dfil(self) -> None:
-        """--dfil-rtol in (0, 1), --dfil-samples >= 2 (a mean needs a spread)."""
-        if not 0 < self.dfil_rtol < 1:
-            raise InputError(f"--dfil-rtol must lie in (0, 1), got {self.dfil_rtol}")
-        if self.dfil_samples is not None and self.dfil_samples < 2:
-            raise InputError(f"--dfil-samples must be >= 2, got {self.dfil_samples}")
+    def _normalize_sigmas(self) -> None:
+        """-0 is 0; a sigma listed twice (to SIGMA_DIGITS digits) is refused rather than silently
+        audited once; a sweep has at most MAX_SIGMAS points (each costs every attack)."""
+        self.noise_sigma = abs(self.noise_sigma)
+        if self.noise_sigmas is None:
+            return
+        self.noise_sigmas = [abs(s) for s in self.noise_sigmas]
+        if len(self.noise_sigmas) > MAX_SIGMAS:
+            raise InputError(
+                f"--noise-sigma lists {len(self.noise_sigmas)} sigmas; a sweep audits at most {MAX_SIGMAS} "
+                "(each point runs every attack)"
+            )
+        seen: dict[str, float] = {}
+        for sigma in self.noise_sigmas:
+            first = seen.get(sigma_key(sigma))
+            seen[sigma_key(sigma)] = sigma
+            if first is not None:
+                same = "" if first == sigma else f" ({first!r} and {sigma!r} agree to {SIGMA_DIGITS} digits)"
+                raise InputError(f"--noise-sigma lists {sigma:g} twice{same}; list each sigma once")
 
-    def _validate_sweep(self) -> None:
-        bad = [s for s in self.noise_sigmas or [] if not (isinstance(s, (int, float)) and 0 <= s < float("inf"))]
-        if bad:
-            raise InputError(f"--noise-sigma takes finite values >= 0, got {bad[0]}")
-        if self.target_mse is not None and not 0 < self.target_mse < float("inf"):
-            raise InputError(f"--target-mse must be a finite value > 0, got {self.target_mse}")
-        if self.max_utility_loss is not None and not 0 <= self.max_utility_loss <= 1:
-            raise InputError(f"--max-utility-loss is an accuracy drop in [0, 1], got {self.max_utility_loss}")
+
+def sigma_key(sigma: float) -> str:
+    """Sigmas equal to SIGMA_DIGITS significant digits are one audit point."""
+    return f"{sigma:.{SIGMA_DIGITS}g}"
 
 
 # What each option may hold, by its annotation (TOML gives any type; flags are already typed).
@@ -158,31 +156,74 @@ def check_option_types(options: AuditOptions) -> None:
             raise InputError(f"attack options for {attack!r} must be a table of KEY = VALUE, got {table!r:.60}")
 
 
-def check_finite_options(options: AuditOptions) -> None:
-    """nan passes every `<` check unnoticed (a gate "bound 0 >= nan" would pass): refuse non-finite
-    numbers, and magnitudes that overflow float32 arithmetic, before anything is computed."""
-    numbers = {
-        name: getattr(options, name)
-        for name in (
-            "noise_sigma",
-            "smoothing",
-            "target_fraction",
-            "fail_under_mse",
-            "fail_under_attack_mse",
-            "max_advantage",
-        )
-    }
-    numbers.update({f"normalize[{i}]": v for i, v in enumerate(options.normalize or [])})
-    for name, value in numbers.items():
-        if value is not None and not math.isfinite(value):
-            raise InputError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    for name in ("noise_sigma", "smoothing"):
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric option takes: finite, within [low, high] (an open end excludes it),
+    and for a noise scale either 0 or at least MIN_SCALE."""
+
+    low: float
+    high: float
+    open_low: bool = False
+    open_high: bool = False
+    scale: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """Why the value is outside the range, in words, or None."""
+        if not math.isfinite(value):
+            return "must be a finite number"
+        if (value <= self.low if self.open_low else value < self.low) or (
+            value >= self.high if self.open_high else value > self.high
+        ):
+            low, high = (str(b) if isinstance(b, int) else f"{b:g}" for b in (self.low, self.high))
+            return f"must lie in {'(' if self.open_low else '['}{low}, {high}{')' if self.open_high else ']'}"
+        if self.scale and 0 < abs(value) < MIN_SCALE:
+            return f"must be 0 or at least {MIN_SCALE:g} (smaller scales underflow float32 when squared)"
+        return None
+
+
+SCALE = Range(0.0, MAX_SCALE, scale=True)  # above MAX_SCALE, float32 overflows when squared or added
+THRESHOLD = Range(0.0, MAX_THRESHOLD)
+FRACTION = Range(0.0, 1.0, open_low=True, open_high=True)
+NUMERIC_RANGES = {  # every numeric option, run and sweep alike (None means "not given")
+    "noise_sigma": SCALE,
+    "noise_sigmas": SCALE,
+    "smoothing": SCALE,
+    "normalize": Range(-MAX_SCALE, MAX_SCALE),
+    "input_shape": Range(1, MAX_INT32),
+    "target_fraction": FRACTION,
+    "fail_under_mse": THRESHOLD,
+    "fail_under_attack_mse": THRESHOLD,
+    "max_advantage": Range(-MAX_THRESHOLD, MAX_THRESHOLD),
+    "target_mse": Range(0.0, MAX_THRESHOLD, open_low=True),
+    "max_utility_loss": Range(0.0, 1.0),
+    "seed": Range(0, MAX_SEED),
+    "task_timeout": Range(0.0, MAX_TIMEOUT_SECONDS, open_low=True),
+    "workers": Range(1, MAX_WORKERS),
+    "dfil_rtol": FRACTION,
+    "dfil_samples": Range(2, MAX_INT32),
+}
+
+
+def check_numeric_ranges(options: AuditOptions) -> None:
+    """The one place every numeric option is range-checked, before anything is loaded: nan passes
+    every `<` check unnoticed (a gate "bound 0 >= nan" would pass), and values at the edges of
+    float arithmetic (1e308, 1e-320) overflow or divide by zero deep inside an estimator."""
+    for name, allowed in NUMERIC_RANGES.items():
         value = getattr(options, name)
-        if value is not None and value > MAX_SCALE:
-            raise InputError(
-                f"--{name.replace('_', '-')} {value:g} is above the limit {MAX_SCALE:g} "
-                "(larger values overflow float32 arithmetic)"
-            )
+        for item in value if isinstance(value, list) else [value]:
+            problem = None if item is None else allowed.problem(item)
+            if problem:
+                raise InputError(f"{option_flag(name)} {problem}, got {_shown(item)}")
+
+
+def _shown(number: float) -> str:
+    """A number as Python writes it (1e-320 stays 1e-320, where %g rounds it to 9.99989e-321)."""
+    return str(number) if isinstance(number, int) else repr(number)
+
+
+def option_flag(name: str) -> str:
+    """The command-line spelling of an option (a sweep's list of sigmas is --noise-sigma)."""
+    return "--noise-sigma" if name == "noise_sigmas" else f"--{name.replace('_', '-')}"
 
 
 def load_config(path: str | Path) -> dict:

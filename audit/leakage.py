@@ -175,10 +175,11 @@ def _mean_dfil(m: Measurement, per_sample: torch.Tensor, sigma: float) -> tuple[
 
     The mean is the mean trace's own (not re-averaged from per_sample), so the bounds and the
     calibrated sigma rest on one number: at the calibrated sigma the bound is the target exactly.
-    With sigma = 0 every value is exactly inf (or 0 where f is flat): no error to report."""
-    if sigma == 0:
+    With sigma = 0 (or one whose square underflows to 0, as bounds.dfil treats it) every value is
+    exactly inf (or 0 where f is flat): no error to report."""
+    scale = m.d * sigma * sigma  # sigma**2 raises OverflowError above 1e154; this gives inf
+    if scale == 0:
         return float(per_sample.double().mean()), 0.0
-    scale = m.d * sigma**2
     return m.mean_trace.mean / scale, m.mean_trace.stderr / scale
 
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from splitaudit import leakage, utility
 from splitaudit.attacks import ATTACK_NAMES, check_attack_options, get_attack
-from splitaudit.config import AuditOptions
+from splitaudit.config import AuditOptions, sigma_key
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate, no_recommendation_check, utility_loss_check
@@ -38,7 +38,6 @@ from splitaudit.pipeline import (
 KIND = "sweep"
 AUTO_FACTORS = (0.5, 1.0, 2.0)  # around the calibrated sigma, on a log scale (each point costs every attack)
 REACHES_RTOL = 1e-9  # the calibrated sigma's bound equals the target up to rounding
-SIGMA_DIGITS = 12  # sigmas equal to this many significant digits are one point
 
 
 def run_attacks(ctx: AuditContext, names: list[str]) -> dict:
@@ -74,18 +73,14 @@ def audit_point(
 def sweep_sigmas(grid: list[float], calibrated: float | None) -> list[tuple[float, str]]:
     """The grid plus, when a calibrated sigma is given, it and AUTO_FACTORS around it; sorted,
     each with where it came from ("grid", "calibrated" or "around-calibrated")."""
-    points = {_key(s): (float(s), "grid") for s in grid}
+    points = {sigma_key(s): (float(s), "grid") for s in grid}
     if calibrated is not None:
         for factor in AUTO_FACTORS:
             sigma = calibrated * factor
             origin = "calibrated" if factor == 1.0 else "around-calibrated"
-            if _key(sigma) not in points or origin == "calibrated":
-                points[_key(sigma)] = (sigma, origin)
+            if sigma_key(sigma) not in points or origin == "calibrated":
+                points[sigma_key(sigma)] = (sigma, origin)
     return sorted(points.values())
-
-
-def _key(sigma: float) -> str:
-    return f"{sigma:.{SIGMA_DIGITS}g}"
 
 
 def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
@@ -109,6 +104,11 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
         calibration = shared["calibration"]
         auto = calibration["sigma"] if options.auto_sigma and calibration["feasible"] else None
         sigmas = sweep_sigmas(options.noise_sigmas or [], auto)
+        if not sigmas:
+            raise InputError(
+                f"--auto-sigma found no sigma for the target MSE {calibration['target_mse']:.4g} "
+                f"({calibration['reason']}) and no --noise-sigma was given: nothing to audit"
+            )
         grid = attack_grid(ctx, executor, names, [sigma for sigma, _ in sigmas], progress, sweep["run"], shards)
     points = []
     with progress(total=len(sigmas), desc="sweep", unit="sigma") as bar:
@@ -144,7 +144,8 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
             "points": points,
         }
     )
-    sweep["recommendation"] = recommend(points, calibration["target_mse"], options.max_utility_loss)
+    auto_reason = calibration["reason"] if options.auto_sigma else None
+    sweep["recommendation"] = recommend(points, calibration["target_mse"], options.max_utility_loss, auto_reason)
     sweep["gate"] = sweep_gate(
         sweep,
         fail_under_mse=options.fail_under_mse,
@@ -178,9 +179,12 @@ def reaches(bound, target: float) -> bool:
     return isinstance(bound, (int, float)) and math.isfinite(bound) and bound >= target * (1 - REACHES_RTOL)
 
 
-def recommend(points: list[dict], target_mse: float, max_utility_loss: float | None = None) -> dict:
+def recommend(
+    points: list[dict], target_mse: float, max_utility_loss: float | None = None, auto_sigma_reason: str | None = None
+) -> dict:
     """The smallest audited sigma whose van Trees bound reaches target_mse and that no attack
-    beats, with its utility loss and whether that loss is within max_utility_loss."""
+    beats, with its utility loss and whether that loss is within max_utility_loss
+    (auto_sigma_reason: what --auto-sigma's calibration said, when it was asked for)."""
     safe = [p for p in points if reaches(p["bounds"]["van_trees_mse"], target_mse) and not p["bounds"]["violated_by"]]
     entry = {"target_mse": target_mse, "max_utility_loss": max_utility_loss}
     if not safe:
@@ -191,7 +195,7 @@ def recommend(points: list[dict], target_mse: float, max_utility_loss: float | N
             "van_trees_mse": None,
             "utility_loss": None,
             "meets_utility": None,
-            "reason": _no_safe_point(points, target_mse),
+            "reason": _no_safe_point(points, target_mse, auto_sigma_reason),
         }
     best = min(safe, key=lambda p: p["noise_sigma"])
     loss = best["utility"].get("loss")
@@ -207,7 +211,7 @@ def recommend(points: list[dict], target_mse: float, max_utility_loss: float | N
     }
 
 
-def _no_safe_point(points: list[dict], target_mse: float) -> str:
+def _no_safe_point(points: list[dict], target_mse: float, auto_sigma_reason: str | None) -> str:
     reaching = [p for p in points if reaches(p["bounds"]["van_trees_mse"], target_mse)]
     if reaching:
         beaten = "; ".join(f"sigma {p['noise_sigma']:.4g} by {', '.join(p['bounds']['violated_by'])}" for p in reaching)
@@ -218,10 +222,8 @@ def _no_safe_point(points: list[dict], target_mse: float) -> str:
     finite = [p for p in points if math.isfinite(p["bounds"]["van_trees_mse"])]
     top = max(finite, key=lambda p: p["bounds"]["van_trees_mse"]) if finite else None
     largest = f"; the largest is {top['bounds']['van_trees_mse']:.4g} at sigma {top['noise_sigma']:.4g}" if top else ""
-    return (
-        f"no audited sigma gives a van Trees bound of at least MSE {target_mse:.4g}{largest}: "
-        "audit larger sigmas (or use --auto-sigma)"
-    )
+    hint = "or use --auto-sigma" if auto_sigma_reason is None else f"--auto-sigma: {auto_sigma_reason}"
+    return f"no audited sigma gives a van Trees bound of at least MSE {target_mse:.4g}{largest}: audit larger sigmas ({hint})"
 
 
 def _recommendation_words(point: dict, target_mse: float, max_loss: float | None, meets: bool | None) -> str:

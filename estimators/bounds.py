@@ -17,10 +17,12 @@ def dfil(trace_sq: Tensor, d: int, sigma: float) -> Tensor:
     """dFIL(x) = ||J(x)||_F^2 / (d sigma^2) for z = f(x) + N(0, sigma^2 I) (Eq. 4-5).
 
     sigma = 0 (a deterministic encoder) leaks without limit: +inf wherever the Jacobian is
-    non-zero, and 0 where f is locally constant (nothing to learn there), never NaN.
+    non-zero, and 0 where f is locally constant (nothing to learn there), never NaN. A sigma whose
+    square underflows to 0 is no noise in float arithmetic; one whose square overflows gives 0.
     """
-    if sigma > 0:
-        return trace_sq / (d * sigma**2)
+    variance = sigma * sigma  # sigma**2 raises OverflowError above 1e154; this gives inf
+    if variance > 0:
+        return trace_sq / (d * variance)
     return torch.where(trace_sq > 0, torch.full_like(trace_sq, math.inf), torch.zeros_like(trace_sq))
 
 
@@ -42,7 +44,7 @@ def van_trees_stderr(mean_dfil: float, mean_dfil_stderr: float, prior_j_over_d: 
     bound = van_trees_mse(mean_dfil, prior_j_over_d)
     if not math.isfinite(mean_dfil) or bound == math.inf:
         return 0.0
-    return bound**2 * math.hypot(mean_dfil_stderr, prior_stderr)
+    return bound * (bound * math.hypot(mean_dfil_stderr, prior_stderr))  # bound**2 overflows before the product
 
 
 @dataclass(frozen=True)

@@ -8,20 +8,28 @@ Every fixture is tiny and made here; the sample model and data stand in for a re
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import sample
 from test_hostile_inputs import assert_refused, run_cli
 
-from splitaudit.config import AuditOptions
+from splitaudit import pipeline
+from splitaudit import sweep as sweep_module
+from splitaudit.config import NUMERIC_RANGES, AuditOptions
+from splitaudit.errors import InputError
+from splitaudit.estimators.bounds import dfil, van_trees_stderr
 from splitaudit.executor import SeedTask, open_executor, run_attack_grid
+from splitaudit.sweep import recommend
 
 MLP, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer.npz")
 
@@ -182,3 +190,76 @@ def test_render_and_compare_refuse_a_report_that_contradicts_itself(tmp_path, ca
     source = edited(tmp_path, fixture, edit)
     assert_refused(["render", source, "--out", tmp_path / "out"], capsys, tmp_path, fragment)
     assert_refused(["compare", FIXTURES / fixture, source, "--out", tmp_path / "cmp"], capsys, tmp_path, fragment)
+
+
+# --- 3. --auto-sigma that finds no sigma never "completes" an audit of nothing ----------------------
+
+
+def test_auto_sigma_without_a_reachable_target_or_a_grid_is_bad_input(tmp_path, capsys):
+    line = assert_refused(
+        ["sweep", MLP, "--aux", CANCER, "--auto-sigma", "--target-mse", "1e6", "--attacks", "none", "--quick"],
+        capsys,
+        tmp_path,
+        "--auto-sigma found no sigma for the target MSE 1e+06",
+    )
+    assert "prior alone" in line and "nothing to audit" in line
+
+
+def test_the_no_recommendation_hint_names_auto_sigma_only_when_it_was_not_used():
+    sweep = json.loads((FIXTURES / "tabular_sweep.json").read_text())
+    without = recommend(sweep["points"], 1e6)["reason"]
+    assert without.endswith("audit larger sigmas (or use --auto-sigma)")
+    used = recommend(sweep["points"], 1e6, auto_sigma_reason="the prior alone beats 1e6")["reason"]
+    assert "or use --auto-sigma" not in used and used.endswith("(--auto-sigma: the prior alone beats 1e6)")
+
+
+# --- 4. every numeric option has a finite range, checked up front in one place ----------------------
+
+EDGE_CASES = {
+    "sweep-huge-sigma": (["sweep", "--noise-sigma", "0,1e308"], "--noise-sigma must lie in [0, 1e+12], got 1e+308"),
+    "run-subnormal-sigma": (["run", "--noise-sigma", "1e-320"], "--noise-sigma must be 0 or at least 1e-12"),
+    "sweep-subnormal-sigma": (["sweep", "--noise-sigma", "0,1e-320"], "must be 0 or at least 1e-12"),
+    "sweep-duplicate": (["sweep", "--noise-sigma", "0.5,1,0.5"], "--noise-sigma lists 0.5 twice"),
+    "sweep-zero-and-minus-zero": (["sweep", "--noise-sigma", "0,-0"], "--noise-sigma lists 0 twice"),
+    "sweep-near-duplicate": (["sweep", "--noise-sigma", "0.1,0.1000000000001"], "agree to 12 digits"),
+    "sweep-too-many": (
+        ["sweep", "--noise-sigma", ",".join(str(i / 100) for i in range(65))],
+        "lists 65 sigmas; a sweep audits at most 64",
+    ),
+    "sweep-nan-target": (["sweep", "--noise-sigma", "1", "--target-mse", "nan"], "--target-mse must be a finite"),
+    "run-timeout-overflow": (["run", "--task-timeout", "1e308"], "--task-timeout must lie in (0, 2.592e+06]"),
+    "run-huge-threshold": (["run", "--fail-under-mse", "1e300"], "--fail-under-mse must lie in [0, 1e+12]"),
+    "run-huge-dfil-samples": (["run", "--dfil-samples", str(2**63)], "--dfil-samples must lie in [2, 2147483647]"),
+    "calibrate-huge-target": (["calibrate", "--target-mse", "1e300"], "--target-mse must lie in (0, 1e+12]"),
+}
+
+
+@pytest.mark.parametrize("case", EDGE_CASES)
+def test_numbers_at_the_edges_are_refused_before_loading(tmp_path, capsys, monkeypatch, case):
+    (command, *flags), fragment = EDGE_CASES[case]
+    monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("loaded before validating"))
+    monkeypatch.setattr(sweep_module, "prepare_context", lambda *a, **k: pytest.fail("loaded before validating"))
+    assert_refused([command, MLP, "--aux", CANCER, *flags], capsys, tmp_path, fragment)
+
+
+def test_every_numeric_option_has_a_range():
+    """The class behind item 4: a numeric option added without a range would go unchecked."""
+    numeric = {f.name for f in fields(AuditOptions) if any(t in f.type for t in ("int", "float"))}
+    assert numeric == set(NUMERIC_RANGES)
+
+
+def test_minus_zero_is_zero_and_the_checks_see_every_list_item():
+    options = AuditOptions(model=MLP, aux=CANCER, noise_sigma=-0.0, noise_sigmas=[-0.0, 0.5]).validate()
+    assert math.copysign(1, options.noise_sigma) == 1 and [math.copysign(1, s) for s in options.noise_sigmas] == [1, 1]
+    with pytest.raises(InputError, match=r"--input-shape must lie in \[1, 2147483647\], got 0"):
+        AuditOptions(model=MLP, aux=CANCER, input_shape=[3, 0, 8]).validate()
+
+
+def test_the_estimators_stay_finite_or_infinite_at_float_edges():
+    """dFIL = ||J||^2 / (d sigma^2): a sigma whose square overflows leaks nothing (0), one whose
+    square underflows is no noise (inf where J != 0, 0 where f is flat), never an exception."""
+    trace = torch.tensor([4.0, 0.0], dtype=torch.float64)
+    assert dfil(trace, 2, 1e308).tolist() == [0.0, 0.0]
+    assert dfil(trace, 2, 1e-320).tolist() == [math.inf, 0.0]
+    assert dfil(trace, 2, 0.5).tolist() == [8.0, 0.0]  # 4 / (2 * 0.25)
+    assert van_trees_stderr(0.0, 0.0, 1e-200, 1e-210) == pytest.approx(1e190, rel=1e-12)
