@@ -19,6 +19,7 @@ from splitaudit.errors import InputError
 
 if TYPE_CHECKING:
     from splitaudit.attacks.base import Attack
+    from splitaudit.context import AuditContext
 
 # CLI name -> (module in splitaudit.attacks, class name); the order is the report's order.
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -64,12 +65,20 @@ def check_attack_options(options: dict[str, dict]) -> None:
         attack_class(name).parse_options(table)
 
 
+def check_attack_inputs(ctx: "AuditContext", names: list[str]) -> None:
+    """Raise InputError for a selected attack's option the loaded data cannot use (e.g. a TV prior
+    on tabular rows) before any attack runs, rather than as that attack's failure."""
+    for name in names:
+        get_attack(name).check_inputs(ctx)
+
+
 __all__ = [
     "ATTACK_NAMES",
     "REGISTRY",
     "attack_class",
     "attack_title",
     "baseline_name",
+    "check_attack_inputs",
     "check_attack_options",
     "get_attack",
 ]

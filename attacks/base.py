@@ -27,6 +27,8 @@ import numpy as np
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
 
+MAX_OPTION_INT = 2**31 - 1  # the implicit upper limit of an integer option (see _limits)
+
 NEEDS = {"labels", "attribute", "gradients"}
 IMAGE_ONLY_METRICS = frozenset({"ssim"})  # declared in `metrics`, filled only for image data
 
@@ -71,15 +73,24 @@ def option_rule(spec: Any, hint: Any) -> str:
     if typing.get_origin(hint) is tuple:
         plural = option_rule(spec, args[0]).replace("an integer", "integers").replace("a number", "numbers")
         return "a list of " + plural
-    meta = spec.metadata
+    meta = _limits(spec, hint)
     if meta["choices"]:
         return "one of " + ", ".join(repr(c) for c in meta["choices"])
     bounds = [
-        f"{sign} {meta[key]:g}"
+        f"{sign} {meta[key] if isinstance(meta[key], int) else format(meta[key], 'g')}"
         for key, sign in (("low", ">="), ("above", ">"), ("below", "<"), ("high", "<="))
         if meta[key] is not None
     ]
     return words[hint] + (" " + " and ".join(bounds) if bounds else "")
+
+
+def _limits(spec: Any, hint: Any) -> dict:
+    """The option's declared limits; an integer with no upper limit gets MAX_OPTION_INT (a count
+    beyond it overflows the int32 sizes of torch kernels: batch_size=1e20 is no batch size)."""
+    meta = dict(spec.metadata)
+    if hint is int and meta["high"] is None and meta["below"] is None:
+        meta["high"] = MAX_OPTION_INT
+    return meta
 
 
 def _accepts(spec: Any, hint: Any, value: Any) -> tuple[bool, Any]:
@@ -97,7 +108,7 @@ def _accepts(spec: Any, hint: Any, value: Any) -> tuple[bool, Any]:
         value = float(value)
     if not isinstance(value, hint) or (hint is float and not math.isfinite(value)):
         return False, value
-    meta = spec.metadata
+    meta = _limits(spec, hint)
     inside = (
         (meta["low"] is None or value >= meta["low"])
         and (meta["high"] is None or value <= meta["high"])
@@ -181,6 +192,11 @@ class Attack(ABC):
         """Seconds all its seeds are expected to take (splitaudit.cost's up-front estimate), or None
         when the attack has no cost model. pass_seconds: one encoder forward + backward pass per
         sample; timed(step): the least seconds of a call of step, over repeated calls."""
+        return None
+
+    def check_inputs(self, ctx: AuditContext) -> None:
+        """Raise InputError when this run's options cannot apply to the loaded data (checked once
+        the data is loaded, before any attack runs); most options fit any data."""
         return None
 
     def missing(self, ctx: AuditContext) -> str | None:

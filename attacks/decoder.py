@@ -36,7 +36,7 @@ class DecoderOptions:
 
     epochs: int = option(200, "epoch cap (hold-out early stopping decides)", low=1)
     quick_epochs: int = option(15, "epoch cap under --quick", low=1)
-    lr: float = option(5e-3, "Adam learning rate", above=0)
+    lr: float = option(5e-3, "Adam learning rate", above=0, high=1)
     batch_size: int = option(64, "training batch size", low=1)
     patience: int = option(8, "epochs without a better hold-out MSE before stopping", low=1)
     holdout_fraction: float = option(0.1, "share of the aux data held out for early stopping", above=0, below=1)

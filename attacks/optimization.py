@@ -33,6 +33,7 @@ from splitaudit.attacks.reconstruction import (
 )
 from splitaudit.context import AuditContext
 from splitaudit.data import in_unit_range
+from splitaudit.errors import InputError
 from splitaudit.memory import batch_within, per_sample_bytes
 from splitaudit.models import Encoder
 from splitaudit.threads import threads_for
@@ -50,7 +51,7 @@ class OptimizationOptions:
     quick_steps: int = option(100, "gradient steps under --quick", low=1)
     samples: int = option(128, "target samples inverted", low=1)
     quick_samples: int = option(64, "target samples inverted under --quick", low=1)
-    lr: float = option(0.1, "Adam step in units of the data range (cosine-decayed)", above=0)
+    lr: float = option(0.1, "Adam step in units of the data range (cosine-decayed)", above=0, high=1)
     prior: str = option("gaussian", "the MAP variant's prior (tv: images only)", choices=PRIORS)
 
 
@@ -83,10 +84,17 @@ class OptimizationAttack(Attack):
         steps = settings["quick_steps"] if ctx.quick else settings["steps"]
         return len(ctx.seeds) * steps * 2 * n * pass_seconds
 
+    def check_inputs(self, ctx: AuditContext) -> None:
+        """Total variation sums differences of neighbouring pixels: tabular rows have none."""
+        if self.options(ctx).prior == "tv" and not ctx.aux.is_image:
+            raise InputError(
+                "attack option optimization.prior=tv needs image data (total variation runs over pixels) "
+                "and these inputs are not images; use optimization.prior=gaussian"
+            )
+
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
+        self.check_inputs(ctx)
         settings = dataclasses.asdict(self.options(ctx))
-        if settings["prior"] not in PRIORS or (settings["prior"] == "tv" and not ctx.aux.is_image):
-            raise ValueError(f"prior must be 'gaussian' or, for images, 'tv'; got {settings['prior']!r}")
         gen = ctx.generator(seed)
         n = min(len(ctx.target), settings["quick_samples"] if ctx.quick else settings["samples"])
         index = torch.randperm(len(ctx.target), generator=gen, device=gen.device)[:n].sort().values

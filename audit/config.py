@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from splitaudit.errors import InputError
-from splitaudit.safety import require_regular_file
+from splitaudit.safety import nested_deeper_than, require_regular_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,6 +22,8 @@ MIN_SCALE = 1e-12  # a positive scale below this underflows float32 when squared
 MAX_THRESHOLD = 1e12  # an MSE or advantage threshold beyond this is no threshold
 MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
 MAX_INT32 = 2**31 - 1  # sizes and counts beyond this overflow the int32 indices of torch kernels
+MAX_CONFIG_BYTES = 1024**2  # a config file is a few hundred bytes of options
+MAX_CONFIG_DEPTH = 8  # [attack.NAME] tables holding lists: 4 levels; deeper is hostile
 MAX_SIGMAS = 64  # points in one sweep (each runs every attack)
 SIGMA_DIGITS = 12  # sigmas equal to this many significant digits are one point
 MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, seed+1, ...
@@ -229,10 +231,20 @@ def option_flag(name: str) -> str:
 def load_config(path: str | Path) -> dict:
     """Read a TOML config: top-level keys are option names; [attack.NAME] tables are attack options."""
     path = require_regular_file(path, "config file")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise InputError(
+            f"config file {path} is {path.stat().st_size} bytes; a config file is at most {MAX_CONFIG_BYTES}"
+        )
     try:
         raw = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"config file {path} is not valid TOML: {exc}") from exc
+    except RecursionError as exc:  # tomllib recurses once per nesting level
+        raise InputError(
+            f"config file {path} nests too deeply (options nest at most {MAX_CONFIG_DEPTH} levels)"
+        ) from exc
+    if nested_deeper_than(raw, MAX_CONFIG_DEPTH):  # later readers (the option checks) recurse too
+        raise InputError(f"config file {path} nests too deeply (options nest at most {MAX_CONFIG_DEPTH} levels)")
     known = {f.name for f in fields(AuditOptions)}
     raw = {k.replace("-", "_"): v for k, v in raw.items()}
     if "attack" in raw:

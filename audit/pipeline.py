@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from splitaudit import __version__
-from splitaudit.attacks import ATTACK_NAMES, check_attack_options
+from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.data import Dataset, load_dataset, split_dataset
@@ -127,6 +127,7 @@ def run_audit(
     check_executor(options)
     torch.manual_seed(options.seed)
     ctx = prepare_context(options, progress)
+    check_attack_inputs(ctx, names)
     from splitaudit import leakage
 
     result = describe_run(ctx, options, started)

@@ -72,3 +72,15 @@ def displayable(value):
     if isinstance(value, (list, tuple)):
         return [displayable(v) for v in value]
     return value
+
+
+def nested_deeper_than(document, limit: int) -> bool:
+    """Whether lists/objects nest deeper than limit (checked without recursion)."""
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False

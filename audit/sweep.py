@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from splitaudit import leakage, utility
-from splitaudit.attacks import ATTACK_NAMES, check_attack_options, get_attack
+from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options, get_attack
 from splitaudit.config import AuditOptions, sigma_key
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
@@ -95,6 +95,7 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     check_executor(options)
     torch.manual_seed(options.seed)
     ctx = prepare_context(options, progress)
+    check_attack_inputs(ctx, names)
     clean_utility = utility.measure_utility(ctx.at_sigma(0.0))
     sweep = describe_sweep(ctx, options, started)
     with opened_executor(options, ctx) as executor:

@@ -22,7 +22,7 @@ from splitaudit.errors import InputError
 from splitaudit.reports.consistency import check_consistency
 from splitaudit.reports.view import Figure, Table, build_view
 from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
-from splitaudit.safety import display_path, displayable, require_regular_file
+from splitaudit.safety import display_path, displayable, nested_deeper_than, require_regular_file
 
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
@@ -74,18 +74,6 @@ def read_json_file(path: Path, what: str = "report"):
     if nested_deeper_than(document, MAX_JSON_DEPTH):  # Python >= 3.12 parses deep JSON; later readers recurse
         raise InputError(f"{display_path(path)} is not a splitaudit report.json (nested too deeply)")
     return document
-
-
-def nested_deeper_than(document, limit: int) -> bool:
-    """Whether lists/objects nest deeper than limit (checked without recursion)."""
-    stack = [(document, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
-            if depth > limit:
-                return True
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return False
 
 
 def load_result(path: Path) -> dict:

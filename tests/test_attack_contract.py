@@ -175,7 +175,7 @@ def test_every_attack_runs_on_the_digits_cnn_with_ssim(digits_ctx):
     "setting, words",
     [
         ("fine-tune.head=nonsense", "fine-tune.head must be one of 'linear', 'mlp', 'top-model', got 'nonsense'"),
-        ("fine-tune.epochs=-1", "fine-tune.epochs must be an integer >= 1, got -1"),
+        ("fine-tune.epochs=-1", "fine-tune.epochs must be an integer >= 1 and <= 2147483647, got -1"),
         ("sdar.ablation=yes", "sdar.ablation must be true or false, got 'yes'"),
     ],
 )

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 from dataclasses import fields
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from test_hostile_inputs import assert_refused, run_cli
 
 from splitaudit import pipeline
 from splitaudit import sweep as sweep_module
+from splitaudit.attacks import ATTACK_NAMES, attack_class
+from splitaudit.attacks.base import option_rule
 from splitaudit.config import NUMERIC_RANGES, AuditOptions
 from splitaudit.errors import InputError
 from splitaudit.estimators.bounds import dfil, van_trees_stderr
@@ -263,3 +266,58 @@ def test_the_estimators_stay_finite_or_infinite_at_float_edges():
     assert dfil(trace, 2, 1e-320).tolist() == [math.inf, 0.0]
     assert dfil(trace, 2, 0.5).tolist() == [8.0, 0.0]  # 4 / (2 * 0.25)
     assert van_trees_stderr(0.0, 0.0, 1e-200, 1e-210) == pytest.approx(1e190, rel=1e-12)
+
+
+# --- 5. a config file nested 100,000 deep ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["[" * 100_000 + "]" * 100_000, "[" * 30 + "]" * 30, "{a = " * 500 + "1" + "}" * 500])
+def test_deeply_nested_config_is_refused(tmp_path, capsys, value):
+    config = tmp_path / "deep.toml"
+    config.write_text(f"x = {value}\n")
+    assert_refused(["run", MLP, "--aux", CANCER, "--config", config], capsys, tmp_path, "nests too deeply")
+
+
+def test_a_huge_config_file_is_refused_unread(tmp_path, capsys):
+    config = tmp_path / "huge.toml"
+    config.write_text("# " + "x" * 2 * 1024**2 + "\n")
+    assert_refused(["run", MLP, "--aux", CANCER, "--config", config], capsys, tmp_path, "a config file is at most")
+
+
+# --- 6. attack options that could only fail the attack are refused before anything runs -------------
+
+
+@pytest.mark.parametrize(
+    "option, fragment",
+    [
+        ("decoder.lr=1e308", "decoder.lr must be a number > 0 and <= 1, got 1e+308"),
+        ("decoder.batch_size=99999999999999999999", "decoder.batch_size must be an integer >= 1 and <= 2147483647"),
+        ("optimization.lr=2.0", "optimization.lr must be a number > 0 and <= 1"),
+    ],
+)
+def test_attack_options_out_of_any_useful_range_are_refused_before_loading(
+    tmp_path, capsys, monkeypatch, option, fragment
+):
+    monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("loaded before validating"))
+    args = ["run", MLP, "--aux", CANCER, "--attacks", "decoder", "--attack-option", option]
+    assert_refused(args, capsys, tmp_path, fragment)
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_tv_prior_on_tabular_data_is_refused_before_any_measurement(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.setattr(pipeline, "measure_leakage", lambda *a, **k: pytest.fail("measured before refusing"))
+    monkeypatch.setattr(sweep_module, "measure_leakage", lambda *a, **k: pytest.fail("measured before refusing"))
+    args = [command, MLP, "--aux", CANCER, "--attacks", "optimization", "--attack-option", "optimization.prior=tv"]
+    args += ["--noise-sigma", "0.5", "--quick"]
+    assert_refused(args, capsys, tmp_path, "optimization.prior=tv needs image data")
+
+
+def test_every_number_an_attack_option_takes_is_bounded_above():
+    """The class behind item 6: an option with no upper limit lets 1e308 through to the attack."""
+    numeric = ("a number", "an integer", "a list of numbers", "a list of integers")
+    for name in ATTACK_NAMES:
+        options = attack_class(name).Options
+        hints = typing.get_type_hints(options)
+        for spec in fields(options):
+            rule = option_rule(spec, hints[spec.name])
+            assert not rule.startswith(numeric) or "<" in rule, f"{name}.{spec.name}: {rule}"
