@@ -99,7 +99,7 @@ def audit(
         model=_model_source(model),
         aux=_data_source(aux, "aux"),
         target=_data_source(target, "target"),
-        attacks=attacks.split(",") if isinstance(attacks, str) else list(attacks),
+        attacks=_attack_names(attacks),
         noise_sigma=noise_sigma,
         prior=prior,
         smoothing=smoothing,
@@ -148,20 +148,44 @@ def _model_source(model: Any) -> Any:
     )
 
 
+def _attack_names(attacks: Any) -> list:
+    """ "all", "none", a comma string or a list of names (each checked by AuditOptions.validate)."""
+    if isinstance(attacks, str):
+        return attacks.split(",")
+    if not isinstance(attacks, (list, tuple)):
+        raise InputError(f'attacks must be "all", "none", a comma string or a list of names, got {attacks!r:.60}')
+    return list(attacks)
+
+
 def _data_source(data: Any, name: str) -> Any:
     """A path as a string; arrays, tensors, (x, y[, attr]) or {x, y, attr} as an in-memory Dataset."""
     if data is None or isinstance(data, (str, Path)):
         return None if data is None else str(data)
-    from splitaudit.data import dataset_from_arrays
-
-    source = f"<in-memory {name}>"
     if isinstance(data, dict):
         unknown = set(data) - {"x", "y", "attr"}
         if "x" not in data or unknown:
             raise InputError(f"{name} as a dict takes keys x, y, attr (x required); got {sorted(data)}")
-        return dataset_from_arrays(data["x"], data.get("y"), data.get("attr"), source)
+        return _in_memory(name, data["x"], data.get("y"), data.get("attr"))
     if isinstance(data, tuple):
         if not 1 <= len(data) <= 3:
             raise InputError(f"{name} as a tuple is (x,), (x, y) or (x, y, attr); got {len(data)} items")
-        return dataset_from_arrays(*data, source=source)
-    return dataset_from_arrays(data, source=source)
+        return _in_memory(name, *data)
+    return _in_memory(name, data)
+
+
+def _in_memory(name: str, x: Any, y: Any = None, attr: Any = None) -> Any:
+    """The arrays as a Dataset; InputError for a tensor without readable data (on the meta device,
+    sparse) or a nested list that is no array (ragged rows)."""
+    import torch
+
+    from splitaudit.data import dataset_from_arrays
+
+    for part, value in (("x", x), ("y", y), ("attr", attr)):
+        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+            raise InputError(f"{name} {part} is a tensor on the meta device: it holds no data to audit")
+        if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+            raise InputError(f"{name} {part} is a {value.layout} tensor; pass a dense one (.to_dense())")
+    try:
+        return dataset_from_arrays(x, y, attr, source=f"<in-memory {name}>")
+    except (ValueError, TypeError) as exc:  # numpy's words for a ragged or non-numeric nesting
+        raise InputError(f"{name} is not an array of samples: {exc}") from exc

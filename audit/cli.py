@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from splitaudit import __version__
 from splitaudit.attacks import ATTACK_NAMES, attack_class
-from splitaudit.config import EXECUTORS, FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
+from splitaudit.config import DEVICES, EXECUTORS, FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
 from splitaudit.errors import InputError
 from splitaudit.safety import display_path, display_text, displayable
 
@@ -100,7 +100,7 @@ def model_data_options(func, noise_sigma_option=None):
         noise_sigma_option
         or click.option("--noise-sigma", type=float, help="Std of the Gaussian noise added to embeddings (default 0)."),
         click.option("--seed", type=int, help="Seed for splits, attacks and estimators (default 0)."),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where to compute (default auto)."),
+        click.option("--device", type=click.Choice(DEVICES), help="Where to compute (default auto)."),
         click.option("--quick", is_flag=True, help="Smoke run: fewer seeds, epochs and probes."),
         click.option(
             "--config",
@@ -211,7 +211,7 @@ def run(model: str | None, **flags) -> None:
 @cli.command()
 @click.option("--out", default="splitaudit-report", show_default=True, help="Output folder.")
 @click.option("--quick", is_flag=True, help="Smoke run: fewer seeds, epochs and probes.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.option(
     "--sweep",
@@ -328,10 +328,14 @@ def render(report: str, formats: list[str], out: str | None, debug: bool) -> Non
 def compare(before: str, after: str, formats: list[str], out: str, debug: bool) -> None:
     """Render two saved audits side by side (e.g. before and after a defence)."""
     from splitaudit.reports import load_result, write_comparison
+    from splitaudit.reports.compare import check_comparable, differences
     from splitaudit.reports.writer import claim_output_folder, output_lock
 
     _check_formats(formats)
     results = load_result(Path(before)), load_result(Path(after))
+    check_comparable(*results, (display_path(before), display_path(after)))
+    for warning in differences(*results):
+        click.echo(f"splitaudit: warning: not like for like: {warning}", err=True)
     with output_lock(claim_output_folder(out)) as out_dir:
         written = write_comparison(*results, out_dir, formats)
     _echo_written(written)

@@ -28,6 +28,7 @@ MAX_SIGMAS = 64  # points in one sweep (each runs every attack)
 SIGMA_DIGITS = 12  # sigmas equal to this many significant digits are one point
 MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, seed+1, ...
 EXECUTORS = ("local", "ray")
+DEVICES = ("auto", "cpu", "cuda")
 MAX_WORKERS = 256
 
 
@@ -76,6 +77,8 @@ class AuditOptions:
         check_option_types(self)
         check_numeric_ranges(self)
         self._normalize_sigmas()
+        if self.device not in DEVICES:
+            raise InputError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r:.60}")
         if self.prior not in PRIORS:
             raise InputError(f"--prior must be one of {', '.join(PRIORS)}, got {self.prior!r}")
         unknown = [f for f in self.formats if f not in FORMATS]
@@ -85,6 +88,8 @@ class AuditOptions:
             raise InputError("--out is empty; name an output folder")
         if self.executor not in EXECUTORS:
             raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise InputError("--ray-address names a Ray cluster for --executor ray; add --executor ray or drop it")
         if self.executor == "ray" and self.workers != 1:
             raise InputError("--workers sets the local executor's processes; Ray's workers are its cluster's CPUs/GPUs")
         return self

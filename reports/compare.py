@@ -7,15 +7,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from splitaudit.attacks import attack_title
+from splitaudit.errors import InputError
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, is_number, number, signed
 from splitaudit.reports.view import METRIC_LABELS, Figure, Figures, Table, headline, subtitle
 from splitaudit.reports.writer import render_pages, write_json
 
+# What makes two audits comparable: the same model (file and shapes) and the same data. A defence
+# usually changes the model file, so a difference is stated, never refused.
+MODEL_FACTS = (("path", "model file"), ("input_shape", "input shape"), ("output_shape", "embedding shape"))
+DATA_FACTS = (
+    ("aux_path", "aux data"),
+    ("target_path", "target data"),
+    ("n_aux", "aux samples"),
+    ("n_target", "target samples"),
+    ("classes", "classes"),
+)
+
 
 @dataclass
 class ComparisonView:
     title: str
+    warnings: list[str]
     audits: Table
     bounds: Table | None
     attacks: Table | None
@@ -87,6 +100,29 @@ def _attack_rows(before: dict, after: dict) -> tuple[list[list[str]], list[str]]
     return rows, classes
 
 
+def check_comparable(before: dict, after: dict, sources: tuple[str, str]) -> None:
+    """Only two report.json files compare (a sweep has no single bound or attack table)."""
+    for document, source in zip((before, after), sources):
+        if document.get("kind") == "sweep":
+            raise InputError(
+                f"{source} is a sweep.json; compare takes two report.json files of splitaudit run "
+                "(a sweep already sets its sigmas side by side)"
+            )
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    """What differs between the two audits' models and data, one sentence each: the rows compare
+    numbers of different things where these differ."""
+    found = []
+    for section, facts in (("model", MODEL_FACTS), ("data", DATA_FACTS)):
+        for key, label in facts:
+            old, new = _get(before, section, key), _get(after, section, key)
+            if old != new:
+                shown = [str(v) if isinstance(v, list) else number(v) for v in (old, new)]
+                found.append(f"the audits differ in {label}: {shown[0]} before, {shown[1]} after")
+    return found
+
+
 def build_comparison(before: dict, after: dict, with_figures: bool = True) -> ComparisonView:
     figures = Figures(with_figures)
     rows, classes = _attack_rows(before, after)
@@ -113,6 +149,7 @@ def build_comparison(before: dict, after: dict, with_figures: bool = True) -> Co
     )
     return ComparisonView(
         title="splitaudit comparison",
+        warnings=differences(before, after),
         audits=audits,
         bounds=_bounds(before, after),
         attacks=Table(
@@ -134,9 +171,6 @@ def write_comparison(before: dict, after: dict, out_dir: Path, formats: list[str
     written = render_pages(view, out_dir, formats, "comparison")
     if "json" in formats:
         tables = {"audits": view.audits, "bounds": view.bounds, "attacks": view.attacks}
-        written.append(
-            write_json(
-                {k: {"headers": t.headers, "rows": t.rows} for k, t in tables.items() if t}, out_dir / "comparison.json"
-            )
-        )
+        content = {k: {"headers": t.headers, "rows": t.rows} for k, t in tables.items() if t}
+        written.append(write_json({**content, "warnings": view.warnings}, out_dir / "comparison.json"))
     return written

@@ -19,12 +19,14 @@ import typing
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 from conftest import sample
 from test_hostile_inputs import assert_refused, run_cli
 
-from splitaudit import pipeline
+from splitaudit import audit, pipeline
 from splitaudit import sweep as sweep_module
 from splitaudit.attacks import ATTACK_NAMES, attack_class
 from splitaudit.attacks.base import option_rule
@@ -321,3 +323,81 @@ def test_every_number_an_attack_option_takes_is_bounded_above():
         for spec in fields(options):
             rule = option_rule(spec, hints[spec.name])
             assert not rule.startswith(numeric) or "<" in rule, f"{name}.{spec.name}: {rule}"
+
+
+# --- 8. the Python API raises InputError for bad input ---------------------------------------------
+
+
+class TinyEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(29, 4)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+CANCER_X = np.load(CANCER)["x"].astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"aux": torch.empty(40, 29, device="meta")}, "aux x is a tensor on the meta device"),
+        ({"aux": (torch.tensor(CANCER_X), torch.zeros(len(CANCER_X), device="meta"))}, "aux y is a tensor on the meta"),
+        ({"aux": torch.zeros(40, 29).to_sparse()}, "aux x is a torch.sparse_coo tensor"),
+        ({"aux": [[1.0, 2.0], [3.0]]}, "aux is not an array of samples"),
+        ({"aux": CANCER_X, "attacks": 5}, 'attacks must be "all", "none", a comma string or a list of names, got 5'),
+        ({"aux": CANCER_X, "device": "tpu"}, "--device must be one of auto, cpu, cuda, got 'tpu'"),
+        ({"aux": CANCER_X, "noise_sigma": 1e-320}, "--noise-sigma must be 0 or at least 1e-12"),
+    ],
+)
+def test_the_api_raises_input_error_for_bad_input(kwargs, fragment, monkeypatch):
+    monkeypatch.setattr(pipeline, "measure_leakage", lambda *a, **k: pytest.fail("measured bad input"))
+    with pytest.raises(InputError) as raised:
+        audit(TinyEncoder(), **{"attacks": "none", **kwargs})
+    assert fragment in str(raised.value)
+
+
+# --- 9. compare: two report.json files, and it says when they are not like for like -----------------
+
+
+def test_compare_refuses_a_sweep_beside_a_report(tmp_path, capsys):
+    for pair in (("tabular_audit.json", "tabular_sweep.json"), ("tabular_sweep.json", "tabular_sweep.json")):
+        args = ["compare", *(FIXTURES / name for name in pair), "--out", tmp_path / "cmp"]
+        assert_refused(args, capsys, tmp_path, "is a sweep.json; compare takes two report.json files")
+
+
+def test_compare_warns_when_model_or_data_differ(tmp_path, capsys):
+    args = ["compare", FIXTURES / "tabular_audit.json", FIXTURES / "image_audit.json", "--out", tmp_path / "cmp"]
+    code, _, err = run_cli([*args, "--format", "html,md,json"], capsys)
+    warnings = err.strip().splitlines()
+    assert code == 0 and all(line.startswith("splitaudit: warning: not like for like:") for line in warnings)
+    assert any("input shape: [29] before, [1, 8, 8] after" in line for line in warnings)
+    assert any("classes: 2 before, 10 after" in line for line in warnings)
+    assert "Not like for like: the audits differ in input shape" in (tmp_path / "cmp" / "comparison.html").read_text()
+    assert "not like for like" in (tmp_path / "cmp" / "comparison.md").read_text()
+    assert len(json.loads((tmp_path / "cmp" / "comparison.json").read_text())["warnings"]) == len(warnings)
+
+
+def test_compare_of_the_same_audit_warns_nothing(tmp_path, capsys):
+    same = FIXTURES / "tabular_audit.json"
+    code, _, err = run_cli(["compare", same, same, "--out", tmp_path / "cmp"], capsys)
+    assert code == 0 and err == ""
+
+
+# --- 10. --ray-address without --executor ray; a bad device in a config file -------------------------
+
+
+def test_ray_address_without_the_ray_executor_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("loaded before validating"))
+    args = ["run", MLP, "--aux", CANCER, "--ray-address", "127.0.0.1:6379"]
+    assert_refused(args, capsys, tmp_path, "--ray-address names a Ray cluster for --executor ray")
+
+
+def test_a_bad_device_in_a_config_file_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("loaded before validating"))
+    config = tmp_path / "audit.toml"
+    config.write_text('device = "tpu"\n')
+    args = ["run", MLP, "--aux", CANCER, "--config", config]
+    assert_refused(args, capsys, tmp_path, "--device must be one of auto, cpu, cuda, got 'tpu'")
