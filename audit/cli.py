@@ -2,12 +2,13 @@
 
 Exit codes: 0 audit done and every gate passed; 1 a gate failed (reports still written);
 2 bad usage or input (one line on stderr; --debug shows the traceback); 3 internal error;
-130 interrupted (SIGINT, Ctrl-C).
+130 interrupted (SIGINT, Ctrl-C); 143 terminated (SIGTERM, e.g. kill or a CI job's time-out).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import traceback
 from dataclasses import fields
@@ -24,7 +25,7 @@ from splitaudit.config import DEVICES, EXECUTORS, FORMATS, PRIORS, AuditOptions,
 from splitaudit.errors import InputError
 from splitaudit.safety import display_path, display_text, displayable
 
-EXIT_GATE_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+EXIT_GATE_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 3, 130, 143
 COST_NOTICE_SECONDS = 180  # the up-front cost estimate is printed when the audit may take longer
 
 
@@ -141,8 +142,8 @@ def executor_options(func):
             "--task-timeout",
             type=float,
             metavar="S",
-            help="Seconds one task (an attack's seed, or a dFIL shard) may run before it is retried once, then failed "
-            "(a dFIL shard past it stops the audit: exit 2).",
+            help="Seconds one attack task (one seed at one sigma) may run before it is retried once, then failed "
+            "(dFIL shards are not bound by it: without all of them there is no bound).",
         ),
         click.option(
             "--workers",
@@ -439,10 +440,13 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: maps errors to one line and the documented exit codes."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = cli.main(args=args, prog_name="splitaudit", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
         _fail("interrupted (SIGINT); reports of this run are incomplete or absent", EXIT_INTERRUPTED)
+    except Terminated:
+        _fail("terminated (SIGTERM); reports of this run are incomplete or absent", EXIT_TERMINATED)
     except click.ClickException as exc:
         _fail(exc.format_message(), EXIT_BAD_INPUT)
     except InputError as exc:
@@ -455,7 +459,19 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             traceback.print_exc()
         _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_INTERNAL)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     raise SystemExit(code or 0)
+
+
+class Terminated(BaseException):
+    """SIGTERM as an exception, so that every `with` and `finally` on the way out runs (worker
+    pools stop their workers and remove their model copies); a BaseException, like
+    KeyboardInterrupt, so that no `except Exception` (a task's failure handler) swallows it."""
+
+
+def _raise_terminated(_signum, _frame) -> None:
+    raise Terminated()
 
 
 def _fail(message: str, code: int) -> None:

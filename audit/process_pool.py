@@ -37,7 +37,8 @@ STOP_SECONDS = 5.0  # how long a worker may take to exit when asked, before it i
 
 
 def serve(recipe: ContextRecipe, device: str, threads: int, conn: Connection) -> None:
-    """A worker's life: rebuild the context and say so, then answer (token, task) messages until None."""
+    """A worker's life: rebuild the context and say so, then answer (token, task) messages until
+    None, or until the parent is gone (its end of the pipe closed: nothing left to answer)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_term)
     torch.set_num_threads(threads)
@@ -46,11 +47,14 @@ def serve(recipe: ContextRecipe, device: str, threads: int, conn: Connection) ->
         ctx, failure = rebuild_context(recipe, device), None
     except Exception as exc:  # reported with every task it is sent, never raised in the parent
         ctx, failure = None, f"the worker could not rebuild the audit context: {type(exc).__name__}: {exc}"
-    _send(conn, "ready")
-    while (message := _receive(conn)) is not None:
-        token, task = message
-        outcome, error, seconds = timed_task(ctx, task) if ctx is not None else (None, failure, 0.0)
-        _send(conn, (token, Finished(outcome, error, seconds, name)))
+    try:
+        _send(conn, "ready")
+        while (message := _receive(conn)) is not None:
+            token, task = message
+            outcome, error, seconds = timed_task(ctx, task) if ctx is not None else (None, failure, 0.0)
+            _send(conn, (token, Finished(outcome, error, seconds, name)))
+    except (EOFError, BrokenPipeError):
+        return
 
 
 def _exit_on_term(signum, _frame) -> None:
