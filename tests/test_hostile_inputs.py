@@ -23,6 +23,7 @@ from conftest import sample
 from splitaudit import pipeline
 from splitaudit.cli import main
 from splitaudit.errors import InputError
+from splitaudit.gate import evaluate_gate
 from splitaudit.reports import writer
 from splitaudit.reports.writer import load_result, output_lock, write_atomic
 
@@ -78,6 +79,8 @@ def test_render_confines_figures_named_from_attack_names(tmp_path, capsys, evil)
     result = json.loads((FIXTURES / "image_audit.json").read_text())
     name = evil.format(root=tmp_path)
     result["attacks"] = {name: result["attacks"]["decoder"], "sdar": result["attacks"]["sdar"]}
+    thresholds = ("fail_under_mse", "fail_under_attack_mse", "max_advantage")
+    result["gate"] = evaluate_gate(result, **{k: result["gate"][k] for k in thresholds})  # consistent, or refused
     report = tmp_path / "in" / "report.json"
     report.parent.mkdir()
     report.write_text(json.dumps(result))
