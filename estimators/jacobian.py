@@ -340,10 +340,13 @@ class StepChoice:
 
     @property
     def converges(self) -> bool:
-        """Whether smaller steps made the estimate settle: the least change is at the rounding floor,
-        or at most FD_CONVERGENCE of the coarsest pair's (no convergence: a jump, or noise)."""
-        least = self.changes[self.pair]
-        return least <= FD_ROUNDING_FLOOR or least <= FD_CONVERGENCE * self.changes[0]
+        """Whether smaller steps made the estimate settle: the chosen pair's change is at the rounding
+        floor or at most FD_CONVERGENCE of the coarsest pair's, and no change on the way there grew
+        beyond 1 / FD_CONVERGENCE of the coarsest (a pilot's few directions make them uneven). A jump
+        (quantised outputs) or noise inside the model makes the changes grow or stall instead."""
+        first, least = self.changes[0], self.changes[self.pair]
+        bounded_on_the_way = max(self.changes[: self.pair + 1]) <= max(first / FD_CONVERGENCE, FD_ROUNDING_FLOOR)
+        return bounded_on_the_way and (least <= FD_ROUNDING_FLOOR or least <= FD_CONVERGENCE * first)
 
 
 def choose_fd_step(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> StepChoice:
