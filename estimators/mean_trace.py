@@ -188,7 +188,10 @@ class MeanTrace:
 
     @property
     def fd_relative_error(self) -> float:
-        return self.fd_error / self.mean if self.mean > 0 else 0.0
+        """fd_error / mean; inf where the trace at the fine step is 0 but not at the coarse one."""
+        if self.mean > 0:
+            return self.fd_error / self.mean
+        return 0.0 if self.fd_error == 0 else math.inf
 
     @property
     def approximate(self) -> bool:

@@ -19,12 +19,13 @@ from architectures import export_onnx
 import splitaudit
 from splitaudit.estimators.jacobian import (
     FD_STEP_RATIO,
+    TraceEstimate,
     TraceOptions,
     finite_difference_step,
     jacobian_sq_norm,
     jacobian_trace,
 )
-from splitaudit.estimators.mean_trace import Z_95, MeanOptions, estimate_mean_trace
+from splitaudit.estimators.mean_trace import Z_95, MeanOptions, MeanTrace, estimate_mean_trace
 from splitaudit.result import first_error
 
 
@@ -148,6 +149,21 @@ def test_where_no_step_settles_the_estimate_is_approximate(module, shape):
     mean = fd_mean(module, images(8, shape))
     assert not mean.fd_choice.converges and mean.approximate
     assert math.isfinite(mean.interval()[1])
+
+
+def test_a_quantised_model_whose_trace_vanishes_at_small_steps_is_approximate_not_zero():
+    """Basis directions at small steps rarely cross a quantisation jump: the trace there is 0 (the
+    derivative almost everywhere) and the two finest steps agree, but the coarser ones grew as the
+    step shrank: the pilot did not settle, so the zero is no guarantee of anything."""
+    mean = fd_mean(Quantised(144), images(8, (3, 4, 12)))
+    assert mean.mean == 0 and mean.approximate and not mean.fd_choice.converges
+
+
+def test_a_zero_fine_trace_beside_a_nonzero_coarse_one_is_an_unbounded_error():
+    zero = torch.zeros(2)
+    traces = TraceEstimate(zero, zero, "finite-difference", True, 2, fd_step=1e-3, fd_error=torch.tensor([0.0, 1.0]))
+    mean = MeanTrace(traces, torch.arange(2), mean=0.0, stderr=0.0, rtol=0.02, total_products=4)
+    assert mean.fd_relative_error == math.inf and mean.approximate
 
 
 # --- end to end: an ONNX model that runs black-box ---------------------------------------------
