@@ -445,6 +445,7 @@ def calibrate(
             "notes": list(m.prior.notes),
         },
         "dfil_method": m.traces.method,
+        "dfil_approximate": m.mean_trace.approximate,
         "n_samples": len(m.index),
     }
 
@@ -452,13 +453,19 @@ def calibrate(
 def describe_calibration(answer: dict) -> str:
     """One or two lines for people: the sigma, or why none exists."""
     where = f" (bound on the smoothed input, tau = {answer['smoothing']:g})" if answer["smoothing"] > 0 else ""
+    caveat = (
+        "\nThe dFIL is approximate (black-box finite differences whose error could not be bounded): "
+        "this sigma is no guarantee."
+        if answer.get("dfil_approximate")
+        else ""
+    )
     if not answer["feasible"]:
         return (
             f"no noise sigma reaches a van Trees bound of {answer['target_mse']:.4g}: {answer['reason']}.\n"
-            f"Against unbiased attackers only, sigma = {answer['sigma_unbiased']:.4g} would suffice."
+            f"Against unbiased attackers only, sigma = {answer['sigma_unbiased']:.4g} would suffice." + caveat
         )
     return (
         f"noise sigma {answer['sigma']:.4g} makes the van Trees bound reach MSE {answer['target_mse']:.4g}"
         f"{where}, prior {answer['prior']['method']}.\n"
-        f"Against unbiased attackers only (Cramér-Rao), sigma {answer['sigma_unbiased']:.4g} suffices."
+        f"Against unbiased attackers only (Cramér-Rao), sigma {answer['sigma_unbiased']:.4g} suffices." + caveat
     )

@@ -222,3 +222,8 @@ def test_black_box_with_an_unbounded_error_fails_the_bound_gate_naming_it(tmp_pa
     assert any("approximate" in note for note in result["bounds"]["notes"])
     (check,) = [c for c in result["gate"]["checks"] if c["name"] == "fail-under-mse"]
     assert not check["passed"] and check["cause"] == "bound-approximate" and "approximate" in check["message"]
+    calibrate = ["calibrate", str(path), "--aux", str(tmp_path / "data.npz"), "--target-mse", "0.01", "--quick"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(calibrate + ["--prior", "gaussian", "--smoothing", "0"])
+    assert exit_info.value.code == 0
+    assert "The dFIL is approximate" in capsys.readouterr().out
