@@ -209,7 +209,7 @@ def reverse_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> T
 
 
 def _basis_sum(
-    products: Callable[[Tensor], Tensor], n: int, like: Tensor, chunk: int, squares: Callable = None
+    products: Callable[[Tensor], Tensor], n: int, like: Tensor, chunk: int, squares: Callable | None = None
 ) -> Tensor:
     """sum over the n basis vectors of the space of like[0] of ||products(e)||^2, per sample
     (squares turns products [k, N, ...] into squared norms [k, N, ...]; default _squared_norms)."""
@@ -249,7 +249,7 @@ def hutchinson_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -
 
 
 def _probe_mean(
-    products: Callable[[Tensor], Tensor], x: Tensor, options: TraceOptions, chunk: int, squares: Callable = None
+    products: Callable[[Tensor], Tensor], x: Tensor, options: TraceOptions, chunk: int, squares: Callable | None = None
 ) -> tuple[Tensor, Tensor, int]:
     """Mean and standard error of ||J v||^2 over independent Rademacher probes per sample
     (squares as in _basis_sum: several squared norms per probe share its stopping rule).
