@@ -128,7 +128,7 @@ def dfil_products(ctx: AuditContext, n: int) -> float:
     x = ctx.target.x[:2]
     randomised = min(n, MeanOptions().min_samples) * RANDOMISED_PROBES + CHECK_SAMPLES * CHECK_PROBES
     if not ctx.encoder.differentiable:
-        return 2 * randomised  # central differences: two forward passes per probe
+        return 4 * randomised  # central differences at two steps: four forward passes per probe
     costs = exact_costs(ctx.encoder, x, measure_plan(ctx.encoder, x))
     cheapest = min(costs.values()) if costs else None
     if cheapest is not None and (cheapest <= EXACT_PRODUCTS or n * cheapest <= EXACT_PREFERENCE * randomised):

@@ -74,6 +74,16 @@ def _bound_check(result: dict, threshold: float) -> dict:
             None,
             threshold,
         )
+    if (result.get("dfil") or {}).get("approximate"):
+        return _check(
+            "fail-under-mse",
+            False,
+            "bound-approximate",
+            "the dFIL is approximate: its finite-difference error (black-box model) could not be bounded, "
+            "so the van Trees bound is no guarantee and the bound gate cannot pass",
+            bound,
+            threshold,
+        )
     if violated:
         return _check(
             "fail-under-mse",

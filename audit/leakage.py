@@ -21,7 +21,7 @@ from splitaudit.estimators.bounds import (
     van_trees_mse,
     van_trees_stderr,
 )
-from splitaudit.estimators.jacobian import TraceEstimate
+from splitaudit.estimators.jacobian import FD_MAX_RELATIVE_ERROR, FD_STEP_RATIO, TraceEstimate
 from splitaudit.estimators.mean_trace import Z_95, JobRunner, MeanOptions, MeanTrace, estimate_mean_trace
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS,
@@ -183,14 +183,19 @@ def _mean_dfil(m: Measurement, per_sample: torch.Tensor, sigma: float) -> tuple[
     return m.mean_trace.mean / scale, m.mean_trace.stderr / scale
 
 
-def _dfil_interval(mean: float, stderr: float) -> tuple[float, float]:
-    """E[dFIL]'s 95% confidence interval, clipped at 0."""
-    return max(0.0, mean - Z_95 * stderr), _dfil_upper(mean, stderr)
+def _fd_error(m: Measurement, sigma: float) -> float:
+    """The finite-difference error of E[dFIL] (0 with autograd, and at sigma = 0)."""
+    return m.mean_trace.fd_error / (m.d * sigma**2) if sigma > 0 else 0.0
 
 
-def _dfil_upper(mean: float, stderr: float) -> float:
-    """The upper end of E[dFIL]'s 95% confidence interval (inf stays inf)."""
-    return mean + Z_95 * stderr if math.isfinite(mean) else mean
+def _dfil_interval(mean: float, stderr: float, fd_error: float = 0.0) -> tuple[float, float]:
+    """E[dFIL]'s 95% confidence interval widened by the finite-difference error, clipped at 0."""
+    return max(0.0, mean - Z_95 * stderr - fd_error), _dfil_upper(mean, stderr, fd_error)
+
+
+def _dfil_upper(mean: float, stderr: float, fd_error: float = 0.0) -> float:
+    """The upper end of E[dFIL]'s 95% confidence interval plus the finite-difference error (inf stays inf)."""
+    return mean + Z_95 * stderr + fd_error if math.isfinite(mean) else mean
 
 
 def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, mean: float, stderr: float) -> dict:
@@ -207,10 +212,12 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
         )
     if len(m.index) < m.n_target:
         notes.append(f"dFIL computed on a seeded random subset of {len(m.index)} of the {m.n_target} target samples")
-    low, high = _dfil_interval(mean, stderr)
+    fd_error = _fd_error(m, ctx.noise_sigma)
+    low, high = _dfil_interval(mean, stderr, fd_error)
     notes.append(
         f"mean dFIL {mean:.4g}, 95% confidence interval [{low:.4g}, {high:.4g}] (spread over samples"
         + ("" if m.traces.exact else " and probe noise")
+        + (", widened by the finite-difference error" if m.traces.fd_step is not None else "")
         + "); bounds and calibration use its upper end"
     )
     if m.smoothing > 0:
@@ -222,7 +229,7 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
             "mean; per_sample_stderr gives each sample's standard error"
         )
     if m.traces.fd_step is not None:
-        notes.append(f"black-box model: Jacobians by central finite differences (step {m.traces.fd_step:.3g})")
+        notes.extend(_finite_difference_notes(m.mean_trace))
     if ctx.encoder.stochastic:
         notes.append(
             "the encoder is stochastic: dFIL covers only the added Gaussian noise, not the "
@@ -249,18 +256,52 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
         "per_sample": per_sample.tolist(),
         "target_index": m.index.tolist(),
         "notes": notes,
-        "mean_ci": list(_dfil_interval(mean, stderr)),
+        "mean_ci": [low, high],
         "ci_level": 0.95,
-        "mean_upper": _dfil_upper(mean, stderr),
+        "mean_upper": high,
         "rtol": m.mean_trace.rtol,
         "relative_stderr": stderr / mean if mean > 0 and math.isfinite(mean) else 0.0,
         "jacobian_products": m.mean_trace.total_products,
         "n_candidates": m.n_candidates,
         "self_check": dict(m.mean_trace.check),
+        "approximate": m.mean_trace.approximate,
     }
     if not m.traces.exact:
         section["per_sample_stderr"] = dfil(m.traces.stderr, m.d, ctx.noise_sigma).tolist()
+    if m.traces.fd_step is not None:
+        section["finite_difference"] = _finite_difference_section(m.mean_trace, fd_error)
     return section
+
+
+def _finite_difference_section(mt: MeanTrace, fd_error: float) -> dict:
+    """The black-box estimate's steps, its measured error and whether that error is a bound."""
+    choice = mt.fd_choice
+    return {
+        "step": mt.traces.fd_step,
+        "coarse_step": FD_STEP_RATIO * mt.traces.fd_step,
+        "relative_error": mt.fd_relative_error,
+        "dfil_error": fd_error,
+        "bounded": not mt.approximate,
+        "pilot_steps": list(choice.steps) if choice else [],
+        "pilot_changes": list(choice.changes) if choice else [],
+    }
+
+
+def _finite_difference_notes(mt: MeanTrace) -> list[str]:
+    step = mt.traces.fd_step
+    notes = [
+        f"black-box model: Jacobians by central finite differences at the step {step:.3g}, chosen on a pilot "
+        f"where it changed the trace least, and at {FD_STEP_RATIO * step:.3g} on the same directions; the two "
+        f"differ by {100 * mt.fd_relative_error:.2g}% of the trace, added to both ends of the interval as the "
+        "truncation error (kinks within the step bias central differences low, which would overstate the bound)"
+    ]
+    if mt.approximate:
+        notes.append(
+            "the finite-difference error could not be bounded (the estimate did not settle as the step shrank, "
+            f"the two steps differ by more than {100 * FD_MAX_RELATIVE_ERROR:g}%, or independent probes at another "
+            "step disagree beyond it: see self_check): the dFIL is approximate and the bound gate does not pass on it"
+        )
+    return notes
 
 
 def _prior_section(p: PriorEstimate) -> dict:
@@ -289,8 +330,10 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
         )
     if not m.prior.valid:
         notes.append("the prior estimate failed its sanity check (see prior.notes)")
+    if m.mean_trace.approximate:
+        notes.append("the dFIL is approximate (its finite-difference error could not be bounded): no guarantee")
     stam = m.prior.stam_limit if m.smoothing > 0 else None
-    upper = _dfil_upper(mean, stderr)
+    upper = _dfil_upper(mean, stderr, _fd_error(m, ctx.noise_sigma))
     notes.append(
         "the bounds use the upper end of E[dFIL]'s 95% confidence interval (conservative); "
         "the *_point keys use its estimate"
@@ -403,6 +446,7 @@ def calibrate(
             "notes": list(m.prior.notes),
         },
         "dfil_method": m.traces.method,
+        "dfil_approximate": m.mean_trace.approximate,
         "n_samples": len(m.index),
     }
 
@@ -410,13 +454,19 @@ def calibrate(
 def describe_calibration(answer: dict) -> str:
     """One or two lines for people: the sigma, or why none exists."""
     where = f" (bound on the smoothed input, tau = {answer['smoothing']:g})" if answer["smoothing"] > 0 else ""
+    caveat = (
+        "\nThe dFIL is approximate (black-box finite differences whose error could not be bounded): "
+        "this sigma is no guarantee."
+        if answer.get("dfil_approximate")
+        else ""
+    )
     if not answer["feasible"]:
         return (
             f"no noise sigma reaches a van Trees bound of {answer['target_mse']:.4g}: {answer['reason']}.\n"
-            f"Against unbiased attackers only, sigma = {answer['sigma_unbiased']:.4g} would suffice."
+            f"Against unbiased attackers only, sigma = {answer['sigma_unbiased']:.4g} would suffice." + caveat
         )
     return (
         f"noise sigma {answer['sigma']:.4g} makes the van Trees bound reach MSE {answer['target_mse']:.4g}"
         f"{where}, prior {answer['prior']['method']}.\n"
-        f"Against unbiased attackers only (Cramér-Rao), sigma {answer['sigma_unbiased']:.4g} suffices."
+        f"Against unbiased attackers only (Cramér-Rao), sigma {answer['sigma_unbiased']:.4g} suffices." + caveat
     )

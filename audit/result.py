@@ -117,12 +117,26 @@ class TraceCheck(TypedDict):
     reason: NotRequired[str]
     samples: NotRequired[int]
     probes_per_sample: NotRequired[int]
-    mode: NotRequired[Literal["forward", "reverse"]]
+    mode: NotRequired[Literal["forward", "reverse", "finite-difference"]]
     method_sum: NotRequired[float]
     check_sum: NotRequired[float]
     check_stderr: NotRequired[float]
     tolerance: NotRequired[float]
     passed: NotRequired[bool]
+    fd_step: NotRequired[float]
+
+
+class FiniteDifference(TypedDict):
+    """A black-box dFIL: central differences at step and coarse_step (= 4 step) on the same
+    directions, their difference as the truncation error, and the pilot ladder that chose the step."""
+
+    step: float
+    coarse_step: float
+    relative_error: float
+    dfil_error: float
+    bounded: bool
+    pilot_steps: list[float]
+    pilot_changes: list[float]
 
 
 class Dfil(TypedDict):
@@ -154,6 +168,8 @@ class Dfil(TypedDict):
     jacobian_products: NotRequired[int]
     n_candidates: NotRequired[int]
     self_check: NotRequired[TraceCheck]
+    approximate: NotRequired[bool]
+    finite_difference: NotRequired[FiniteDifference]
 
 
 class Prior(TypedDict):
@@ -246,6 +262,7 @@ CheckCause = Literal[
     "bound-met",
     "bound-missing",
     "bound-untrusted",
+    "bound-approximate",
     "bound-too-low",
     "attack-mse-met",
     "no-reconstruction-attack",

@@ -9,7 +9,9 @@ Every method reduces to sums of squared Jacobian products over a set of directio
 - Hutchinson: E_v ||J v||^2 = ||J||_F^2 for Rademacher v (E[v v^T] = I), with its standard error
   and a stopping rule on the relative standard error;
 - finite differences for black-box models: J v ~ (f(x + h v) - f(x - h v)) / 2h over the basis or
-  Rademacher probes, through a function that needs no gradients.
+  Rademacher probes, through a function that needs no gradients, at two steps h and 4h on the same
+  directions; their difference is the truncation error carried with the estimate (see
+  finite_difference_trace), and h is chosen by measurement on a pilot (choose_fd_step).
 Samples are batched (vmap over directions, one call over all samples); directions are chunked to a
 memory budget. Tensors stay on x's device, so the same code runs on CPU and CUDA.
 """
@@ -30,6 +32,12 @@ BatchFn = Callable[[Tensor], Tensor]
 
 DEFAULT_MEMORY_BYTES = 256 * 2**20
 FD_BASIS_MAX_DIRECTIONS = 512  # black-box: exact basis up to this many inputs, Hutchinson probes above
+FD_STEP_RATIO = 4.0  # the coarse finite-difference step is this many times the fine one
+FD_LADDER_STEPS = 7  # steps tried on the pilot: eps^(1/3) * scale, then each FD_STEP_RATIO times smaller
+FD_PILOT_SAMPLES, FD_PILOT_DIRECTIONS = 8, 16
+FD_ROUNDING_FLOOR = 1e-4  # relative change between steps that float rounding alone explains
+FD_CONVERGENCE = 0.5  # the chosen pair must change at most this fraction of the coarsest pair's change
+FD_MAX_RELATIVE_ERROR = 0.25  # beyond this the two-step difference is no credible error bound
 MIN_DIRECTIONS_PER_CHUNK = 8
 
 
@@ -41,7 +49,7 @@ class TraceOptions:
     rtol: float = 0.05
     min_probes: int = 8
     max_probes: int = 256
-    fd_step: float | None = None  # None: chosen from the data scale (see finite_difference_step)
+    fd_step: float | None = None  # None: chosen by measurement (choose_fd_step)
     fd_directions: str = "auto"  # "basis", "random", or "auto" (basis up to FD_BASIS_MAX_DIRECTIONS)
     generator: torch.Generator | None = None
 
@@ -56,9 +64,14 @@ class TraceEstimate:
     exact: bool
     products: int  # Jacobian products per sample (directions or probes)
     fd_step: float | None = None
+    fd_error: Tensor | None = None  # finite differences: |trace at FD_STEP_RATIO * fd_step - trace at fd_step|
+    fd_choice: "StepChoice | None" = None  # finite differences: the pilot that chose fd_step, when one ran
 
     def to(self, device) -> "TraceEstimate":
-        return dataclasses.replace(self, values=self.values.to(device), stderr=self.stderr.to(device))
+        fd_error = None if self.fd_error is None else self.fd_error.to(device)
+        return dataclasses.replace(
+            self, values=self.values.to(device), stderr=self.stderr.to(device), fd_error=fd_error
+        )
 
 
 @dataclass(frozen=True)
@@ -111,8 +124,13 @@ def jacobian_trace(
         raise ValueError(f"unknown Jacobian method {method!r}; choose auto or {', '.join(METHODS)}")
     plan = measure_plan(f, x, differentiable=method != "finite-difference")
     name = choose_method(f, x, plan) if method == "auto" else method
+    choice = None
+    if name == "finite-difference" and options.fd_step is None:  # one step for every chunk of samples
+        choice = choose_fd_step(f, x, options, plan)
+        options = dataclasses.replace(options, fd_step=choice.step)
     samples = max(1, options.memory_bytes // (plan.bytes_per_product * MIN_DIRECTIONS_PER_CHUNK))
-    return concatenated([METHODS[name].compute(f, chunk, options, plan) for chunk in x.split(samples)])
+    traces = concatenated([METHODS[name].compute(f, chunk, options, plan) for chunk in x.split(samples)])
+    return dataclasses.replace(traces, fd_choice=choice) if choice is not None else traces
 
 
 def concatenated(parts: list[TraceEstimate]) -> TraceEstimate:
@@ -124,6 +142,8 @@ def concatenated(parts: list[TraceEstimate]) -> TraceEstimate:
         exact=parts[0].exact,
         products=max(p.products for p in parts),
         fd_step=parts[0].fd_step,
+        fd_error=None if parts[0].fd_error is None else torch.cat([p.fd_error for p in parts]),
+        fd_choice=parts[0].fd_choice,
     )
 
 
@@ -188,12 +208,16 @@ def reverse_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> T
     return _exact(values.detach(), "reverse", plan.m)
 
 
-def _basis_sum(products: Callable[[Tensor], Tensor], n: int, like: Tensor, chunk: int) -> Tensor:
-    """sum over the n basis vectors of the space of like[0] of ||products(e)||^2, per sample."""
-    total = torch.zeros(len(like), dtype=like.dtype, device=like.device)
+def _basis_sum(
+    products: Callable[[Tensor], Tensor], n: int, like: Tensor, chunk: int, squares: Callable | None = None
+) -> Tensor:
+    """sum over the n basis vectors of the space of like[0] of ||products(e)||^2, per sample
+    (squares turns products [k, N, ...] into squared norms [k, N, ...]; default _squared_norms)."""
+    squares = squares or _squared_norms
+    total = torch.zeros((), dtype=like.dtype, device=like.device)
     for start in range(0, n, chunk):
         directions = _basis(start, min(n, start + chunk), like)
-        total += _squared_norms(products(directions)).sum(0)
+        total = total + squares(products(directions)).sum(0)
     return total
 
 
@@ -225,21 +249,23 @@ def hutchinson_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -
 
 
 def _probe_mean(
-    products: Callable[[Tensor], Tensor], x: Tensor, options: TraceOptions, chunk: int
+    products: Callable[[Tensor], Tensor], x: Tensor, options: TraceOptions, chunk: int, squares: Callable | None = None
 ) -> tuple[Tensor, Tensor, int]:
-    """Mean and standard error of ||J v||^2 over independent Rademacher probes per sample.
+    """Mean and standard error of ||J v||^2 over independent Rademacher probes per sample
+    (squares as in _basis_sum: several squared norms per probe share its stopping rule).
 
     Probes are added in rounds (min_probes first, then doubling the count, at most `chunk` per
     round); the loop stops once every sample's standard error is at most rtol times its mean,
     or at max_probes.
     """
-    total = torch.zeros(len(x), dtype=torch.float64, device=x.device)
+    squares = squares or _squared_norms
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
     total_sq = torch.zeros_like(total)
     count = 0
     while count < options.max_probes:
         n = min(chunk, max(options.min_probes - count, count, 1), options.max_probes - count)
         probe = rademacher((n, *x.shape), x, options.generator)
-        sq = _squared_norms(products(probe)).double()
+        sq = squares(products(probe)).double()
         total, total_sq, count = total + sq.sum(0), total_sq + sq.pow(2).sum(0), count + n
         mean, stderr = _mean_stderr(total, total_sq, count)
         if bool((stderr <= options.rtol * mean).all()):
@@ -265,35 +291,100 @@ def rademacher(shape: tuple[int, ...], like: Tensor, generator: torch.Generator 
 
 
 def finite_difference_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> TraceEstimate:
-    """Central differences (f(x + h v) - f(x - h v)) / 2h: over the input basis (exact up to
-    O(h^2) truncation), or Rademacher probes when d is large. Needs forward passes only."""
-    step = options.fd_step or finite_difference_step(x)
-    chunk = plan.directions_per_chunk(2 * len(x), options.memory_bytes)
-    products = lambda v: _fd_products(f, x, v, step)  # noqa: E731
+    """Central differences over the input basis (exact up to truncation), or Rademacher probes when
+    d is large, at the step h = options.fd_step (jacobian_trace chooses it when not given) and at
+    FD_STEP_RATIO * h on the same directions. Needs forward passes only.
+
+    The values are those at h; fd_error is |trace(FD_STEP_RATIO h) - trace(h)| per sample, which
+    bounds the truncation error at h wherever it shrinks at least like sqrt(h) (a kink within the
+    step of x: error ~ h; a smooth model: ~ h^2). Kinks bias central differences low (the
+    difference quotient averages the slopes on both sides of a kink, and ||mean||^2 <= mean ||.||^2),
+    the direction that would make the bound too optimistic; the caller widens the interval by it."""
+    step = options.fd_step
+    steps = (step, FD_STEP_RATIO * step)
+    chunk = plan.directions_per_chunk(2 * len(steps) * len(x), options.memory_bytes)
+    products = lambda v: _fd_products(f, x, v, steps)  # noqa: E731
     if _fd_uses_basis(options.fd_directions, plan.d):
-        values = _basis_sum(products, plan.d, x, chunk)
-        return TraceEstimate(
-            values=values,
-            stderr=torch.zeros_like(values),
-            method="finite-difference",
-            exact=True,
-            products=2 * plan.d,
-            fd_step=step,
-        )
-    values, stderr, probes = _probe_mean(products, x, options, chunk)
+        both = _basis_sum(products, plan.d, x, chunk, _per_step_squared_norms)
+        stderr, method, exact, count = torch.zeros_like(both[:, 0]), "finite-difference", True, plan.d
+    else:
+        both, stderrs, count = _probe_mean(products, x, options, chunk, _per_step_squared_norms)
+        stderr, method, exact = stderrs[:, 0], "finite-difference-hutchinson", False
     return TraceEstimate(
-        values=values,
+        values=both[:, 0],
         stderr=stderr,
-        method="finite-difference-hutchinson",
-        exact=False,
-        products=2 * probes,
+        method=method,
+        exact=exact,
+        products=2 * len(steps) * count,
         fd_step=step,
+        fd_error=(both[:, 1] - both[:, 0]).abs(),
     )
 
 
+@dataclass(frozen=True)
+class StepChoice:
+    """Finite-difference steps tried on a pilot (coarse to fine, each FD_STEP_RATIO times the next)
+    and the relative change of the pilot's trace from each step to the next. The run uses the
+    pair that changed least: truncation error shrinks with the step, rounding error grows."""
+
+    steps: tuple[float, ...]
+    changes: tuple[float, ...]
+
+    @property
+    def pair(self) -> int:
+        return min(range(len(self.changes)), key=self.changes.__getitem__)
+
+    @property
+    def step(self) -> float:
+        return self.steps[self.pair + 1]
+
+    @property
+    def converges(self) -> bool:
+        """Whether smaller steps made the estimate settle: the chosen pair's change is at the rounding
+        floor or at most FD_CONVERGENCE of the coarsest pair's, and no change on the way there grew
+        beyond 1 / FD_CONVERGENCE of the coarsest (a pilot's few directions make them uneven). A jump
+        (quantised outputs) or noise inside the model makes the changes grow or stall instead."""
+        first, least = self.changes[0], self.changes[self.pair]
+        bounded_on_the_way = max(self.changes[: self.pair + 1]) <= max(first / FD_CONVERGENCE, FD_ROUNDING_FLOOR)
+        return bounded_on_the_way and (least <= FD_ROUNDING_FLOOR or least <= FD_CONVERGENCE * first)
+
+
+def choose_fd_step(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> StepChoice:
+    """Central differences on FD_PILOT_SAMPLES samples and FD_PILOT_DIRECTIONS directions of the
+    kind the run uses (basis vectors spread over the input, or Rademacher probes) at the steps
+    finite_difference_step(x) * FD_STEP_RATIO^-k, k < FD_LADDER_STEPS, all on the same directions."""
+    steps = tuple(finite_difference_step(x) * FD_STEP_RATIO**-k for k in range(FD_LADDER_STEPS))
+    pilot = x[:FD_PILOT_SAMPLES]
+    if _fd_uses_basis(options.fd_directions, plan.d):
+        picks = torch.linspace(0, plan.d - 1, min(plan.d, FD_PILOT_DIRECTIONS)).round().long().tolist()
+        directions = torch.cat([_basis(i, i + 1, pilot) for i in picks])
+    else:
+        directions = rademacher((FD_PILOT_DIRECTIONS, *pilot.shape), pilot, options.generator)
+    chunk = plan.directions_per_chunk(2 * len(steps) * len(pilot), options.memory_bytes)
+    traces = sum(
+        _per_step_squared_norms(_fd_products(f, pilot, part, steps)).double().sum((0, 1))
+        for part in directions.split(chunk)
+    )
+    changes = tuple(_relative_change(float(a), float(b)) for a, b in zip(traces[:-1], traces[1:]))
+    return StepChoice(steps=steps, changes=changes)
+
+
+def _relative_change(coarse: float, fine: float) -> float:
+    if coarse == fine:
+        return 0.0
+    return abs(coarse - fine) / fine if fine > 0 else math.inf
+
+
+def fd_error_bounded(choice: StepChoice | None, relative_error: float) -> bool:
+    """Whether the two-step difference is a credible bound on the finite-difference error: the
+    pilot converged (or the step was given) and the run's difference is at most FD_MAX_RELATIVE_ERROR."""
+    return (choice is None or choice.converges) and relative_error <= FD_MAX_RELATIVE_ERROR
+
+
 def finite_difference_step(x: Tensor) -> float:
-    """h = eps^(1/3) * scale: balances the O(h^2) truncation error of central differences against
-    the O(eps/h) rounding error (eps of x's dtype, scale = the data's standard deviation)."""
+    """h = eps^(1/3) * scale: balances the O(h^2) truncation error of central differences on a
+    smooth model against the O(eps/h) rounding error (eps of x's dtype, scale = the data's
+    standard deviation); the largest step choose_fd_step tries (kinks want smaller ones)."""
     scale = float(x.std()) if x.numel() > 1 else 0.0
     scale = scale if scale > 0 else max(float(x.abs().max()), 1.0)
     return torch.finfo(x.dtype).eps ** (1 / 3) * scale
@@ -306,12 +397,20 @@ def _fd_uses_basis(directions: str, d: int) -> bool:
 
 
 @torch.no_grad()
-def _fd_products(f: BatchFn, x: Tensor, directions: Tensor, step: float) -> Tensor:
-    """J(x_i) v for directions [k, N, *x] by central differences, all in one batched call."""
-    k = len(directions)
-    shifted = torch.cat([x + step * directions, x - step * directions]).reshape(-1, *x.shape[1:])
-    out = f(shifted).reshape(2, k, len(x), -1)
-    return (out[0] - out[1]) / (2 * step)
+def _fd_products(f: BatchFn, x: Tensor, directions: Tensor, steps: tuple[float, ...]) -> Tensor:
+    """J(x_i) v by central differences at each step, for directions [k, N, *x]: [k, N, steps, m],
+    all in one batched call."""
+    k, s = len(directions), len(steps)
+    h = torch.tensor(steps, dtype=x.dtype, device=x.device).view(s, 1, 1, *[1] * (x.dim() - 1))
+    shifted = torch.stack([x + h * directions, x - h * directions])  # [2, s, k, N, *x]
+    out = f(shifted.reshape(-1, *x.shape[1:])).reshape(2, s, k, len(x), -1)
+    quotients = (out[0] - out[1]) / (2 * h.view(s, 1, 1, 1))
+    return quotients.permute(1, 2, 0, 3)
+
+
+def _per_step_squared_norms(products: Tensor) -> Tensor:
+    """[k, N, steps, m] -> [k, N, steps]."""
+    return products.pow(2).sum(-1)
 
 
 # --- shared -----------------------------------------------------------------------------------

@@ -16,8 +16,11 @@ leakiest samples. "auto" chooses by cost:
   left, then more probes on all), and the leakiest samples get probes until their own relative
   error is rtol.
 Every estimate is cross-checked on a few samples against independent Jacobian products of the
-other AD mode (unbiased random probes); a disagreement beyond the statistical tolerance raises
-TraceCheckError, an internal error that must stop an audit. Pure tensor code, no I/O.
+other AD mode (unbiased random probes), a black-box one against central differences on fresh
+probes at another step; a disagreement beyond the statistical tolerance (plus the measured
+finite-difference error) raises TraceCheckError, an internal error that must stop an audit.
+Black-box estimates carry their finite-difference error (MeanTrace.fd_error), which widens the
+interval. Pure tensor code, no I/O.
 
 The products come in shards of samples (ProbeJob, ExactJob), each with its own seed drawn in
 order from the estimate's generator, so they can run anywhere that holds f (MeanOptions.runner:
@@ -39,11 +42,15 @@ from splitaudit.estimators.jacobian import (
     MIN_DIRECTIONS_PER_CHUNK,
     BatchFn,
     Plan,
+    StepChoice,
     TraceEstimate,
     TraceOptions,
+    _fd_products,
     _squared_norms,
+    choose_fd_step,
     concatenated,
     exact_costs,
+    fd_error_bounded,
     forward_mode_works,
     jacobian_trace,
     measure_plan,
@@ -60,6 +67,7 @@ CHECK_SAMPLES, CHECK_PROBES, CHECK_MAX_PROBES = 4, 16, 256
 CHECK_RTOL = 0.05  # the cross-check adds probes until its relative standard error is this
 CHECK_Z = 5.0  # disagreement beyond this many standard errors fails (false alarm ~ 1e-6)
 CHECK_ROUNDING = 1e-3  # relative slack for float rounding when both sides are exact
+CHECK_FD_STEP_FACTOR = 2.0  # black-box check: step between the run's h and FD_STEP_RATIO * h
 Z_95 = 1.959964
 PROBE_SHARD = 32  # samples per shard of random probes (at most what the memory budget allows)
 EXACT_SHARD = 128  # samples per shard of an exact method
@@ -117,10 +125,14 @@ class ExactJob(Shard):
     memory_bytes: int
     max_probes: int
     seed: int
+    fd_step: float | None = None  # finite differences: the step chosen once for every shard
 
     def run(self, f: BatchFn) -> TraceEstimate:
         options = TraceOptions(
-            memory_bytes=self.memory_bytes, max_probes=self.max_probes, generator=_seeded(self.x, self.seed)
+            memory_bytes=self.memory_bytes,
+            max_probes=self.max_probes,
+            generator=_seeded(self.x, self.seed),
+            fd_step=self.fd_step,
         )
         return jacobian_trace(f, self.x, self.method, options)
 
@@ -165,10 +177,36 @@ class MeanTrace:
     rtol: float
     total_products: int
     check: dict = field(default_factory=dict)
+    fd_choice: StepChoice | None = None  # black-box: the pilot that chose the finite-difference step
+
+    @property
+    def fd_error(self) -> float:
+        """Finite-difference error of the mean (0 with autograd): the mean of the per-sample
+        two-step differences, which bounds the mean's truncation error where each sample's does."""
+        error = self.traces.fd_error
+        return float(error.double().mean()) if error is not None else 0.0
+
+    @property
+    def fd_relative_error(self) -> float:
+        """fd_error / mean; inf where the trace at the fine step is 0 but not at the coarse one."""
+        if self.mean > 0:
+            return self.fd_error / self.mean
+        return 0.0 if self.fd_error == 0 else math.inf
+
+    @property
+    def approximate(self) -> bool:
+        """Finite differences whose error could not be bounded: the pilot did not settle or the two
+        steps differ too much (fd_error_bounded), or fresh probes at another step disagree beyond it
+        (cross_check). No guarantee rests on such an estimate."""
+        if self.traces.fd_error is None:
+            return False
+        return not fd_error_bounded(self.fd_choice, self.fd_relative_error) or not self.check.get("passed", True)
 
     def interval(self, z: float = Z_95) -> tuple[float, float]:
-        """Normal confidence interval of the mean (95% by default), clipped at 0."""
-        return max(0.0, self.mean - z * self.stderr), self.mean + z * self.stderr
+        """Normal confidence interval of the mean (95% by default) widened by the finite-difference
+        error on both sides, clipped at 0."""
+        half = z * self.stderr + self.fd_error
+        return max(0.0, self.mean - half), self.mean + half
 
 
 def estimate_mean_trace(
@@ -207,21 +245,31 @@ def _randomised(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samp
 
 
 def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples) -> MeanTrace:
-    """One exact (or finite-difference) method on every sample, in shards."""
+    """One exact (or finite-difference) method on every sample, in shards (finite differences at
+    one step, chosen here on a pilot)."""
+    choice = None
+    if method == "finite-difference":
+        pilot = TraceOptions(memory_bytes=options.memory_bytes, generator=_seeded(x, _next_seed(options.generator)))
+        choice = choose_fd_step(f, x, pilot, measure_plan(f, x, differentiable=False))
     chunks = x.split(EXACT_SHARD)
     jobs = [
-        ExactJob(chunk, method, options.memory_bytes, options.max_probes, _next_seed(options.generator))
+        ExactJob(
+            chunk,
+            method,
+            options.memory_bytes,
+            options.max_probes,
+            _next_seed(options.generator),
+            fd_step=choice.step if choice else None,
+        )
         for chunk in chunks
     ]
     runner = options.runner or run_here(f)
     traces = concatenated([part.to(x.device) for part in runner(jobs, on_samples)])
     index = torch.arange(len(x), device=x.device)
     result = _summarised(traces, index, options.rtol, traces.products * len(x))
-    if traces.fd_step is None:
-        side = {"forward": "inputs", "structured": "inputs"}.get(method, "outputs")
-        result.check = cross_check(f, x, result, side, options)
-    else:
-        result.check = {"performed": False, "reason": "black-box model: no independent Jacobian products"}
+    result.fd_choice = choice
+    side = {"forward": "inputs", "structured": "inputs", "finite-difference": "differences"}.get(method, "outputs")
+    result.check = cross_check(f, x, result, side, options)
     return result
 
 
@@ -359,10 +407,15 @@ def probe_sums(
     plan: Plan,
     memory_bytes: int,
     generator: torch.Generator | None,
+    fd_step: float | None = None,
 ) -> Tensor:
     """[3, N]: count, sum and sum of squares of ||J v||^2 (side "inputs") or ||J^T u||^2 (side
-    "outputs") over `probes` Rademacher probes per sample."""
-    like, products = product_fn(f, x, side)
+    "outputs") over `probes` Rademacher probes per sample; side "differences" takes J v by central
+    differences at fd_step (black-box)."""
+    if side == "differences":
+        like, products = x, lambda v: _fd_products(f, x, v, (fd_step,))[:, :, 0]
+    else:
+        like, products = product_fn(f, x, side)
     chunk = plan.directions_per_chunk(len(x), memory_bytes)
     sums = torch.zeros(3, len(x), dtype=torch.float64, device=x.device)
     done = 0
@@ -376,21 +429,33 @@ def probe_sums(
 
 def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: MeanOptions) -> dict:
     """Compare the trace on CHECK_SAMPLES samples with independent random products of the other
-    AD mode (reverse when the method used forward mode, and vice versa where forward mode works).
+    AD mode (reverse when the method used forward mode, and vice versa where forward mode works);
+    side "differences" (black-box) with central differences on fresh Rademacher probes at
+    CHECK_FD_STEP_FACTOR times the run's step, between the run's two steps.
 
     E||J^T u||^2 = E||J v||^2 = ||J||_F^2 for Rademacher u, v: unbiased, so the sums over the
-    samples may differ only by their combined standard error. Probes are added until that of the
-    check is CHECK_RTOL of its value; beyond CHECK_Z standard errors (plus float rounding) the
-    trace is wrong (a zero or doubled trace is caught) and TraceCheckError stops the caller.
+    samples may differ only by their combined standard error (and, for differences, the run's
+    measured finite-difference error: the check's step lies between the two it came from).
+    Probes are added until the check's standard error is CHECK_RTOL of its value; beyond CHECK_Z
+    standard errors (plus float rounding) the trace is wrong (a zero or doubled trace is caught)
+    and TraceCheckError stops the caller. A black-box disagreement is reported, not raised: it
+    says the finite-difference error is not bounded (MeanTrace.approximate), a property of the
+    model (a jump, internal noise) more likely than of this code.
     """
     positions = torch.arange(min(CHECK_SAMPLES, len(result.index)), device=x.device)
     samples = x[result.index[positions]]
-    plan = measure_plan(f, samples)
-    other = "outputs" if side == "inputs" or not forward_mode_works(f, x) else "inputs"
+    differences = side == "differences"
+    plan = measure_plan(f, samples, differentiable=not differences)
+    if differences:
+        other = "differences"
+    else:
+        other = "outputs" if side == "inputs" or not forward_mode_works(f, x) else "inputs"
+    step = CHECK_FD_STEP_FACTOR * result.traces.fd_step if differences else None
     sums = torch.zeros(3, len(samples), dtype=torch.float64, device=x.device)
     probes = CHECK_PROBES
     while True:
-        sums += probe_sums(f, samples, other, probes - int(sums[0, 0]), plan, options.memory_bytes, options.generator)
+        more = probes - int(sums[0, 0])
+        sums += probe_sums(f, samples, other, more, plan, options.memory_bytes, options.generator, step)
         count, total, total_sq = sums
         per_sample = total / count
         check_var = float((((total_sq - count * per_sample.pow(2)) / (count - 1)).clamp(min=0) / count).sum())
@@ -400,22 +465,26 @@ def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: Me
         probes = min(CHECK_MAX_PROBES, 2 * probes)
     method_sum = float(result.traces.values[positions].double().sum())
     method_var = float(result.traces.stderr[positions].double().pow(2).sum())
-    tolerance = CHECK_Z * math.sqrt(check_var + method_var) + CHECK_ROUNDING * abs(check_sum)
+    fd_error = float(result.traces.fd_error[positions].double().sum()) if differences else 0.0
+    tolerance = CHECK_Z * math.sqrt(check_var + method_var) + CHECK_ROUNDING * abs(check_sum) + fd_error
+    mode = {"outputs": "reverse", "inputs": "forward"}.get(other, "finite-difference")
     report = {
         "performed": True,
         "samples": len(samples),
         "probes_per_sample": probes,
-        "mode": "reverse" if other == "outputs" else "forward",
+        "mode": mode,
         "method_sum": method_sum,
         "check_sum": check_sum,
         "check_stderr": math.sqrt(check_var),
         "tolerance": tolerance,
         "passed": abs(method_sum - check_sum) <= tolerance,
     }
-    if not report["passed"]:
+    if differences:  # a black-box disagreement is the model's (a jump, noise): the estimate is approximate
+        report["fd_step"] = step
+    elif not report["passed"]:
         raise TraceCheckError(
             f"Jacobian trace self-check failed: {result.traces.method} gives {method_sum:.6g} on {len(samples)} "
-            f"samples, independent {report['mode']}-mode probes {check_sum:.6g} +- {math.sqrt(check_var):.3g} "
+            f"samples, independent {mode} probes {check_sum:.6g} +- {math.sqrt(check_var):.3g} "
             f"(tolerance {tolerance:.3g}); the Jacobian products of this model are unreliable, so no bound is reported"
         )
     return report
