@@ -21,6 +21,8 @@ MAX_SCALE = 1e12  # --noise-sigma/--smoothing above this overflow float32 when s
 MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, seed+1, ...
 EXECUTORS = ("local", "ray")
 MAX_WORKERS = 256
+MODEL_MODES = ("saved", "eval", "train")  # --model-mode (audit/stochastic.py applies them)
+MAX_QUERIES = 1000  # --queries: repeated queries of one input a query-access attacker averages
 
 
 @dataclass
@@ -57,6 +59,8 @@ class AuditOptions:
     workers: int | None = 1  # local executor's worker processes; None: one per CPU core (auto)
     dfil_rtol: float = 0.02  # target relative standard error of the mean Jacobian trace
     dfil_samples: int | None = None  # at most this many target samples for dFIL (None: 2048, 256 quick)
+    model_mode: str = "saved"  # audit the bottom model as saved, in eval mode, or in training mode
+    queries: int = 1  # a query-access attacker averages this many queries of one input (stochastic models)
     # splitaudit sweep
     noise_sigmas: list[float] | None = None
     auto_sigma: bool = False
@@ -95,8 +99,16 @@ class AuditOptions:
         if self.executor == "ray" and self.workers != 1:
             raise InputError("--workers sets the local executor's processes; Ray's workers are its cluster's CPUs/GPUs")
         self.validate_dfil()
+        self.validate_stochastic()
         self._validate_sweep()
         return self
+
+    def validate_stochastic(self) -> None:
+        """--model-mode one of MODEL_MODES, --queries in [1, MAX_QUERIES]."""
+        if self.model_mode not in MODEL_MODES:
+            raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {self.model_mode!r}")
+        if not 1 <= self.queries <= MAX_QUERIES:
+            raise InputError(f"--queries must lie in [1, {MAX_QUERIES}], got {self.queries}")
 
     def validate_dfil(self) -> None:
         """--dfil-rtol in (0, 1), --dfil-samples >= 2 (a mean needs a spread)."""

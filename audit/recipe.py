@@ -79,7 +79,7 @@ def rebuild_context(recipe: ContextRecipe, device: str) -> AuditContext:
         device=device,
     )
     resolved = resolve_device(options.device)
-    raw = open_model(options.model, resolved, options.output_name)
+    raw = open_model(options.model, resolved, options.output_name, options.model_mode)
     return build_context(options, raw, recipe.aux, recipe.target, resolved)
 
 

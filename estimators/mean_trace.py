@@ -45,10 +45,12 @@ from splitaudit.estimators.jacobian import (
     concatenated,
     exact_costs,
     forward_mode_works,
+    is_stochastic,
     jacobian_trace,
     measure_plan,
     product_fn,
     rademacher,
+    seeded_draws,
 )
 
 EXACT_PRODUCTS = 128  # exact whenever it needs at most this many products per sample
@@ -63,6 +65,7 @@ CHECK_ROUNDING = 1e-3  # relative slack for float rounding when both sides are e
 Z_95 = 1.959964
 PROBE_SHARD = 32  # samples per shard of random probes (at most what the memory budget allows)
 EXACT_SHARD = 128  # samples per shard of an exact method
+STOCHASTIC_DRAWS = 4  # an exact method's repetitions per sample over a stochastic encoder's draws
 
 
 class TraceCheckError(RuntimeError):
@@ -103,7 +106,7 @@ class ProbeJob(Shard):
     seed: int
 
     def run(self, f: BatchFn) -> Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), seeded_draws(self.seed, self.x.device):
             return probe_sums(
                 f, self.x, self.side, self.probes, self.plan, self.memory_bytes, _seeded(self.x, self.seed)
             )
@@ -111,18 +114,35 @@ class ProbeJob(Shard):
 
 @dataclass(frozen=True)
 class ExactJob(Shard):
-    """One exact (or finite-difference) method on each sample of x: a TraceEstimate."""
+    """One exact (or finite-difference) method on each sample of x: a TraceEstimate. With draws > 1
+    (a stochastic encoder) the method runs that many times, each on fresh draws of the encoder's
+    randomness, and the per-sample mean over them carries their standard error."""
 
     method: str
     memory_bytes: int
     max_probes: int
     seed: int
+    draws: int = 1
 
     def run(self, f: BatchFn) -> TraceEstimate:
         options = TraceOptions(
             memory_bytes=self.memory_bytes, max_probes=self.max_probes, generator=_seeded(self.x, self.seed)
         )
-        return jacobian_trace(f, self.x, self.method, options)
+        with seeded_draws(self.seed, self.x.device):
+            repeats = [jacobian_trace(f, self.x, self.method, options) for _ in range(self.draws)]
+        return repeats[0] if self.draws == 1 else averaged_over_draws(repeats)
+
+
+def averaged_over_draws(repeats: list[TraceEstimate]) -> TraceEstimate:
+    """Per-sample mean of estimates on independent draws, with its standard error (the draws'
+    spread over sqrt(count), plus the estimates' own probe error): no longer exact."""
+    values = torch.stack([r.values.double() for r in repeats])
+    probe_var = torch.stack([r.stderr.double().pow(2) for r in repeats]).mean(0) / len(repeats)
+    stderr = (values.var(0) / len(repeats) + probe_var).sqrt()
+    dtype = repeats[0].values.dtype
+    return dataclasses.replace(
+        repeats[0], values=values.mean(0).to(dtype), stderr=stderr.to(dtype), exact=False, draws=len(repeats)
+    )
 
 
 Job = Union[ProbeJob, ExactJob]
@@ -209,8 +229,9 @@ def _randomised(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samp
 def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples) -> MeanTrace:
     """One exact (or finite-difference) method on every sample, in shards."""
     chunks = x.split(EXACT_SHARD)
+    draws = STOCHASTIC_DRAWS if is_stochastic(f) else 1
     jobs = [
-        ExactJob(chunk, method, options.memory_bytes, options.max_probes, _next_seed(options.generator))
+        ExactJob(chunk, method, options.memory_bytes, options.max_probes, _next_seed(options.generator), draws)
         for chunk in chunks
     ]
     runner = options.runner or run_here(f)
@@ -382,6 +403,8 @@ def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: Me
     samples may differ only by their combined standard error. Probes are added until that of the
     check is CHECK_RTOL of its value; beyond CHECK_Z standard errors (plus float rounding) the
     trace is wrong (a zero or doubled trace is caught) and TraceCheckError stops the caller.
+    For a stochastic f each check probe sees its own draw, so the check's standard error holds the
+    draws' spread, as the method's does (averaged_over_draws or probe noise).
     """
     positions = torch.arange(min(CHECK_SAMPLES, len(result.index)), device=x.device)
     samples = x[result.index[positions]]
@@ -390,7 +413,11 @@ def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: Me
     sums = torch.zeros(3, len(samples), dtype=torch.float64, device=x.device)
     probes = CHECK_PROBES
     while True:
-        sums += probe_sums(f, samples, other, probes - int(sums[0, 0]), plan, options.memory_bytes, options.generator)
+        with seeded_draws(_next_seed(options.generator), x.device):  # a stochastic f's draws: fresh per probe
+            more = probe_sums(
+                f, samples, other, probes - int(sums[0, 0]), plan, options.memory_bytes, options.generator
+            )
+        sums += more
         count, total, total_sq = sums
         per_sample = total / count
         check_var = float((((total_sq - count * per_sample.pow(2)) / (count - 1)).clamp(min=0) / count).sum())
