@@ -649,7 +649,8 @@ def check_batch_independence(fn: Callable, sample: torch.Tensor, batch: torch.Te
         raise InputError(
             f"the model's output for a sample depends on the other samples in its batch (the first {k} samples "
             f"in a batch of {k} vs of {len(sample)} differ by {change:.3g}): BatchNorm in training mode or batch "
-            "mixing; export it in eval mode (model.eval()) so that samples are independent"
+            "mixing; audit it with --model-mode eval, or export it in eval mode (model.eval()), so that samples "
+            "are independent"
         )
 
 

@@ -63,7 +63,12 @@ def describe_mode(mode: str, training: list[str], stochastic: bool, format_: str
         else "every module in eval mode"
     )
     line = f"model audited in {asked} (--model-mode {mode}): {what}"
-    if stochastic:
+    if stochastic and mode == "eval":
+        line += (
+            "; it still draws random numbers (torch.jit.trace records dropout's training flag as a constant, and "
+            "noise drawn in forward ignores the mode), so the audit faces its draws, as a server would"
+        )
+    elif stochastic:
         line += "; its random draws (dropout, internal noise) stay on in the audit, as a server would face them"
     elif training and mode != "eval":
         line += "; repeated passes agree, so no module draws random numbers"

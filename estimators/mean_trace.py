@@ -211,11 +211,12 @@ def estimate_mean_trace(
 def _auto(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samples) -> MeanTrace:
     costs = exact_costs(f, x, plan)
     cheapest = min(costs, key=costs.get)
-    if costs[cheapest] <= EXACT_PRODUCTS:
+    products = costs[cheapest] * exact_draws(f)
+    if products <= EXACT_PRODUCTS:
         return _exact(f, x, cheapest, options, on_samples)
     sampler = ProbeSampler(f, x, plan, options)
     sampler.pilot()
-    if len(x) * costs[cheapest] <= EXACT_PREFERENCE * sampler.predicted_products():
+    if len(x) * products <= EXACT_PREFERENCE * sampler.predicted_products():
         return _exact(f, x, cheapest, options, on_samples)
     return sampler.finish(on_samples)
 
@@ -229,7 +230,7 @@ def _randomised(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samp
 def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples) -> MeanTrace:
     """One exact (or finite-difference) method on every sample, in shards."""
     chunks = x.split(EXACT_SHARD)
-    draws = STOCHASTIC_DRAWS if is_stochastic(f) else 1
+    draws = exact_draws(f)
     jobs = [
         ExactJob(chunk, method, options.memory_bytes, options.max_probes, _next_seed(options.generator), draws)
         for chunk in chunks
@@ -244,6 +245,11 @@ def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples)
     else:
         result.check = {"performed": False, "reason": "black-box model: no independent Jacobian products"}
     return result
+
+
+def exact_draws(f: BatchFn) -> int:
+    """Repetitions of an exact method per sample: one, or STOCHASTIC_DRAWS for a stochastic f."""
+    return STOCHASTIC_DRAWS if is_stochastic(f) else 1
 
 
 def _summarised(traces: TraceEstimate, index: Tensor, rtol: float, total_products: int) -> MeanTrace:

@@ -146,6 +146,18 @@ def test_model_mode_chooses_what_is_audited_and_says_so(tmp_path, capsys):
     assert "eval mode (--model-mode eval): every module in eval mode" in reports["eval"]["warnings"][0]
 
 
+def test_eval_mode_cannot_switch_off_a_traced_dropout_and_says_so(tmp_path):
+    """torch.jit.trace bakes dropout's training flag into the graph: --model-mode eval leaves it
+    drawing, and the model warning says so instead of claiming dropout is off."""
+    traced = save(NoisyLinear(0.5, noise=0.0).train(), tmp_path / "traced.pt", "trace")
+    scripted = save(NoisyLinear(0.5, noise=0.0).train(), tmp_path / "scripted.pt", "script")
+    x = torch.rand(32, 1, 8, 8)
+    still = prepare_encoder(open_model(traced, torch.device("cpu"), mode="eval"), x)
+    off = prepare_encoder(open_model(scripted, torch.device("cpu"), mode="eval"), x)
+    assert still.stochastic and "it still draws random numbers" in still.warnings[0]
+    assert not off.stochastic
+
+
 def test_model_mode_through_the_api_and_train_mode():
     """An in-memory module in eval mode: model_mode="train" turns its dropout on; the caller's
     module is left in its own mode."""
