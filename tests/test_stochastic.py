@@ -203,6 +203,19 @@ def test_decoder_reports_single_shot_and_k_query_numbers(tmp_path, capsys):
     decoder = json.loads((tmp_path / "o" / "report.json").read_text())["attacks"]["decoder"]
     assert decoder["details"]["queries"] == 8
     assert decoder["metrics"]["k_query"]["mse"] < decoder["metrics"]["mse"]  # averaging 8 sends removes noise
+    assert "| MSE, mean of 8 queries" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_model_mode_and_queries_from_a_config_file(tmp_path):
+    """The config file takes model_mode and queries like the flags; bad values are refused up front."""
+    from splitaudit.config import AuditOptions, load_config
+
+    (tmp_path / "audit.toml").write_text('model_mode = "eval"\nqueries = 4\n')
+    options = AuditOptions(model="m.pt", aux=DATA, **load_config(tmp_path / "audit.toml")).validate()
+    assert (options.model_mode, options.queries) == ("eval", 4)
+    for bad, message in [({"model_mode": "inference"}, "--model-mode must be one of"), ({"queries": 0}, "--queries")]:
+        with pytest.raises(InputError, match=message):
+            AuditOptions(model="m.pt", aux=DATA, **bad).validate()
 
 
 def random_graph(op: str, training: bool | None = None) -> onnx.ModelProto:
