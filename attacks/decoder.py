@@ -84,9 +84,14 @@ class DecoderAttack(Attack):
         with threads_for(ctx.aux.x.numel(), ctx.device):
             decoder, details = train_decoder(ctx, seed, gen, settings)
             x_hat = decode(decoder, ctx.observed_embeddings("target", gen))
+            averaged = decode(decoder, ctx.observed_embeddings("target", gen, ctx.queries)) if ctx.queries > 1 else None
         x_true, is_image = ctx.target.x, ctx.target.is_image
+        metrics = reconstruction_metrics(x_true, x_hat, is_image)
+        if averaged is not None:  # the same decoder on the mean of k sends of each target input
+            metrics["k_query"] = reconstruction_metrics(x_true, averaged, is_image)
+            details["queries"] = ctx.queries
         return SeedOutcome(
-            metrics=reconstruction_metrics(x_true, x_hat, is_image),
+            metrics=metrics,
             baseline=mean_guess_baseline(ctx.aux.x, x_true, is_image),
             examples=reconstruction_examples(x_true, x_hat),
             details=details,

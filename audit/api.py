@@ -84,6 +84,8 @@ def audit(
     device: str = "auto",
     quick: bool = False,
     workers: int | None = 1,
+    model_mode: str = "saved",
+    queries: int = 1,
     progress: bool = False,
 ) -> AuditResult:
     """Audit a bottom model and return the result.
@@ -92,7 +94,9 @@ def audit(
     aux, target: an array or tensor of samples, a tuple (x, y) or (x, y, attr), a dict with
     keys x, y, attr, or a path (.npz, .csv, image folder). Without target, aux is split 50/50.
     attacks: "all", "none", a comma string or a list of names. workers: processes for the attacks
-    (None: one per CPU core). The keywords are `splitaudit run`'s options. Bad input raises
+    (None: one per CPU core). model_mode: "saved" (as the module is now), "eval" or "train";
+    queries: how many queries of one input a query-access attacker averages (stochastic models).
+    The keywords are `splitaudit run`'s options. Bad input raises
     splitaudit.errors.InputError.
     """
     options = AuditOptions(
@@ -117,6 +121,8 @@ def audit(
         device=device,
         workers=workers,
         quick=quick,
+        model_mode=model_mode,
+        queries=queries,
     )
     return run(options, progress=_stderr_progress if progress else None)
 

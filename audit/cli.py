@@ -114,6 +114,18 @@ def model_data_options(func, noise_sigma_option=None):
             "--output-name", help="Which output of a multi-output ONNX model is the embedding (default: the first)."
         ),
         click.option(
+            "--model-mode",
+            type=click.Choice(["saved", "eval", "train"]),
+            help="Audit the bottom model in the mode it was saved in (default: dropout stays as saved), "
+            "in eval mode (dropout off) or in training mode (dropout on).",
+        ),
+        click.option(
+            "--queries",
+            type=click.IntRange(1, 1000),
+            help="Queries of one input a query-access attacker averages, for stochastic models (default 1; "
+            "above 1 the decoder reports single-shot and k-query numbers).",
+        ),
+        click.option(
             "--dfil-rtol",
             type=float,
             help="Target relative standard error of the mean dFIL when it is estimated (default 0.02).",

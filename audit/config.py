@@ -30,6 +30,8 @@ MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, 
 EXECUTORS = ("local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_WORKERS = 256
+MODEL_MODES = ("saved", "eval", "train")  # --model-mode (audit/stochastic.py applies them)
+MAX_QUERIES = 1000  # --queries: repeated queries of one input a query-access attacker averages
 
 
 @dataclass
@@ -66,6 +68,8 @@ class AuditOptions:
     workers: int | None = 1  # local executor's worker processes; None: one per CPU core (auto)
     dfil_rtol: float = 0.02  # target relative standard error of the mean Jacobian trace
     dfil_samples: int | None = None  # at most this many target samples for dFIL (None: 2048, 256 quick)
+    model_mode: str = "saved"  # audit the bottom model as saved, in eval mode, or in training mode
+    queries: int = 1  # a query-access attacker averages this many queries of one input (stochastic models)
     # splitaudit sweep
     noise_sigmas: list[float] | None = None
     auto_sigma: bool = False
@@ -92,6 +96,8 @@ class AuditOptions:
             raise InputError("--ray-address names a Ray cluster for --executor ray; add --executor ray or drop it")
         if self.executor == "ray" and self.workers != 1:
             raise InputError("--workers sets the local executor's processes; Ray's workers are its cluster's CPUs/GPUs")
+        if self.model_mode not in MODEL_MODES:
+            raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {self.model_mode!r}")
         return self
 
     def _normalize_sigmas(self) -> None:
@@ -208,6 +214,7 @@ NUMERIC_RANGES = {  # every numeric option, run and sweep alike (None means "not
     "workers": Range(1, MAX_WORKERS),
     "dfil_rtol": FRACTION,
     "dfil_samples": Range(2, MAX_INT32),
+    "queries": Range(1, MAX_QUERIES),
 }
 
 

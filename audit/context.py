@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from splitaudit.data import Dataset
 from splitaudit.errors import InputError
+from splitaudit.estimators.jacobian import seeded_draws
 from splitaudit.models import Encoder
 
 FULL_SEEDS = 3
@@ -38,6 +39,7 @@ class AuditContext:
     top_model: nn.Module | None = None
     attack_options: dict[str, dict] = field(default_factory=dict)
     progress: Callable[..., tqdm] = silent_progress
+    queries: int = 1  # sends of one input a query-access attacker averages (k-query numbers when > 1)
     _clean: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -87,9 +89,27 @@ class AuditContext:
         noise = torch.randn(z.shape, generator=generator, device=z.device, dtype=z.dtype)
         return z + self.noise_sigma * noise
 
-    def observed_embeddings(self, part: str, generator: torch.Generator) -> torch.Tensor:
-        """The embeddings an attacker observes for a data part: f(x) plus fresh noise."""
-        return self.add_noise(self.clean_embeddings(part), generator)
+    def observed_embeddings(self, part: str, generator: torch.Generator, queries: int = 1) -> torch.Tensor:
+        """The embeddings an attacker observes for a data part: f(x) plus fresh noise; for a
+        stochastic encoder each call is a fresh draw of f, as a server sees (seeded from generator).
+        queries > 1: the mean of that many sends of each input (each its own draw and noise), what
+        an attacker who can have one input encoded repeatedly averages."""
+        if not self.encoder.stochastic and queries == 1:
+            return self.add_noise(self.clean_embeddings(part), generator)
+        total = None
+        for _ in range(queries):
+            sent = self.add_noise(self._fresh_draw(part, generator), generator)
+            total = sent if total is None else total + sent
+        return total / queries
+
+    def _fresh_draw(self, part: str, generator: torch.Generator) -> torch.Tensor:
+        """f(x) of a data part on draws of a stochastic encoder seeded from generator (reproducible;
+        the cached embeddings of a deterministic one)."""
+        if not self.encoder.stochastic:
+            return self.clean_embeddings(part)
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        with seeded_draws(seed, self.device):
+            return _finite_embeddings(self.encoder.embed(self.part(part).x), part)
 
     def at_sigma(self, noise_sigma: float, seed: int | None = None) -> "AuditContext":
         """A copy for one audit point of a sweep: its own noise sigma (and seed), the same model,

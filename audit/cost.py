@@ -27,6 +27,7 @@ from splitaudit.estimators.mean_trace import (
     EXACT_PRODUCTS,
     PILOT_PROBES,
     MeanOptions,
+    exact_draws,
 )
 from splitaudit.estimators.prior import QUICK_SCORE_SETTINGS, ScoreSettings, score_training_step, within_work_cap
 from splitaudit.threads import threads_for
@@ -130,7 +131,7 @@ def dfil_products(ctx: AuditContext, n: int) -> float:
     if not ctx.encoder.differentiable:
         return 4 * randomised  # central differences at two steps: four forward passes per probe
     costs = exact_costs(ctx.encoder, x, measure_plan(ctx.encoder, x))
-    cheapest = min(costs.values()) if costs else None
+    cheapest = min(costs.values()) * exact_draws(ctx.encoder) if costs else None
     if cheapest is not None and (cheapest <= EXACT_PRODUCTS or n * cheapest <= EXACT_PREFERENCE * randomised):
         return n * cheapest + CHECK_SAMPLES * CHECK_PROBES
     return randomised

@@ -31,6 +31,7 @@ from splitaudit.estimators.prior import (
     mean_variance,
     within_work_cap,
 )
+from splitaudit.stochastic import naming_randomness
 
 IMAGE_SMOOTHING = 0.25  # Maeng et al. (NeurIPS 2023), A.1: the randomized-smoothing noise that works for [0,1] images
 DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES = 2048, 256
@@ -89,7 +90,8 @@ def measure(
     where the traces' shards run (an executor's workers; None: here)."""
     tau = resolve_smoothing(ctx, smoothing)
     candidates = _dfil_sample_index(ctx, dfil_samples)
-    mean_trace = _jacobian_traces(ctx, ctx.target.x[candidates], tau, dfil_rtol, runner)
+    with naming_randomness():  # a random operator the Jacobian products cannot follow: named, exit 2
+        mean_trace = _jacobian_traces(ctx, ctx.target.x[candidates], tau, dfil_rtol, runner)
     return Measurement(
         smoothing=tau,
         index=candidates[mean_trace.index],
@@ -216,13 +218,14 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
     low, high = _dfil_interval(mean, stderr, fd_error)
     notes.append(
         f"mean dFIL {mean:.4g}, 95% confidence interval [{low:.4g}, {high:.4g}] (spread over samples"
-        + ("" if m.traces.exact else " and probe noise")
+        + ("" if m.traces.exact or m.traces.draws > 1 else " and probe noise")
+        + (" and the encoder's random draws" if ctx.encoder.stochastic else "")
         + (", widened by the finite-difference error" if m.traces.fd_step is not None else "")
         + "); bounds and calibration use its upper end"
     )
     if m.smoothing > 0:
         notes.append(f"evaluated at the smoothed inputs x + N(0, {m.smoothing:g}^2 I) (randomized smoothing)")
-    if not m.traces.exact:
+    if not m.traces.exact and m.traces.draws == 1:
         notes.append(
             f"Jacobian norms estimated with random probes (Hutchinson; median {m.traces.products} per "
             f"sample, more on the leakiest) to a {m.mean_trace.rtol:g} relative standard error of the "
@@ -231,10 +234,7 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
     if m.traces.fd_step is not None:
         notes.extend(_finite_difference_notes(m.mean_trace))
     if ctx.encoder.stochastic:
-        notes.append(
-            "the encoder is stochastic: dFIL covers only the added Gaussian noise, not the "
-            "encoder's own randomness (a conservative view of its leakage)"
-        )
+        notes.extend(stochastic_notes(m.traces))
     section = {
         "mean": mean,
         "median": float(per_sample.median()),
@@ -302,6 +302,27 @@ def _finite_difference_notes(mt: MeanTrace) -> list[str]:
             "step disagree beyond it: see self_check): the dFIL is approximate and the bound gate does not pass on it"
         )
     return notes
+
+
+def stochastic_notes(traces: TraceEstimate) -> list[str]:
+    """What dFIL and the bounds mean for an encoder that draws random numbers, in reviewer's words."""
+    how = (
+        f"the {traces.method} method ran {traces.draws} times per sample on fresh draws and was averaged"
+        if traces.draws > 1
+        else "each random probe saw its own draw"
+    )
+    return [
+        "the encoder is stochastic: its Jacobian was taken with its random draws (dropout masks, internal "
+        f"noise) frozen per sample and per product, and averaged over draws ({how}); this estimates "
+        "E_draws ||J||_F^2 and is not exact, and the draws' spread is in the confidence interval",
+        "marginalising randomness that is independent of the input cannot add Fisher information (convexity "
+        "of Fisher information, data processing: Zamir, IEEE Trans. Inf. Theory 1998), so FI(z) <= "
+        "E_draws[FI(z | draws)]: the dFIL reported is an upper bound on the leakage and the van Trees bound "
+        "computed from it is valid and conservative (the encoder's own noise may protect more than it shows)",
+        "this holds when the encoder's random draws do not depend on its input (dropout, additive noise, "
+        "masks with fixed probabilities); draws whose probabilities depend on the input reveal it through "
+        "which draw was taken, which the Jacobian does not see, and the bound would then not hold",
+    ]
 
 
 def _prior_section(p: PriorEstimate) -> dict:

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from splitaudit.errors import InputError
 from splitaudit.safety import describe_bytes, display_path, memory_limit_bytes, require_regular_file
+from splitaudit.stochastic import apply_model_mode, describe_mode, randomness_error, refuse_onnx_randomness
 
 TORCHSCRIPT_SUFFIXES = {".pt", ".pth", ".ts", ".jit", ".torchscript"}
 PARITY_RTOL = 1e-4
@@ -121,6 +122,8 @@ class RawModel:
     providers: list[str] = field(default_factory=list)
     output_name: str | None = None  # the ONNX output audited as the embedding
     notes: list[str] = field(default_factory=list)
+    mode: str = "saved"  # --model-mode it was opened in (audit/stochastic.py)
+    training_modules: list[str] = field(default_factory=list)  # submodules in training mode ("" = root)
 
 
 @dataclass
@@ -139,6 +142,8 @@ class Encoder:
     stochastic: bool
     warnings: list[str]
     providers: list[str]
+    mode: str = "saved"
+    training_modules: list[str] = field(default_factory=list)
 
     @property
     def differentiable(self) -> bool:
@@ -185,6 +190,8 @@ class Encoder:
             "gradient_mode": self.gradient_mode,
             "parity_max_abs_err": self.parity_max_abs_err,
             "stochastic": self.stochastic,
+            "mode": self.mode,
+            "training_modules": list(self.training_modules),
             "warnings": list(self.warnings),
             "providers": list(self.providers),
         }
@@ -212,24 +219,29 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def open_model(path: str | Path | nn.Module, device: torch.device, output_name: str | None = None) -> RawModel:
-    """Open a model file (or take an in-memory module); raise InputError with a one-line reason
-    when it cannot be used."""
+def open_model(
+    path: str | Path | nn.Module, device: torch.device, output_name: str | None = None, mode: str = "saved"
+) -> RawModel:
+    """Open a model file (or take an in-memory module) in `mode` (audit/stochastic.py: saved, eval
+    or train); raise InputError with a one-line reason when it cannot be used."""
     if isinstance(path, nn.Module):
         if output_name is not None:
             raise InputError("--output-name selects an output of an ONNX model, not of a torch module")
-        return wrap_module(path, device)
+        return wrap_module(path, device, mode)
     path = require_regular_file(path, "model file")
     if detect_format(path) == "torchscript":
         if output_name is not None:
             raise InputError("--output-name selects an output of an ONNX model; TorchScript models have one")
-        return _open_torchscript(path, device)
+        return _open_torchscript(path, device, mode)
+    if mode == "train":
+        raise InputError("--model-mode train applies to TorchScript and torch modules; an ONNX graph runs as exported")
     return _open_onnx(path, device, output_name)
 
 
-def wrap_module(module: nn.Module, device: torch.device) -> RawModel:
+def wrap_module(module: nn.Module, device: torch.device, mode: str = "saved") -> RawModel:
     """An in-memory torch module (the Python API), copied so that the caller's module is left as it was."""
-    copy = deepcopy(module).to(device).eval()
+    copy = deepcopy(module).to(device)
+    training = apply_model_mode(copy, mode)
     for p in copy.parameters():
         p.requires_grad_(False)
     layers = {type(m).__name__ for m in copy.modules()}
@@ -240,6 +252,8 @@ def wrap_module(module: nn.Module, device: torch.device) -> RawModel:
         fixed_batch=None,
         torch_module=copy,
         non_smooth_ops=sorted(layers & NON_SMOOTH_MODULES),
+        mode=mode,
+        training_modules=training,
     )
 
 
@@ -251,16 +265,17 @@ def detect_format(path: Path) -> str:
     return "onnx"
 
 
-def _open_torchscript(path: Path, device: torch.device) -> RawModel:
+def _open_torchscript(path: Path, device: torch.device, mode: str = "saved") -> RawModel:
     try:
         with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; users still ship it
             warnings.simplefilter("ignore", DeprecationWarning)
-            module = torch.jit.load(str(path), map_location=device).eval()
+            module = torch.jit.load(str(path), map_location=device)
     except Exception as exc:  # torch raises RuntimeError/ValueError/pickle errors alike
         raise InputError(
             f"{path} is not a loadable TorchScript model ({_first_line(exc)}); "
             "save it with torch.jit.trace(...).save() or torch.jit.script(...).save()"
         ) from exc
+    training = apply_model_mode(module, mode)  # TorchScript keeps each module's .training as saved
     for p in module.parameters():
         p.requires_grad_(False)
     ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}
@@ -271,6 +286,8 @@ def _open_torchscript(path: Path, device: torch.device) -> RawModel:
         fixed_batch=None,
         torch_module=Unoptimized(module),
         non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT),
+        mode=mode,
+        training_modules=training,
     )
 
 
@@ -305,6 +322,7 @@ def _open_onnx(path: Path, device: torch.device, output_name: str | None = None)
     if len(graph_inputs) != 1:
         raise InputError(f"{path} has {len(graph_inputs)} inputs; splitaudit audits bottom models with one input")
     check_onnx_declared_sizes(proto, path)
+    refuse_onnx_randomness(proto, path)
     output_name, notes = select_onnx_output(proto, path, output_name)
     batch, shape = _onnx_input_shape(graph_inputs[0])
     session, providers = _ort_session(path, device)
@@ -495,7 +513,7 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     mean, std = _normalization(normalize, tuple(sample.shape[1:]), device)
     notes: list[str] = list(raw.notes)
     blackbox = _blackbox_fn(raw, mean, std)
-    torch_fn = Normalized(raw.torch_module, mean, std).eval() if raw.torch_module is not None else None
+    torch_fn = Normalized(raw.torch_module, mean, std) if raw.torch_module is not None else None
     parity = None
     if raw.format == "onnx":
         torch_fn, parity = _check_parity(raw, torch_fn, blackbox, sample, notes)
@@ -505,20 +523,21 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
             first = _in_batches(reference, sample, raw.fixed_batch)
             second = _in_batches(reference, sample, raw.fixed_batch)
     except Exception as exc:
-        raise InputError(
+        raise randomness_error(exc) or InputError(
             f"the model cannot run on inputs of shape {tuple(sample.shape[1:])}: {_first_line(exc)}; "
             "check --input-shape and the data"
         ) from exc
     check_embeddings(first, len(sample))
     stochastic = _differs(first, second)
+    notes.insert(0, describe_mode(raw.mode, raw.training_modules, stochastic, raw.format))
     if not stochastic:
         check_batch_independence(reference, sample, first, raw.fixed_batch)
     else:
         notes.append(
-            "stochastic encoder: whether a sample's embedding depends on the rest of its batch could not be checked"
+            "stochastic encoder: repeated forward passes differ; attacks see fresh draws, and dFIL averages "
+            "the Jacobian over the encoder's draws (see dfil.notes). Whether a sample's embedding depends on "
+            "the rest of its batch could not be checked"
         )
-    if stochastic:
-        notes.append("stochastic encoder: repeated forward passes differ; attacks see fresh samples")
     if raw.non_smooth_ops:
         notes.append(
             "non-smooth operators (" + ", ".join(raw.non_smooth_ops) + "): dFIL is only defined almost "
@@ -537,6 +556,8 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
         stochastic=stochastic,
         warnings=notes,
         providers=raw.providers,
+        mode=raw.mode,
+        training_modules=raw.training_modules,
     )
 
 
@@ -628,7 +649,8 @@ def check_batch_independence(fn: Callable, sample: torch.Tensor, batch: torch.Te
         raise InputError(
             f"the model's output for a sample depends on the other samples in its batch (the first {k} samples "
             f"in a batch of {k} vs of {len(sample)} differ by {change:.3g}): BatchNorm in training mode or batch "
-            "mixing; export it in eval mode (model.eval()) so that samples are independent"
+            "mixing; audit it with --model-mode eval, or export it in eval mode (model.eval()), so that samples "
+            "are independent"
         )
 
 

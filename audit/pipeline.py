@@ -66,7 +66,9 @@ def prepare_context(options: AuditOptions, progress: Callable[..., tqdm] = silen
 
 def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> AuditContext:
     device = resolve_device(options.device)
-    raw = within_time_limit(open_model, options.model, device, options.output_name, what="loading the model")
+    raw = within_time_limit(
+        open_model, options.model, device, options.output_name, options.model_mode, what="loading the model"
+    )
     shape = tuple(options.input_shape) if options.input_shape else raw.declared_input_shape
     loaded = _load(options.aux, shape, options)
     if options.target:
@@ -87,7 +89,7 @@ def build_context(
     """The context from an opened model and the split data (also how a Ray worker rebuilds it)."""
     aux, target = aux.to(device), target.to(device)
     encoder = within_time_limit(prepare_encoder, raw, aux.x[:PARITY_BATCH], options.normalize)
-    top = open_model(options.top_model, device).torch_module if options.top_model else None
+    top = open_model(options.top_model, device, mode="eval").torch_module if options.top_model else None
     if options.top_model and top is None:
         raise InputError(f"--top-model {options.top_model} cannot be converted to a torch module")
     if top is not None:
@@ -102,6 +104,7 @@ def build_context(
         top_model=top,
         attack_options=options.attack_options,
         progress=progress,
+        queries=options.queries,
     )
     for part in ("aux", "target"):  # every embedding, not just the parity batch: NaN must stop here
         ctx.clean_embeddings(part)

@@ -84,7 +84,7 @@ def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditConte
         device=device,
     )
     resolved = resolve_device(options.device)
-    raw = open_model(options.model, resolved, options.output_name)
+    raw = open_model(options.model, resolved, options.output_name, options.model_mode)
     return build_context(options, raw, recipe.aux, recipe.target, resolved)
 
 

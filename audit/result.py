@@ -82,6 +82,8 @@ class Model(TypedDict):
     gradient_mode: Literal["autograd", "finite-difference"]
     parity_max_abs_err: float | None
     stochastic: bool
+    mode: NotRequired[Literal["saved", "eval", "train"]]  # --model-mode the model was audited in
+    training_modules: NotRequired[list[str]]  # its submodules in training mode ("" is the root module)
     warnings: list[str]
     providers: list[str]
 

@@ -14,15 +14,23 @@ Every method reduces to sums of squared Jacobian products over a set of directio
   finite_difference_trace), and h is chosen by measurement on a pilot (choose_fd_step).
 Samples are batched (vmap over directions, one call over all samples); directions are chunked to a
 memory budget. Tensors stay on x's device, so the same code runs on CPU and CUDA.
+
+Stochastic encoders (f draws random numbers: dropout, internal noise; `is_stochastic`): every
+vmapped product runs with randomness="different", so each product sees its own draw of f's
+randomness, frozen between the forward pass and the derivative; reverse-mode products of a
+stochastic f also run their forward pass per product. ||J_draw v||^2 is then unbiased for
+E_draws ||J v||^2, and every sum or mean above is unbiased for E_draws ||J||_F^2 (each draw
+independent of x and of the direction); an "exact" method is exact per draw only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -66,6 +74,7 @@ class TraceEstimate:
     fd_step: float | None = None
     fd_error: Tensor | None = None  # finite differences: |trace at FD_STEP_RATIO * fd_step - trace at fd_step|
     fd_choice: "StepChoice | None" = None  # finite differences: the pilot that chose fd_step, when one ran
+    draws: int = 1  # independent repetitions over a stochastic encoder's draws averaged per sample
 
     def to(self, device) -> "TraceEstimate":
         fd_error = None if self.fd_error is None else self.fd_error.to(device)
@@ -144,6 +153,7 @@ def concatenated(parts: list[TraceEstimate]) -> TraceEstimate:
         fd_step=parts[0].fd_step,
         fd_error=None if parts[0].fd_error is None else torch.cat([p.fd_error for p in parts]),
         fd_choice=parts[0].fd_choice,
+        draws=parts[0].draws,
     )
 
 
@@ -418,11 +428,32 @@ def _per_step_squared_norms(products: Tensor) -> Tensor:
 
 def product_fn(f: BatchFn, x: Tensor, side: str) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
     """(a tensor shaped like the directions, directions [k, N, ...] -> products [k, N, ...]):
-    side "inputs": J v (forward mode), side "outputs": J^T u (reverse mode, one forward pass)."""
+    side "inputs": J v (forward mode), side "outputs": J^T u (reverse mode, one forward pass; one
+    per product for a stochastic f, so that each product sees its own draw)."""
     if side == "inputs":
         return x, lambda v: _jvp_products(f, x, v)
     out, pullback = vjp(f, x)
+    if is_stochastic(f):
+        return out.detach(), lambda u: vmap(lambda ui: vjp(f, x)[1](ui)[0], randomness="different")(u).detach()
     return out.detach(), lambda u: vmap(pullback)(u)[0].detach()
+
+
+@contextlib.contextmanager
+def seeded_draws(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
+    """torch's global generator (of `device`) seeded with `seed` inside and restored after: a
+    stochastic encoder's draws, which come from it, are then reproducible wherever a job runs,
+    without changing the caller's random state."""
+    device = torch.device(device)
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda, device_type="cuda" if cuda else "cpu"):
+        torch.manual_seed(seed)
+        yield
+
+
+def is_stochastic(f: BatchFn) -> bool:
+    """Whether f draws random numbers in its forward pass (an Encoder says so; other functions are
+    taken as deterministic)."""
+    return bool(getattr(f, "stochastic", False))
 
 
 _model_cache: dict[tuple, tuple[Callable[[], object], object]] = {}
@@ -461,8 +492,9 @@ def forward_mode_works(f: BatchFn, x: Tensor) -> bool:
 
 
 def _jvp_products(f: BatchFn, x: Tensor, directions: Tensor) -> Tensor:
-    """J(x_i) v for directions [k, N, *x]: k forward-mode products, vmapped."""
-    return vmap(lambda v: jvp(f, (x,), (v,))[1])(directions).detach()
+    """J(x_i) v for directions [k, N, *x]: k forward-mode products, vmapped (each with its own
+    draw of a stochastic f's randomness; no effect on a deterministic f)."""
+    return vmap(lambda v: jvp(f, (x,), (v,))[1], randomness="different")(directions).detach()
 
 
 def _squared_norms(products: Tensor) -> Tensor:

@@ -52,10 +52,12 @@ from splitaudit.estimators.jacobian import (
     exact_costs,
     fd_error_bounded,
     forward_mode_works,
+    is_stochastic,
     jacobian_trace,
     measure_plan,
     product_fn,
     rademacher,
+    seeded_draws,
 )
 
 EXACT_PRODUCTS = 128  # exact whenever it needs at most this many products per sample
@@ -71,6 +73,7 @@ CHECK_FD_STEP_FACTOR = 2.0  # black-box check: step between the run's h and FD_S
 Z_95 = 1.959964
 PROBE_SHARD = 32  # samples per shard of random probes (at most what the memory budget allows)
 EXACT_SHARD = 128  # samples per shard of an exact method
+STOCHASTIC_DRAWS = 4  # an exact method's repetitions per sample over a stochastic encoder's draws
 
 
 class TraceCheckError(RuntimeError):
@@ -111,7 +114,7 @@ class ProbeJob(Shard):
     seed: int
 
     def run(self, f: BatchFn) -> Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), seeded_draws(self.seed, self.x.device):
             return probe_sums(
                 f, self.x, self.side, self.probes, self.plan, self.memory_bytes, _seeded(self.x, self.seed)
             )
@@ -119,12 +122,15 @@ class ProbeJob(Shard):
 
 @dataclass(frozen=True)
 class ExactJob(Shard):
-    """One exact (or finite-difference) method on each sample of x: a TraceEstimate."""
+    """One exact (or finite-difference) method on each sample of x: a TraceEstimate. With draws > 1
+    (a stochastic encoder) the method runs that many times, each on fresh draws of the encoder's
+    randomness, and the per-sample mean over them carries their standard error."""
 
     method: str
     memory_bytes: int
     max_probes: int
     seed: int
+    draws: int = 1
     fd_step: float | None = None  # finite differences: the step chosen once for every shard
 
     def run(self, f: BatchFn) -> TraceEstimate:
@@ -134,7 +140,21 @@ class ExactJob(Shard):
             generator=_seeded(self.x, self.seed),
             fd_step=self.fd_step,
         )
-        return jacobian_trace(f, self.x, self.method, options)
+        with seeded_draws(self.seed, self.x.device):
+            repeats = [jacobian_trace(f, self.x, self.method, options) for _ in range(self.draws)]
+        return repeats[0] if self.draws == 1 else averaged_over_draws(repeats)
+
+
+def averaged_over_draws(repeats: list[TraceEstimate]) -> TraceEstimate:
+    """Per-sample mean of estimates on independent draws, with its standard error (the draws'
+    spread over sqrt(count), plus the estimates' own probe error): no longer exact."""
+    values = torch.stack([r.values.double() for r in repeats])
+    probe_var = torch.stack([r.stderr.double().pow(2) for r in repeats]).mean(0) / len(repeats)
+    stderr = (values.var(0) / len(repeats) + probe_var).sqrt()
+    dtype = repeats[0].values.dtype
+    return dataclasses.replace(
+        repeats[0], values=values.mean(0).to(dtype), stderr=stderr.to(dtype), exact=False, draws=len(repeats)
+    )
 
 
 Job = Union[ProbeJob, ExactJob]
@@ -229,11 +249,12 @@ def estimate_mean_trace(
 def _auto(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samples) -> MeanTrace:
     costs = exact_costs(f, x, plan)
     cheapest = min(costs, key=costs.get)
-    if costs[cheapest] <= EXACT_PRODUCTS:
+    products = costs[cheapest] * exact_draws(f)
+    if products <= EXACT_PRODUCTS:
         return _exact(f, x, cheapest, options, on_samples)
     sampler = ProbeSampler(f, x, plan, options)
     sampler.pilot()
-    if len(x) * costs[cheapest] <= EXACT_PREFERENCE * sampler.predicted_products():
+    if len(x) * products <= EXACT_PREFERENCE * sampler.predicted_products():
         return _exact(f, x, cheapest, options, on_samples)
     return sampler.finish(on_samples)
 
@@ -252,6 +273,7 @@ def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples)
         pilot = TraceOptions(memory_bytes=options.memory_bytes, generator=_seeded(x, _next_seed(options.generator)))
         choice = choose_fd_step(f, x, pilot, measure_plan(f, x, differentiable=False))
     chunks = x.split(EXACT_SHARD)
+    draws = exact_draws(f)
     jobs = [
         ExactJob(
             chunk,
@@ -259,6 +281,7 @@ def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples)
             options.memory_bytes,
             options.max_probes,
             _next_seed(options.generator),
+            draws,
             fd_step=choice.step if choice else None,
         )
         for chunk in chunks
@@ -271,6 +294,11 @@ def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples)
     side = {"forward": "inputs", "structured": "inputs", "finite-difference": "differences"}.get(method, "outputs")
     result.check = cross_check(f, x, result, side, options)
     return result
+
+
+def exact_draws(f: BatchFn) -> int:
+    """Repetitions of an exact method per sample: one, or STOCHASTIC_DRAWS for a stochastic f."""
+    return STOCHASTIC_DRAWS if is_stochastic(f) else 1
 
 
 def _summarised(traces: TraceEstimate, index: Tensor, rtol: float, total_products: int) -> MeanTrace:
@@ -441,6 +469,8 @@ def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: Me
     and TraceCheckError stops the caller. A black-box disagreement is reported, not raised: it
     says the finite-difference error is not bounded (MeanTrace.approximate), a property of the
     model (a jump, internal noise) more likely than of this code.
+    For a stochastic f each check probe sees its own draw, so the check's standard error holds the
+    draws' spread, as the method's does (averaged_over_draws or probe noise).
     """
     positions = torch.arange(min(CHECK_SAMPLES, len(result.index)), device=x.device)
     samples = x[result.index[positions]]
@@ -454,8 +484,11 @@ def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: Me
     sums = torch.zeros(3, len(samples), dtype=torch.float64, device=x.device)
     probes = CHECK_PROBES
     while True:
-        more = probes - int(sums[0, 0])
-        sums += probe_sums(f, samples, other, more, plan, options.memory_bytes, options.generator, step)
+        with seeded_draws(_next_seed(options.generator), x.device):  # a stochastic f's draws: fresh per probe
+            more = probe_sums(
+                f, samples, other, probes - int(sums[0, 0]), plan, options.memory_bytes, options.generator, step
+            )
+        sums += more
         count, total, total_sq = sums
         per_sample = total / count
         check_var = float((((total_sq - count * per_sample.pow(2)) / (count - 1)).clamp(min=0) / count).sum())

@@ -38,6 +38,7 @@ from splitaudit.estimators.jacobian import (
     _squared_norms,
     cached_per_model,
     forward_mode_works,
+    is_stochastic,
     product_fn,
     rademacher,
 )
@@ -86,7 +87,10 @@ def structured_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -
 
 
 def structured_products(f: BatchFn, x: Tensor, plan: Plan) -> int | None:
-    """Products per sample of the structured method, or None when f has no useful local structure."""
+    """Products per sample of the structured method, or None when f has no useful local structure
+    (or draws random numbers: the support detection compares passes, which draws would confuse)."""
+    if is_stochastic(f):
+        return None
     colouring = find_colouring(f, x, plan)
     return None if colouring is None else colouring.count
 

@@ -662,6 +662,13 @@ def _metrics_table(name: str, attack: dict) -> Table | None:
         for k, v in metrics.items()
         if not isinstance(v, dict)
     ]
+    averaged, averaged_std = metrics.get("k_query"), metrics_std.get("k_query") or {}
+    if isinstance(averaged, dict):  # --queries K: the same attack on the mean of K sends of each input
+        queries = (attack.get("details") or {}).get("queries", "k")
+        rows += [
+            [f"{METRIC_LABELS.get(k, k)}, mean of {queries} queries", mean_std(v, averaged_std.get(k)), "—"]
+            for k, v in averaged.items()
+        ]
     described = baseline_name(name, str(attack.get("kind", "")))
     return Table(["metric", "attack", f"baseline: {described}"], rows) if rows else None
 

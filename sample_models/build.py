@@ -7,12 +7,17 @@ Data comes from scikit-learn (shipped inside the package, nothing downloaded):
 - ``digits_cnn_peloss``: the same architecture trained with cross-entropy plus the potential
   energy loss of Zheng et al. (IJCAI 2024, eq. 7): a repulsion ``1/arccos`` between same-class
   embeddings on the layer-normalised sphere (a defended model).
+- ``digits_cnn_r3elu``: the same architecture with R3eLU (Mao et al., 2023, eq. 3) on its
+  layer-normalised embedding: each unit is kept with probability R3ELU_KEEP as max(0, v + Laplace
+  noise of scale R3ELU_SCALE), else sent as 0 (a randomised, stochastic defence, on at inference).
+  Shipped as TorchScript only: an ONNX export carries RandomUniformLike nodes, which splitaudit
+  refuses (onnxruntime draws them unseeded and the converters do not keep them).
 - ``digits_mlp``: 8x8 digits flattened, a GELU MLP.
 - ``breast_cancer_mlp``: breast_cancer features min-max scaled to [0, 1]; the feature
   ``mean radius`` is withheld from the model's input and, binarised at its median, is the
   sensitive attribute.
 
-Each model is exported as TorchScript (``.pt``) and ONNX (``.onnx``, opset 20, dynamic batch),
+Each model is exported as TorchScript (``.pt``) and, when deterministic, ONNX (``.onnx``, opset 20, dynamic batch),
 with its top model (``*_top.pt``) for the attacks that use one. The data ships as ``.npz``
 (``x`` in [0, 1], ``y``, ``attr``). Run: ``python sample_models/build.py``.
 """
@@ -32,6 +37,8 @@ HERE = Path(__file__).resolve().parent
 SEED = 0
 TRAIN_FRACTION = 0.7
 PE_ALPHA = 1.0
+R3ELU_KEEP = 0.8  # R3eLU's probability p of sending a unit (Mao et al., 2023, eq. 3), fixed, not input-dependent
+R3ELU_SCALE = 0.5  # scale of R3eLU's Laplace noise, on layer-normalised (unit-variance) pre-activations
 WITHHELD_FEATURE = "mean radius"
 
 
@@ -49,6 +56,36 @@ class DigitsCNN(nn.Module):
         h = self.pool(F.gelu(self.conv1(x)))
         h = F.gelu(self.conv2(h))
         return self.norm(h.flatten(1))
+
+
+class R3eLU(nn.Module):
+    """Randomized-response ReLU (Mao et al., 2023, eq. 3): max(0, v + z), z ~ Laplace(0, scale), with
+    probability keep, else 0. The probability is fixed (eq. 3), not input-dependent as Algorithm
+    1's p_i, so the randomness is independent of the input and dFIL's bound stays valid. A
+    defence, so it draws in eval mode too."""
+
+    def __init__(self, keep: float, scale: float) -> None:
+        super().__init__()
+        self.keep = keep
+        self.scale = scale
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        u = torch.rand_like(v) - 0.5
+        laplace = -self.scale * torch.sign(u) * torch.log1p(-2 * u.abs())
+        kept = (torch.rand_like(v) < self.keep).to(v.dtype)
+        return kept * F.relu(v + laplace)
+
+
+class DigitsCNNR3eLU(nn.Module):
+    """DigitsCNN whose layer-normalised embedding goes through R3eLU before it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cnn = DigitsCNN()
+        self.r3elu = R3eLU(R3ELU_KEEP, R3ELU_SCALE)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.r3elu(self.cnn(x))
 
 
 def mlp(sizes: list[int]) -> nn.Sequential:
@@ -92,14 +129,17 @@ def accuracy(bottom: nn.Module, top: nn.Module, x: torch.Tensor, y: torch.Tensor
         return float((top(bottom(x)).argmax(1) == y).float().mean())
 
 
-def export(name: str, bottom: nn.Module, top: nn.Module, example: torch.Tensor) -> None:
-    """Write NAME.pt (TorchScript), NAME.onnx (opset 20, dynamic batch) and NAME_top.pt."""
+def export(name: str, bottom: nn.Module, top: nn.Module, example: torch.Tensor, onnx: bool = True) -> None:
+    """Write NAME.pt (TorchScript), NAME.onnx (opset 20, dynamic batch; unless onnx is false) and NAME_top.pt."""
     bottom.eval()
     top.eval()
-    torch.jit.trace(bottom, example).save(str(HERE / f"{name}.pt"))
+    # A stochastic bottom differs from itself on every call: no trace check against a second run.
+    torch.jit.trace(bottom, example, check_trace=onnx).save(str(HERE / f"{name}.pt"))
     with torch.no_grad():
         embedding = bottom(example)
     torch.jit.trace(top, embedding).save(str(HERE / f"{name}_top.pt"))
+    if not onnx:
+        return
     torch.onnx.export(
         bottom,
         (example,),
@@ -145,16 +185,20 @@ def build(name: str, data, bottom: nn.Module, top: nn.Module, pe_alpha: float = 
     train_split(bottom, top, xt[train], yt[train], pe_alpha=pe_alpha)
     bottom.eval()
     top.eval()
-    acc = accuracy(bottom, top, xt[test], yt[test])
-    export(name, bottom, top, xt[:2])
+    acc = accuracy(bottom, top, xt[test], yt[test])  # a stochastic bottom: one draw per test sample
+    stochastic = isinstance(bottom, DigitsCNNR3eLU)
+    export(name, bottom, top, xt[:2], onnx=not stochastic)
     print(f"{name}: test accuracy {acc:.4f}")
-    return {
+    summary = {
         "test_accuracy": round(acc, 4),
         "input_shape": list(x.shape[1:]),
         "n_train": len(train),
         "n_test": len(test),
         "pe_alpha": pe_alpha,
     }
+    if stochastic:
+        summary["r3elu"] = {"keep": R3ELU_KEEP, "laplace_scale": R3ELU_SCALE}
+    return summary
 
 
 def main() -> None:
@@ -166,6 +210,7 @@ def main() -> None:
     for name, data, make_bottom, make_top, alpha in [
         ("digits_cnn", digits, DigitsCNN, lambda: mlp([128, 64, 10]), 0.0),
         ("digits_cnn_peloss", digits, DigitsCNN, lambda: mlp([128, 64, 10]), PE_ALPHA),
+        ("digits_cnn_r3elu", digits, DigitsCNNR3eLU, lambda: mlp([128, 64, 10]), 0.0),
         ("digits_mlp", digits, lambda: nn.Sequential(nn.Flatten(), mlp([64, 128, 32])), lambda: mlp([32, 10]), 0.0),
         ("breast_cancer_mlp", cancer, lambda: mlp([29, 32, 16]), lambda: mlp([16, 2]), 0.0),
     ]:
