@@ -279,20 +279,56 @@ def test_sdar_can_predict_the_labels_with_g(digits_top_ctx):
     assert entry["baseline"]["label_accuracy"] < 0.2
 
 
-def test_u_shaped_attack_infers_labels_with_label_free_networks(digits_top_ctx):
-    """labels = inferred (Zhu et al., NDSS 2025, Sec. IV-B, Fig. 15, App. B-C: the decoder and
-    discriminators lose their label inputs): reports the label accuracy beside the MSE with the
-    majority-class baseline; the digits classes are balanced, so that baseline is about 10%."""
+class Tripwire(torch.nn.Module):
+    """A top model that must never run: the U-shaped attacker does not hold the client's classifier."""
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("a classifier top model was used to infer U-shaped labels")
+
+
+def test_u_shaped_attack_never_reads_labels_off_a_classifier_top_model(digits_top_ctx):
+    """labels = inferred (Zhu et al., NDSS 2025, Sec. IV-B, Fig. 15, App. B-C): label-free decoder and
+    discriminators, and the label accuracy beside the MSE with the majority-class baseline. A top
+    model that outputs the class scores (top_model_role = classifier, the default) holds the
+    client's tail h, which a U-shaped server does not have: the attack must not run it at all
+    (issue 25: the "inferred" labels were g's own, at g's task accuracy 0.9944), and the report
+    says so and what the attacker held."""
     options = {"sdar": {"labels": "inferred", "iterations": 30}}
-    ctx = dataclasses.replace(digits_top_ctx, attack_options=options)
+    ctx = dataclasses.replace(digits_top_ctx, attack_options=options, top_model=Tripwire())
     entry = get_attack("sdar").run(ctx)
     assert entry["status"] == "ok", entry.get("reason")
     majority = torch.bincount(ctx.aux.y).argmax()
     assert entry["baseline"]["label_accuracy"] == pytest.approx(float((ctx.target.y == majority).float().mean()))
-    assert entry["metrics"]["label_accuracy"] > 0.9 > 0.2 > entry["baseline"]["label_accuracy"]
-    assert entry["details"]["target_labels"].startswith("inferred") and entry["details"]["label_flip"] == 0.1
-    nets = SDARNets.build(ctx, 0, FULL, conditional=False)
+    details = entry["details"]
+    assert details["classifier"].startswith("head trained jointly; --top-model was not used")
+    assert "top model" not in details["attacker_holds"] and "targets' labels" not in details["attacker_holds"]
+    assert details["target_labels"].startswith("inferred") and details["label_flip"] == 0.1
+    assert sdar_settings(ctx)["iterations"] == 30 and sdar_settings(ctx)["server_part"] == "withheld"
+    nets = SDARNets.build(ctx, 0, FULL, conditional=False, server_part="withheld")
     assert nets.decoder.label_embedding is None and nets.d1.label is None and nets.d2.label is None
+    assert not any(isinstance(m, Tripwire) for m in nets.classifier.modules())
+    # vanilla SL (known or predicted labels) keeps using a classifier top model
+    known = dataclasses.replace(digits_top_ctx, attack_options={"sdar": {"labels": "predicted"}})
+    assert sdar_settings(known)["server_part"] == "classifier"
+
+
+def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
+    """top_model_role = body: the server's g, followed by a simulated tail h~ (the only part that
+    trains); g's weights and batch-norm statistics never change, and g really is on the label path."""
+    body = torch.nn.Sequential(torch.nn.Linear(128, 12), torch.nn.BatchNorm1d(12), torch.nn.GELU())
+    before = {k: v.clone() for k, v in body.state_dict().items()}
+    options = {"sdar": {"labels": "inferred", "iterations": 25, "top_model_role": "body"}}
+    ctx = dataclasses.replace(digits_top_ctx, attack_options=options, top_model=body)
+    entry = get_attack("sdar").run(ctx)
+    assert entry["details"]["classifier"].startswith("the server's body g (frozen) followed by a simulated tail")
+    assert "the server's body g (not the client's tail h)" in entry["details"]["attacker_holds"]
+    assert all(torch.equal(before[k], v) for k, v in body.state_dict().items())
+    nets = SDARNets.build(ctx, 0, FULL, conditional=False, server_part="body")
+    trained = {id(p) for group in nets.simulator_opt.param_groups for p in group["params"]}
+    assert not any(id(p) in trained for p in body.parameters())
+    assert next(m for m in nets.classifier.tail.modules() if isinstance(m, torch.nn.Linear)).in_features == 12
+    z = torch.randn(5, 128)
+    assert torch.allclose(nets.classifier(z), nets.classifier.tail(body.eval()(z)))
 
 
 @pytest.mark.slow
@@ -307,7 +343,7 @@ def test_removing_d1_makes_the_reconstruction_worse(digits_ctx):
     cpu = PRESETS["cpu"]
 
     def mse(regularizers):
-        x_hat, _ = sdar_reconstruct(
+        x_hat, _, _ = sdar_reconstruct(
             digits_ctx, observed, target.y, 0, 1500, cpu["batch_size"], regularizers, lr_scale=cpu["lr_scale"]
         )
         return reconstruction_metrics(target.x, x_hat, target.is_image)["mse"]
