@@ -228,6 +228,18 @@ class SDARAttack(Attack):
         "trained top model when one is given (Zhu et al., NDSS 2025)."
     )
 
+    def training_failure(self, entry: dict, not_converged: list[str]) -> str:
+        """Also FAILED when the U-shaped label inference does no better than the majority class: the
+        reconstructions were trained through labels that carry nothing about the targets."""
+        reasons = [super().training_failure(entry, not_converged)]
+        accuracy, majority = entry["metrics"].get("label_accuracy"), entry["baseline"].get("label_accuracy")
+        if accuracy is not None and accuracy <= majority:
+            reasons.append(
+                f"its label inference did no better than the majority class (label accuracy {accuracy:.3g} "
+                f"against {majority:.3g})"
+            )
+        return "; ".join(r for r in reasons if r)
+
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
         """A few of its own training iterations, timed on this model and data, times the
         iterations of every seed and ablation variant."""

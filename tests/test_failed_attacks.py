@@ -95,6 +95,19 @@ def test_sdar_notices_when_its_simulator_loss_does_not_fall(digits_ctx):
     assert "2.02 over the first 4 iterations, 2.38 over the last 4" in nets.stalled()
 
 
+def test_u_shaped_label_inference_at_the_majority_baseline_fails_sdar():
+    labelled = SeedOutcome(
+        metrics={"mse": 0.03, "label_accuracy": 0.09}, baseline={"mse": 0.073, "label_accuracy": 0.092}
+    )
+    entry = get_attack("sdar").summarize([0], [labelled], 1.0)
+    assert entry["advantage"] > 0
+    assert entry["failed_to_train"] == (
+        "its label inference did no better than the majority class (label accuracy 0.09 against 0.092)"
+    )
+    labelled.metrics["label_accuracy"] = 0.5
+    assert "failed_to_train" not in get_attack("sdar").summarize([0], [labelled], 1.0)
+
+
 def test_a_seed_spread_as_wide_as_the_distance_to_the_baseline_is_shown():
     """Issue 25: MSE 0.114 ± 0.072 against a mean guess of 0.073 (here 0.042 and 0.186 on two seeds)."""
     entry = get_attack("sdar").summarize([0, 1], [outcome(0.042), outcome(0.186)], 1.0)
