@@ -41,6 +41,7 @@ from splitaudit.attacks.sdar import (
     PRESETS,
     SDARNets,
     majority_class_accuracy,
+    relabelled_accuracy,
     sdar_reconstruct,
 )
 from splitaudit.config import AuditOptions
@@ -67,7 +68,10 @@ def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dic
             mse = reconstruction_metrics(target.x, x_hat, target.is_image)["mse"]
             accuracy = None if nets.known_labels is not None else float((labels == target.y).float().mean())
             points.append((mse, accuracy))
-            words = "" if accuracy is None else f", label accuracy {accuracy:.3f}"
+            words = ""
+            if accuracy is not None:
+                relabelled = relabelled_accuracy(labels, target.y, ctx.num_classes)
+                words = f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
             print(f"  {label} iteration {i}: target MSE {mse:.4f}{words}", flush=True)
 
     sdar_reconstruct(

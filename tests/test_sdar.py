@@ -388,3 +388,18 @@ def test_sdar_runs_on_tabular_data_with_its_top_model():
     assert "ssim" not in entry["metrics"]
     assert 0 < entry["metrics"]["mse"] < 3 * entry["baseline"]["mse"]
     assert entry["examples"][0]["shape"] == [29]
+
+
+def test_relabelled_accuracy_scores_the_partition_whatever_the_class_names():
+    """A consistent renaming of every class scores 0 as label accuracy and 1 relabelled; a constant
+    labelling scores the largest class's share; a half-scrambled one exactly what survives."""
+    from splitaudit.attacks.sdar import largest_class_share, relabelled_accuracy
+
+    true = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
+    renamed = (true + 1) % 4
+    assert float((renamed == true).float().mean()) == 0.0
+    assert relabelled_accuracy(renamed, true, 4) == 1.0
+    assert relabelled_accuracy(torch.zeros_like(true), true, 4) == largest_class_share(true) == 0.4
+    scrambled = renamed.clone()
+    scrambled[:2] = torch.tensor([3, 2])  # two of class 0's three now disagree with the third
+    assert relabelled_accuracy(scrambled, true, 4) == 0.8
