@@ -316,7 +316,7 @@ def test_u_shaped_attack_never_reads_labels_off_a_classifier_top_model(digits_to
 def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
     """top_model_role = body: the server's g, followed by a simulated tail h~ (the only part that
     trains); g's weights and batch-norm statistics never change, and g really is on the label path."""
-    body = torch.nn.Sequential(torch.nn.Linear(128, 12), torch.nn.BatchNorm1d(12), torch.nn.GELU())
+    body = torch.nn.Sequential(torch.nn.Linear(128, 6), torch.nn.BatchNorm1d(6), torch.nn.GELU())
     before = {k: v.clone() for k, v in body.state_dict().items()}
     options = {"sdar": {"labels": "inferred", "iterations": 25, "top_model_role": "body"}}
     ctx = dataclasses.replace(digits_top_ctx, attack_options=options, top_model=body)
@@ -327,9 +327,18 @@ def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
     nets = SDARNets.build(ctx, 0, FULL, conditional=False, server_part="body")
     trained = {id(p) for group in nets.simulator_opt.param_groups for p in group["params"]}
     assert not any(id(p) in trained for p in body.parameters())
-    assert next(m for m in nets.classifier.tail.modules() if isinstance(m, torch.nn.Linear)).in_features == 12
+    assert next(m for m in nets.classifier.tail.modules() if isinstance(m, torch.nn.Linear)).in_features == 6
     z = torch.randn(5, 128)
     assert torch.allclose(nets.classifier(z), nets.classifier.tail(body.eval()(z)))
+    # a body has no classifier to score: the utility comes from a probe; one left declared as a
+    # classifier is refused when it has fewer outputs than classes (not scored on the argmax of its
+    # 6 features; a wider one cannot be told from a classifier, hence the option)
+    from splitaudit.errors import InputError
+    from splitaudit.utility import measure_utility, utility_source
+
+    assert utility_source(ctx) == "probe" and utility_source(digits_top_ctx) == "top-model"
+    with pytest.raises(InputError, match="set sdar.top_model_role=body"):
+        measure_utility(dataclasses.replace(digits_top_ctx, top_model=body))
 
 
 @pytest.mark.slow
