@@ -384,7 +384,7 @@ def test_large_noise_raises_sdar_mse(digits_top_ctx):
 def test_sdar_runs_without_a_top_model_on_a_jointly_trained_head(digits_ctx):
     entry = get_attack("sdar").run(digits_ctx)
     assert entry["status"] == "ok", entry.get("reason")
-    assert entry["details"]["classifier"] == "head trained jointly"
+    assert entry["details"]["classifier"].startswith("head trained jointly (no top model given")
     assert 0 < entry["metrics"]["mse"] < 1
 
 
@@ -416,7 +416,7 @@ def test_relabelled_accuracy_scores_the_partition_whatever_the_class_names():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch, iterations", [("flat_ln", 250), ("resnet", 30)])
+@pytest.mark.parametrize("arch, iterations", [("flat_ln", 250)])
 def test_u_shaped_sdar_with_only_the_servers_body(digits_ctx, arch, iterations):
     """Issue 25: U-shaped models (tests/ushaped.py) trained on the target data, the attacker given
     g alone (top_model_role = body), never h. Through g the partition of the targets into their
@@ -441,8 +441,7 @@ def test_u_shaped_sdar_with_only_the_servers_body(digits_ctx, arch, iterations):
     assert entry["status"] == "ok", entry.get("reason")
     metrics, baseline = entry["metrics"], entry["baseline"]
     assert entry["details"]["classifier"].startswith("the server's body g (frozen)")
-    if arch == "flat_ln":
-        assert metrics["label_accuracy_relabelled"] > 2 * baseline["label_accuracy_relabelled"]
+    assert metrics["label_accuracy_relabelled"] > 2 * baseline["label_accuracy_relabelled"]
     named_failed = "label inference did no better" in entry.get("failed_to_train", "")
     assert named_failed == (metrics["label_accuracy"] <= baseline["label_accuracy"])
     worse = metrics["mse"] > baseline["mse"]
