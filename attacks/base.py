@@ -41,6 +41,8 @@ class SeedOutcome:
     baseline: dict[str, Any]
     examples: list[dict] = field(default_factory=list)  # reconstructions shown in the report
     details: dict[str, Any] = field(default_factory=dict)  # extra JSON-ready facts (first seed's)
+    # Why the attack's own training signal (what the attacker can observe) did not improve; "" when it did.
+    not_converged: str = ""
 
 
 def option(
@@ -255,7 +257,7 @@ class Attack(ABC):
         metrics, metrics_std = aggregate([o.metrics for o in outcomes])
         baseline, baseline_std = aggregate([o.baseline for o in outcomes])
         advantages = [self.advantage(o.metrics, o.baseline) for o in outcomes]
-        return {
+        entry = {
             **self.header(),
             "status": "ok",
             "reason": "",
@@ -270,6 +272,35 @@ class Attack(ABC):
             "examples": outcomes[0].examples,
             "details": outcomes[0].details,
         }
+        failure = self.training_failure(entry, [o.not_converged for o in outcomes])
+        if failure:
+            entry["failed_to_train"] = failure
+        spread = spread_warning(entry)
+        if spread:
+            entry["spread_warning"] = spread
+        return entry
+
+    def training_failure(self, entry: dict, not_converged: list[str]) -> str:
+        """Why an ok entry's attack FAILED (did worse than its baseline, or its own training signal
+        did not improve), or "". Such a result measures no leakage: it is never evidence of privacy."""
+        reasons = [f"seed {seed}: {why}" for seed, why in zip(entry["seeds"], not_converged) if why]
+        metric = self.primary_metric
+        attack, base = entry["metrics"].get(metric), entry["baseline"].get(metric)
+        if entry["advantage"] < 0:
+            reasons.insert(0, f"it did worse than its baseline ({metric} {attack:.4g} against {base:.4g})")
+        return "; ".join(reasons)
+
+
+def spread_warning(entry: dict) -> str:
+    """A note when the seeds' spread of the advantage is as wide as the mean's distance to the
+    baseline (zero advantage): the runs disagree on whether the attack beats its baseline at all."""
+    mean, std = entry["advantage"], entry["advantage_std"]
+    if len(entry["seeds"]) < 2 or not (math.isfinite(mean) and math.isfinite(std)) or not 0 < std >= abs(mean):
+        return ""
+    return (
+        f"the spread between seeds (advantage {mean:.3g} ± {std:.3g}) is as wide as the distance to the "
+        "baseline: the seeds disagree on whether it beats its baseline"
+    )
 
 
 def aggregate(runs: list[dict]) -> tuple[dict, dict]:

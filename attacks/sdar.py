@@ -15,10 +15,12 @@ f~^-1 on (f~(x_aux), x_aux), regularised by a discriminator d2 that tells decode
 embeddings from aux inputs (Eqs. 4-5). Decoder and discriminators are label-conditional (Sec.
 IV-A "Use of labels"): in vanilla SL the server holds the labels of the client's private data,
 so by default the attacker uses the target labels themselves. In U-shaped SL (Sec. IV-B) the
-server has no labels: option `labels = "inferred"` drops the label inputs of the decoder and
-discriminators (App. B-C) and infers the targets' labels with g (or with the head trained in
-g's place when no top model is given; that head learned f~'s embeddings, not f's, so its
-labels can be poor); `labels = "predicted"` conditions the decoder on those inferred labels.
+server has no labels and holds only the body g, never the client's tail h: option `labels =
+"inferred"` drops the label inputs of the decoder and discriminators (App. B-C) and infers the
+targets' labels through a simulated tail, h~(g(z)) when `top_model_role = "body"` says that
+`--top-model` is g, else a head trained in g's place. A top model that outputs the class scores
+(`top_model_role = "classifier"`) holds h and is never used in that mode. `labels = "predicted"`
+(a server with the classifier but without labels) conditions the decoder on the labels it infers.
 
 Noise: the client adds N(0, sigma^2 I) to what it sends (`--noise-sigma`) and the server sees
 that sigma in the protocol, so the attacker adds the same noise to f~'s outputs. Then g is fed
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import (
@@ -101,6 +104,7 @@ D1_CONVS_LEVEL7, D1_SIDE_LEVEL7 = ((128, 1), (256, 1), (256, 1), (256, 1), (256,
 D2_CONVS, D2_SIDE = ((64, 1), (128, 2), (128, 2), (256, 2)), 32
 MIN_WIDTH_SCALE = 0.25
 FLAT_WIDTH = 256  # discriminator MLP width for flat samples
+STALL_MIN_ITERATIONS = 20  # fewer: too few losses to tell a trend from batch noise
 TRAINING_STREAM = 1_000_003  # seed offset of the batch/noise draws, apart from the observation noise
 
 
@@ -121,6 +125,26 @@ LABEL_SOURCES = {
     "predicted": "predicted by the classifier, and the decoder conditioned on them",
 }
 LABEL_ALIASES = {"true": "known"}
+# What `--top-model` is (option `top_model_role`), and so what the attacker may do with it.
+TOP_MODEL_ROLES = {
+    "classifier": "it outputs the class scores (vanilla SL: the server's part ends in the classifier)",
+    "body": "it is the server's body g of U-shaped SL; the client's tail h after it is simulated (h~)",
+}
+# How the attack gets labels for f~'s embeddings (settings["server_part"]), in the report's words.
+SERVER_PARTS = {
+    "classifier": "top model g (frozen)",
+    "body": "the server's body g (frozen) followed by a simulated tail h~ trained on aux labels",
+    "none": "head trained jointly (no top model given: it stands in for g and the client's tail)",
+    "withheld": "head trained jointly; --top-model was not used: it outputs the class scores, so it holds "
+    "the client's tail, which a U-shaped server does not have (top_model_role = body says it is only g)",
+}
+# Why offline U-shaped label inference can misname the classes (issue 25's measurements, benchmarks/README.md).
+U_SHAPED_LIMIT = (
+    "offline, only d1's match of the embeddings' distribution ties the simulator to f, and a "
+    "distribution shows the classes' clusters but not which cluster is which class: the inferred labels "
+    "can be a renaming of the true ones (label_accuracy_relabelled scores the partition whatever the "
+    "names), and reconstructions decoded through misnamed classes look like other classes"
+)
 FULL = Regularizers()
 ABLATIONS = {"mse_no_d1": Regularizers(d1=False), "mse_no_d2": Regularizers(d2=False)}
 
@@ -150,6 +174,12 @@ class SDAROptions:
         high=1,
     )
     ablation: bool = option(False, "also run without d1 and without d2 (mse_no_d1, mse_no_d2)")
+    top_model_role: str = option(
+        "classifier",
+        "what --top-model is: classifier (it outputs the class scores; never used to infer labels in "
+        "U-shaped SL) or body (the server's part g of U-shaped SL, followed by a simulated tail)",
+        choices=tuple(TOP_MODEL_ROLES),
+    )
 
 
 class SDARAttack(Attack):
@@ -166,7 +196,16 @@ class SDARAttack(Attack):
     beside the MSE, against the majority-class baseline; "predicted": the same label inference,
     but the decoder and discriminators conditioned on the inferred labels. `ablation = true`
     also runs the variants without d1 and without d2 (same seed, so the same initial networks)
-    and reports their MSE as `mse_no_d1` and `mse_no_d2`.
+    and reports their MSE as `mse_no_d1` and `mse_no_d2`. `top_model_role`: "classifier" (default;
+    `--top-model` outputs the class scores and is never used with inferred labels, since it holds
+    the client's tail) or "body" (it is the server's g; a tail h~ after it is trained).
+
+    U-shaped label inference offline (benchmarks/README.md, seed 0, cpu preset, flips 0.1; majority
+    0.092, mean guess 0.073): digits CNN without g, label accuracy 0.137 and MSE 0.114 at 1500
+    iterations; with its body g 0.068 and 0.193 at 1000; a flat LayerNorm U-shaped model with its g
+    0.016 at 500, but 0.512 under the best renaming of the classes (`label_accuracy_relabelled`):
+    the unconditional d1 matches the embeddings' distribution, which does not name the clusters
+    (U_SHAPED_LIMIT). Such runs are reported as FAILED (Attack.training_failure), never as privacy.
 
     What the ablation shows (digits CNN, targets' labels, seed 0, benchmarks/sdar_curve.py; Zhu et
     al. (NDSS 2025) report about 3x on CIFAR-10). Without g, d1 is all that ties f~ to f: the
@@ -208,6 +247,18 @@ class SDARAttack(Attack):
         "trained top model when one is given (Zhu et al., NDSS 2025)."
     )
 
+    def training_failure(self, entry: dict, not_converged: list[str]) -> str:
+        """Also FAILED when the U-shaped label inference does no better than the majority class: the
+        reconstructions were trained through labels that carry nothing about the targets."""
+        reasons = [super().training_failure(entry, not_converged)]
+        accuracy, majority = entry["metrics"].get("label_accuracy"), entry["baseline"].get("label_accuracy")
+        if accuracy is not None and accuracy <= majority:
+            reasons.append(
+                f"its label inference did no better than the majority class (label accuracy {accuracy:.3g} "
+                f"against {majority:.3g})"
+            )
+        return "; ".join(r for r in reasons if r)
+
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
         """A few of its own training iterations, timed on this model and data, times the
         iterations of every seed and ablation variant."""
@@ -235,12 +286,14 @@ class SDARAttack(Attack):
             regularizers,
             **training_options(settings),
         )
-        x_hat, labels = run(FULL)
+        x_hat, labels, stalled = run(FULL)
         metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
         baseline = mean_guess_baseline(ctx.aux.x, target.x, target.is_image)
         if known_labels is None:
             metrics["label_accuracy"] = float((labels == target.y).float().mean())
             baseline["label_accuracy"] = majority_class_accuracy(ctx.aux.y, target.y)
+            metrics["label_accuracy_relabelled"] = relabelled_accuracy(labels, target.y, ctx.num_classes)
+            baseline["label_accuracy_relabelled"] = largest_class_share(target.y)
         if settings["ablation"]:
             for key, regularizers in ABLATIONS.items():
                 metrics[key] = reconstruction_metrics(target.x, run(regularizers)[0], target.is_image)["mse"]
@@ -255,13 +308,20 @@ class SDARAttack(Attack):
             "simulator": "bottom model's architecture, re-initialised"
             if ctx.encoder.architecture() is not None
             else "generic network of the same shapes",
-            "classifier": "top model g (frozen)" if ctx.top_model is not None else "head trained jointly",
+            "classifier": SERVER_PARTS[settings["server_part"]],
             "target_labels": LABEL_SOURCES[settings["labels"]],
+            "attacker_holds": attacker_holds(ctx, settings),
         }
         if settings["label_flip"]:
             details["label_flip"] = settings["label_flip"]
+        if settings["labels"] == "inferred":
+            details["label_inference_limit"] = U_SHAPED_LIMIT
         return SeedOutcome(
-            metrics=metrics, baseline=baseline, examples=reconstruction_examples(target.x, x_hat), details=details
+            metrics=metrics,
+            baseline=baseline,
+            examples=reconstruction_examples(target.x, x_hat),
+            details=details,
+            not_converged=stalled,
         )
 
 
@@ -280,7 +340,11 @@ def sdar_settings(ctx: AuditContext) -> dict:
     if labels not in LABEL_SOURCES:
         raise ValueError(f"sdar labels must be one of {', '.join(LABEL_SOURCES)}, got {labels!r}")
     budget = dict(PRESETS[preset])
-    if preset == "cpu" and ctx.top_model is None:
+    role = str(options.get("top_model_role", "classifier"))
+    if role not in TOP_MODEL_ROLES:
+        raise ValueError(f"sdar top_model_role must be one of {', '.join(TOP_MODEL_ROLES)}, got {role!r}")
+    part = server_part(ctx.top_model is not None, role, labels)
+    if preset == "cpu" and part in ("none", "withheld"):
         budget["iterations"] = ITERATIONS_WITHOUT_G
     if ctx.quick and "preset" not in options:
         budget["iterations"] = QUICK_ITERATIONS
@@ -306,7 +370,36 @@ def sdar_settings(ctx: AuditContext) -> dict:
         "lr_scale": budget["lr_scale"],
         "label_flip": label_flip,
         "ablation": bool(options.get("ablation", False)),
+        "server_part": part,
     }
+
+
+def attacker_holds(ctx: AuditContext, settings: dict) -> str:
+    """What the attacker was given, in the report's words (the threat model of this run)."""
+    parts = [
+        "the target embeddings (with the client's noise)",
+        "labelled auxiliary data",
+        "the bottom model's architecture" if ctx.encoder.architecture() is not None else "the bottom model's shapes",
+    ]
+    if settings["labels"] == "known":
+        parts.append("the targets' labels")
+    part = settings["server_part"]
+    if part == "classifier":
+        parts.append("the top model g, which outputs the class scores")
+    elif part == "body":
+        parts.append("the server's body g (not the client's tail h)")
+    return ", ".join(parts)
+
+
+def server_part(has_top_model: bool, role: str, labels: str) -> str:
+    """How the attack uses --top-model (a key of SERVER_PARTS). A top model that outputs the class
+    scores holds the client's tail in U-shaped SL, which the server does not have: with inferred
+    labels it is never used, or the "inferred" labels would be read off the client's classifier."""
+    if not has_top_model:
+        return "none"
+    if role == "body":
+        return "body"
+    return "withheld" if labels == "inferred" else "classifier"
 
 
 def training_options(settings: dict) -> dict:
@@ -316,7 +409,24 @@ def training_options(settings: dict) -> dict:
         "label_flip": settings["label_flip"],
         "simulator_init": settings["simulator_init"],
         "lr_scale": settings["lr_scale"],
+        "server_part": settings["server_part"],
     }
+
+
+def relabelled_accuracy(predicted: torch.Tensor, true: torch.Tensor, classes: int) -> float:
+    """Label accuracy under the best one-to-one renaming of the predicted classes (Hungarian
+    matching on the confusion matrix): how well the inferred labels partition the targets into
+    their classes, whatever each part is called. Without a label-tied signal (U-shaped SDAR without
+    g) the attack can find the classes' clusters and still name them wrongly."""
+    confusion = torch.zeros(classes, classes, dtype=torch.long)
+    confusion.index_put_((predicted.cpu(), true.cpu()), torch.ones(len(true), dtype=torch.long), accumulate=True)
+    rows, cols = linear_sum_assignment(confusion.numpy(), maximize=True)
+    return float(confusion[rows, cols].sum()) / len(true)
+
+
+def largest_class_share(y: torch.Tensor) -> float:
+    """The relabelled accuracy of any constant labelling: the largest class's share of y."""
+    return float(torch.bincount(y).max()) / len(y)
 
 
 def majority_class_accuracy(aux_y: torch.Tensor, target_y: torch.Tensor) -> float:
@@ -354,7 +464,8 @@ def sdar_reconstruct(
     label_flip: float = 0.0,
     simulator_init: str = "kaiming",
     lr_scale: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    server_part: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Train SDAR's networks for `iterations`; decode the observed target embeddings.
 
     `known_labels` are the targets' labels when the server holds them, else None (the
@@ -362,11 +473,21 @@ def sdar_reconstruct(
     discriminators, and the classifier trained on aux labels flipped with probability
     `label_flip`. `lr_scale` multiplies every learning rate (the cpu preset's 4).
     `after_iteration(i, nets)`, when given, runs after iteration i (benchmarks/sdar_curve.py
-    measures the learning curve with it). Returns the reconstructions and the target labels the
-    classifier gives (or the known ones).
+    measures the learning curve with it). Returns the reconstructions, the target labels the
+    classifier gives (or the known ones) and why the training signal stalled ("" if it did not).
     """
     with sdar_training(
-        ctx, observed, known_labels, seed, batch_size, regularizers, conditional, label_flip, simulator_init, lr_scale
+        ctx,
+        observed,
+        known_labels,
+        seed,
+        batch_size,
+        regularizers,
+        conditional,
+        label_flip,
+        simulator_init,
+        lr_scale,
+        server_part,
     ) as (nets, iteration):
         with ctx.progress(total=iterations, desc=f"sdar (seed {seed})") as bar:
             for i in range(1, iterations + 1):
@@ -374,7 +495,7 @@ def sdar_reconstruct(
                 if after_iteration is not None:
                     after_iteration(i, nets)
                 bar.update(1)
-        return nets.decode(observed)
+        return (*nets.decode(observed), nets.stalled())
 
 
 @contextmanager
@@ -389,20 +510,40 @@ def sdar_training(
     label_flip: float = 0.0,
     simulator_init: str = "kaiming",
     lr_scale: float = 1.0,
+    server_part: str | None = None,
 ) -> Iterator[tuple["SDARNets", Callable[[], None]]]:
     """SDAR's freshly built networks and a function that runs one training iteration, inside the
     attack's seeded, thread-limited scope (sdar_reconstruct trains with it, the cost estimate
     times it). Dropout draws from the global RNG (seeded: reproducible runs). The networks are
     small: on CPU one thread avoids the threads' hand-offs that slow small ops down on busy cores."""
     with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
-        nets = SDARNets.build(ctx, seed, regularizers, known_labels, conditional, label_flip, simulator_init, lr_scale)
+        nets = SDARNets.build(
+            ctx, seed, regularizers, known_labels, conditional, label_flip, simulator_init, lr_scale, server_part
+        )
         gen = ctx.generator(seed + TRAINING_STREAM)
         streams = (BatchStream(len(ctx.aux), batch_size, gen), BatchStream(len(observed), batch_size, gen))
         yield nets, lambda: sdar_iteration(ctx, nets, observed, gen, streams)
 
 
+class SimulatedTail(nn.Module):
+    """h~ after the frozen server body g (Zhu et al., NDSS 2025, Sec. IV-B): U-shaped SL's label
+    path, h~(g(z)). Only h~ is trained (its parameters are this module's, g is held outside them);
+    g stays in eval mode so that training never moves the user's model's batch-norm statistics."""
+
+    def __init__(self, body: nn.Module, embedding_shape: tuple[int, ...], classes: int, device: torch.device) -> None:
+        super().__init__()
+        self.body = [body.eval()]  # a list: g's parameters stay out of h~'s
+        with torch.no_grad():
+            features = math.prod(body(torch.zeros(2, *embedding_shape, device=device)).shape[1:])
+        self.tail = mlp([features, HEAD_WIDTH, classes])
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.tail(self.body[0](z).flatten(1))
+
+
 class SDARNets:
-    """f~, the classifier (frozen g, or a head trained with f~), f~^-1, d1, d2 and their optimisers."""
+    """f~, the classifier (frozen g, a head trained with f~, or a trained tail after a frozen body
+    g), f~^-1, d1, d2 and their optimisers."""
 
     def __init__(
         self,
@@ -419,6 +560,7 @@ class SDARNets:
         lr_scale: float = 1.0,
     ) -> None:
         self.simulator, self.classifier, self.decoder, self.d1, self.d2 = simulator, classifier, decoder, d1, d2
+        self.task_losses: list[torch.Tensor] = []  # the simulator's classification loss, per iteration
         self.known_labels, self.conditional = known_labels, conditional
         self.label_flip, self.num_classes = label_flip, num_classes
         simulated = list(simulator.parameters()) + (list(classifier.parameters()) if train_classifier else [])
@@ -439,6 +581,7 @@ class SDARNets:
         label_flip: float = 0.0,
         simulator_init: str = "kaiming",
         lr_scale: float = 1.0,
+        server_part: str | None = None,
     ) -> "SDARNets":
         """The simulator starts from `simulator_init` weights (preset "paper": Keras's Glorot-uniform,
         as the authors' TensorFlow code; "cpu": PyTorch's Kaiming-uniform), and an ONNX bottom
@@ -455,9 +598,14 @@ class SDARNets:
         classes = ctx.num_classes
         label_classes = classes if conditional else None
         embedding_shape, input_shape = ctx.encoder.output_shape, ctx.encoder.input_shape
+        part = server_part or ("classifier" if ctx.top_model is not None else "none")
         simulator = bottom_architecture(ctx, seed, init=simulator_init, batch_norm=True)
         with seeded(seed):
-            head = mlp([math.prod(embedding_shape), HEAD_WIDTH, classes]) if ctx.top_model is None else None
+            head = None
+            if part == "body":
+                head = SimulatedTail(ctx.top_model, embedding_shape, classes, ctx.device)
+            elif part != "classifier":
+                head = mlp([math.prod(embedding_shape), HEAD_WIDTH, classes])
             decoder = Decoder(embedding_shape, input_shape, ctx.aux.in_unit_range, label_classes)
             d1 = d1_discriminator(embedding_shape, label_classes) if regularizers.d1 else None
             d2 = (
@@ -479,6 +627,22 @@ class SDARNets:
             label_flip=label_flip,
             num_classes=classes,
             lr_scale=lr_scale,
+        )
+
+    def stalled(self) -> str:
+        """Why the attack's own training signal did not improve, or "": the simulator's classification
+        loss on aux (which the attacker observes) over the last tenth of the iterations against the
+        first tenth. A simulator that never learned the task cannot stand in for f."""
+        if len(self.task_losses) < STALL_MIN_ITERATIONS:
+            return ""
+        losses = torch.stack(self.task_losses).cpu()
+        window = len(losses) // 10
+        first, last = float(losses[:window].mean()), float(losses[-window:].mean())
+        if last < first:
+            return ""
+        return (
+            f"its own training signal did not improve (the simulator's classification loss on aux: "
+            f"{first:.3g} over the first {window} iterations, {last:.3g} over the last {window})"
         )
 
     @torch.no_grad()
@@ -542,6 +706,7 @@ def sdar_iteration(
 
     z_aux = ctx.add_noise(nets.simulator(x_aux), gen)
     simulator_loss = F.cross_entropy(nets.classifier(z_aux), nets.training_labels(y_aux, gen))
+    nets.task_losses.append(simulator_loss.detach())
     updates = []
     if nets.d1 is not None:
         fake = nets.d1(z_aux, c_aux)

@@ -54,10 +54,25 @@ def _check(name: str, passed: bool, cause: str, message: str, value=None, thresh
 
 
 def _completeness(result: dict) -> dict:
-    """A failed attack makes the audit incomplete: it must not pass as if it were whole."""
-    failed = [name for name, a in result.get("attacks", {}).items() if a.get("status") == "failed"]
-    if failed:
-        return _check("audit-complete", False, "incomplete", "audit incomplete: attack(s) failed: " + ", ".join(failed))
+    """A failed attack makes the audit incomplete: it must not pass as if it were whole. So does an
+    attack that ran but FAILED to train (Attack.training_failure: worse than its baseline, or its own
+    training signal did not improve): its numbers measure no leakage, and passing on them would
+    read an attack's failure as privacy."""
+    attacks = result.get("attacks", {})
+    failed = [name for name, a in attacks.items() if a.get("status") == "failed"]
+    untrained = [
+        f"{name} ({a['failed_to_train']})"
+        for name, a in attacks.items()
+        if a.get("status") == "ok" and a.get("failed_to_train")
+    ]
+    reasons = (["attack(s) failed: " + ", ".join(failed)] if failed else []) + (
+        ["attack(s) FAILED to train, so they measure no leakage (not evidence of privacy): " + "; ".join(untrained)]
+        if untrained
+        else []
+    )
+    if reasons:
+        cause = "incomplete" if failed else "attack-failed-to-train"
+        return _check("audit-complete", False, cause, "audit incomplete: " + "; ".join(reasons))
     return _check("audit-complete", True, "complete", "every selected attack ran or was skipped with a reason")
 
 

@@ -256,11 +256,16 @@ class Attack(TypedDict):
     examples: NotRequired[list[dict[str, Any]]]
     details: NotRequired[dict[str, Any]]
     bound_check: NotRequired[BoundCheck]
+    # Why an ok attack FAILED: worse than its baseline, or its own training signal did not improve.
+    failed_to_train: NotRequired[str]
+    # When the seeds' spread is as wide as the distance to the baseline.
+    spread_warning: NotRequired[str]
 
 
 CheckCause = Literal[
     "complete",
     "incomplete",
+    "attack-failed-to-train",
     "bound-met",
     "bound-missing",
     "bound-untrusted",

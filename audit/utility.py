@@ -21,12 +21,15 @@ TOP_MODEL_BATCH = 512
 SOURCE_WORDS = {
     "top-model": "accuracy of the top model (--top-model) on noisy embeddings of the labelled target data",
     "probe": "accuracy of a probe trained on noisy aux embeddings with their labels and scored on noisy target "
-    "embeddings (no --top-model given: an estimate of what a top model trained under this noise reaches)",
+    "embeddings (no classifier --top-model given: an estimate of what a top model trained under this noise reaches)",
 }
 
 
 def utility_source(ctx: AuditContext) -> str:
-    return "top-model" if ctx.top_model is not None else "probe"
+    """The top model's accuracy only when it outputs the class scores: one declared to be the server's
+    body g of U-shaped SL (sdar.top_model_role = body) has no classifier to score, so a probe measures."""
+    role = ctx.options("sdar").get("top_model_role", "classifier")
+    return "top-model" if ctx.top_model is not None and role == "classifier" else "probe"
 
 
 def measure_utility(ctx: AuditContext) -> dict:
@@ -77,9 +80,10 @@ def _top_model_accuracy(ctx: AuditContext, seed: int) -> float:
             f"the top model does not accept the bottom model's embeddings of shape "
             f"{tuple(observed.shape[1:])}: {type(exc).__name__}: {exc}".splitlines()[0]
         ) from exc
-    if logits.ndim != 2 or logits.shape[0] != len(observed):
+    if logits.ndim != 2 or logits.shape[0] != len(observed) or logits.shape[1] < (ctx.num_classes or 0):
         raise InputError(
-            f"the top model should return (batch, classes) logits; it returned shape {tuple(logits.shape)}"
+            f"the top model should return (batch, classes) logits for {ctx.num_classes} classes; it returned "
+            f"shape {tuple(logits.shape)} (if it is the server's body g, set sdar.top_model_role=body)"
         )
     return float((logits.argmax(1) == ctx.target.y.to(logits.device)).double().mean())
 

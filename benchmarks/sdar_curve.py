@@ -10,39 +10,74 @@ what the attacker cannot see; this script is a measurement, not part of the atta
     python benchmarks/sdar_curve.py --top-model --iterations 1500 --seed 1
     python benchmarks/sdar_curve.py --top-model --preset paper --iterations 2000 --batch-size 32
     python benchmarks/sdar_curve.py --model breast_cancer_mlp --top-model
+
+U-shaped SL (`--labels inferred`, Zhu et al., NDSS 2025, Sec. IV-B): the label accuracy of the
+inferred target labels is printed beside the MSE (majority-class baseline). `--body` gives the
+attacker only the server's body g: for the bundled digits CNN the first layer (linear + GELU)
+of its top model, whose last linear layer is the client's tail h; `--u-shaped ARCH` trains a
+U-shaped model of tests/ushaped.py on the target data (with `--top-model`, the attacker gets its g).
+
+    python benchmarks/sdar_curve.py --labels inferred --variant full           # no g at all
+    python benchmarks/sdar_curve.py --labels inferred --variant full --top-model --body
+    python benchmarks/sdar_curve.py --labels inferred --variant full --u-shaped flat_ln --top-model
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 from importlib.resources import files
+from pathlib import Path
+
+import torch
+import torch.nn as nn
 
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
-from splitaudit.attacks.sdar import ABLATIONS, FULL, PRESETS, SDARNets, sdar_reconstruct
+from splitaudit.attacks.sdar import (
+    ABLATIONS,
+    FULL,
+    LABEL_FLIP,
+    PRESETS,
+    SDARNets,
+    majority_class_accuracy,
+    relabelled_accuracy,
+    sdar_reconstruct,
+)
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from ushaped import ARCHITECTURES, train_u_shaped  # noqa: E402
 
 DATA = {"breast_cancer_mlp": "breast_cancer.npz"}  # every other sample model uses digits.npz
 VARIANTS = {"full": FULL, "no d1": ABLATIONS["mse_no_d1"]}
 
 
-def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dict, label: str = "") -> list[float]:
-    """Target MSE every `every` iterations of one SDAR run (the attack's own training)."""
+def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dict, label: str = "", **options) -> list:
+    """(target MSE, label accuracy or None) every `every` iterations of one SDAR run (the attack's
+    own training). `options` go to sdar_reconstruct (U-shaped: labels inferred)."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     target = ctx.target
-    mses = []
+    points = []
 
     def measure(i: int, nets: SDARNets) -> None:
         if i % every == 0:
-            x_hat, _ = nets.decode(observed)
+            x_hat, labels = nets.decode(observed)
             nets.decoder.train()
-            mses.append(reconstruction_metrics(target.x, x_hat, target.is_image)["mse"])
-            print(f"  {label} iteration {i}: target MSE {mses[-1]:.4f}", flush=True)
+            mse = reconstruction_metrics(target.x, x_hat, target.is_image)["mse"]
+            accuracy = None if nets.known_labels is not None else float((labels == target.y).float().mean())
+            points.append((mse, accuracy))
+            words = ""
+            if accuracy is not None:
+                relabelled = relabelled_accuracy(labels, target.y, ctx.num_classes)
+                words = f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
+            print(f"  {label} iteration {i}: target MSE {mse:.4f}{words}", flush=True)
 
     sdar_reconstruct(
         ctx,
         observed,
-        target.y,
+        target.y if options.get("conditional", True) else None,
         seed,
         iterations,
         preset["batch_size"],
@@ -50,8 +85,33 @@ def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dic
         measure,
         simulator_init=preset["simulator_init"],
         lr_scale=preset["lr_scale"],
+        **options,
     )
-    return mses
+    return points
+
+
+def bundled_body(path: str) -> nn.Module:
+    """The server's body g of a bundled top model mlp([128, 64, 10]): its linear layer + GELU (the
+    last linear layer is the client's tail h in the U-shaped split)."""
+    weights = torch.jit.load(path).state_dict()
+    body = nn.Sequential(nn.Linear(128, 64), nn.GELU())
+    body[0].load_state_dict({"weight": weights["0.weight"], "bias": weights["0.bias"]})
+    return body.eval()
+
+
+def u_shaped_context(arch: str, aux: str, epochs: int, with_body: bool):
+    """A context whose bottom model is f of a tests/ushaped.py model trained on the target data, and
+    whose top model is its body g (`with_body`); prints the model's accuracy."""
+    reference = prepare_context(
+        AuditOptions(
+            model=str(files("splitaudit.sample_models") / "digits_cnn.onnx"), aux=aux, seed=0, quick=True
+        ).validate()
+    )
+    f, g, _, accuracy = train_u_shaped(arch, reference.target.x, reference.target.y)
+    print(f"{arch}: U-shaped model trained on the target data, accuracy {accuracy:.3f}")
+    return prepare_context(
+        AuditOptions(model=f, aux=aux, top_model=g if with_body else None, seed=0, quick=True).validate()
+    )
 
 
 def main() -> None:
@@ -69,32 +129,49 @@ def main() -> None:
         choices=["both", *VARIANTS],
         help="one variant only (run two processes side by side on a shared CPU)",
     )
+    parser.add_argument("--labels", choices=["known", "inferred"], default="known", help="inferred: U-shaped SL")
+    parser.add_argument("--body", action="store_true", help="the top model's first layer only, as the body g")
+    parser.add_argument("--u-shaped", choices=ARCHITECTURES, help="a U-shaped model of tests/ushaped.py")
+    parser.add_argument("--label-flip", type=float, default=LABEL_FLIP, help="U-shaped label flips")
     args = parser.parse_args()
     samples = files("splitaudit.sample_models")
-    options = AuditOptions(
-        model=str(samples / f"{args.model}.onnx"),
-        aux=str(samples / DATA.get(args.model, "digits.npz")),
-        top_model=str(samples / f"{args.model}_top.pt") if args.top_model else None,
-        seed=0,
-        quick=True,
-    ).validate()
-    ctx = prepare_context(options)
+    aux = str(samples / DATA.get(args.model, "digits.npz"))
+    if args.u_shaped:
+        ctx = u_shaped_context(args.u_shaped, aux, epochs=40, with_body=args.top_model)
+    else:
+        top = str(samples / f"{args.model}_top.pt") if args.top_model else None
+        options = AuditOptions(model=str(samples / f"{args.model}.onnx"), aux=aux, top_model=top, seed=0, quick=True)
+        ctx = prepare_context(options.validate())
+        if args.body:
+            ctx = dataclasses.replace(ctx, top_model=bundled_body(top))
     preset = {**PRESETS[args.preset], **({"batch_size": args.batch_size} if args.batch_size else {})}
     baseline = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
+    inferred = args.labels == "inferred"
+    part = "none" if not args.top_model else ("body" if args.body or args.u_shaped else "classifier")
+    labels = (
+        f"labels inferred (label flips {args.label_flip}), majority baseline "
+        f"{majority_class_accuracy(ctx.aux.y, ctx.target.y):.3f}"
+        if inferred
+        else "targets' labels"
+    )
     print(
-        f"{args.model}, {'with' if args.top_model else 'without'} g, seed {args.seed}, targets' labels, "
+        f"{args.u_shaped or args.model}, g: {part}, seed {args.seed}, {labels}, "
         f"preset {args.preset} (learning rates x{preset['lr_scale']:g}, batch {preset['batch_size']}); "
         f"mean-guess MSE {baseline:.4f}"
     )
+    options = {"server_part": part}
+    if inferred:
+        options.update(conditional=False, label_flip=args.label_flip)
     variants = VARIANTS if args.variant == "both" else {args.variant: VARIANTS[args.variant]}
     curves = {
-        name: curve(ctx, regs, args.seed, args.iterations, args.every, preset, name) for name, regs in variants.items()
+        name: curve(ctx, regs, args.seed, args.iterations, args.every, preset, name, **options)
+        for name, regs in variants.items()
     }
     if len(curves) == 1:
         return
     print(f"{'iteration':>9}  " + "  ".join(f"{name:>8}" for name in curves) + "  no d1 / full")
     for row, step in enumerate(range(args.every, args.iterations + 1, args.every)):
-        full, no_d1 = curves["full"][row], curves["no d1"][row]
+        full, no_d1 = curves["full"][row][0], curves["no d1"][row][0]
         print(f"{step:>9}  {full:8.4f}  {no_d1:8.4f}  {no_d1 / full:12.2f}")
 
 

@@ -19,6 +19,7 @@ from splitaudit.reports.terminal import _wrap
 from splitaudit.reports.view import (
     DATA_LABELS,
     MODEL_LABELS,
+    QUICK_ALERT,
     RUN_LABELS,
     Figure,
     Figures,
@@ -229,7 +230,7 @@ def _alerts(sweep: dict) -> list[str]:
         if failed:
             alerts.append(f"INCOMPLETE AUDIT at σ = {number(point.get('noise_sigma'))}: {text(failed)} failed.")
     if (sweep.get("run") or {}).get("quick"):
-        alerts.append("Quick smoke run (fewer seeds, epochs and probes): the numbers are indicative only.")
+        alerts.append(QUICK_ALERT)
     return alerts
 
 

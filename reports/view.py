@@ -132,6 +132,7 @@ class AttackView:
     details: Table | None = None
     beats_bound: bool = False
     comparison: str = ""
+    untrained: bool = False  # ran, but FAILED to train (Attack.training_failure)
 
 
 @dataclass
@@ -238,6 +239,17 @@ def _ok(attack: dict) -> bool:
     return attack.get("status") == "ok"
 
 
+def _trained(attack: dict) -> bool:
+    """An ok attack that did not FAIL to train (Attack.training_failure): only its numbers measure leakage."""
+    return _ok(attack) and not attack.get("failed_to_train")
+
+
+QUICK_ALERT = (
+    "QUICK RUN: fewer seeds, epochs and iterations, so the attacks are under-trained and each "
+    "measures only a lower bound on the leakage; a model that looks private here may leak under full settings."
+)
+
+
 def subtitle(result: dict) -> str:
     model = _section(result, "model")
     name = PurePath(str(model.get("path"))).name if model.get("path") else "unknown model"
@@ -250,6 +262,7 @@ def subtitle(result: dict) -> str:
 
 CAUSE_WORDS = {
     "incomplete": "the audit is incomplete",
+    "attack-failed-to-train": "an attack FAILED to train (its result is not evidence of privacy)",
     "bound-too-low": "the provable bound is too low",
     "bound-untrusted": "the provable bound cannot be trusted",
     "bound-approximate": "the provable bound rests on an approximate dFIL",
@@ -288,6 +301,12 @@ def verdict_class(result: dict) -> str:
 
 
 def headline(result: dict) -> str:
+    """The verdict in one line; a quick run says so (its attacks only bound the leakage from below)."""
+    words = _verdict_headline(result)
+    return words + " [QUICK RUN: lower bounds on leakage]" if _section(result, "run").get("quick") else words
+
+
+def _verdict_headline(result: dict) -> str:
     gate = _gate(result)
     if not gate:
         return "NO VERDICT: the result has no gate section"
@@ -334,8 +353,15 @@ def _alerts(result: dict, attacks: dict[str, dict]) -> list[str]:
             f"The provable bound is not trustworthy: {text(violated)} reconstructed inputs better than "
             "it allows, so its assumptions do not hold here" + (f" ({'; '.join(causes)})." if causes else ".")
         )
+    alerts += [
+        f"ATTACK FAILED: {name} failed to train ({a['failed_to_train']}). Its result measures no leakage "
+        "and is not evidence of privacy."
+        for name, a in attacks.items()
+        if _ok(a) and a.get("failed_to_train")
+    ]
+    alerts += [f"{name}: {a['spread_warning']}." for name, a in attacks.items() if _ok(a) and a.get("spread_warning")]
     if _section(result, "run").get("quick"):
-        alerts.append("Quick smoke run (fewer seeds, epochs and probes): the numbers are indicative only.")
+        alerts.append(QUICK_ALERT)
     return alerts
 
 
@@ -415,8 +441,16 @@ def _protection(result: dict, attacks: dict[str, dict]) -> Item:
 
 
 def _strongest(attacks: dict[str, dict]) -> Item:
-    ran = {n: a for n, a in attacks.items() if _ok(a) and is_finite(a.get("advantage"))}
+    """The attack with the largest advantage among those that trained (a failed one proves nothing)."""
+    ran = {n: a for n, a in attacks.items() if _trained(a) and is_finite(a.get("advantage"))}
+    untrained = [n for n, a in attacks.items() if _ok(a) and a.get("failed_to_train")]
     if not ran:
+        if untrained:
+            return Item(
+                "Strongest attack",
+                f"No attack trained: {text(untrained)} FAILED to train, which is not evidence of privacy.",
+                "bad",
+            )
         return Item("Strongest attack", "No attack produced a result.", "warn" if attacks else "info")
     name = max(ran, key=lambda n: ran[n]["advantage"])
     attack = ran[name]
@@ -467,7 +501,12 @@ def _overview(attacks: dict[str, dict]) -> Table | None:
     rows, classes = [], []
     for name, attack in attacks.items():
         status = str(attack.get("status", "unknown"))
-        if _ok(attack):
+        if _ok(attack) and attack.get("failed_to_train"):
+            status = "failed"
+            rows.append(
+                [name, "FAILED TO TRAIN", _result_cell(attack), _result_cell(attack, "baseline"), "no evidence"]
+            )
+        elif _ok(attack):
             rows.append(
                 [name, status, _result_cell(attack), _result_cell(attack, "baseline"), signed(attack.get("advantage"))]
             )
@@ -614,6 +653,14 @@ def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Att
         f"Advantage {mean_std(attack.get('advantage'), attack.get('advantage_std'))}: "
         f"{advantage_words(view.kind, attack.get('advantage'))}.{basis}"
     )
+    view.untrained = bool(attack.get("failed_to_train"))
+    if view.untrained:
+        view.advantage = (
+            f"The attack FAILED to train ({attack['failed_to_train']}): this measures no leakage and is "
+            f"not evidence of privacy. {view.advantage}"
+        )
+    if attack.get("spread_warning"):
+        view.advantage += f" Note: {attack['spread_warning']}."
     seeds = attack.get("seeds") or []
     view.runs = {0: "", 1: "one seed, so no spread"}.get(len(seeds), f"mean ± std over {len(seeds)} seeds")
     if is_finite(attack.get("seconds")):

@@ -182,7 +182,11 @@ def test_sigma_zero_says_nothing_is_guaranteed_and_the_noise_needed(render):
     assert "Nothing is guaranteed" in summary and "No attacker can" not in summary
     assert "σ = 0.337" in summary
     assert "dFIL is infinite for 898 of 898 samples" in html
-    assert "FAILED: the provable bound is too low" in html and "Quick smoke run" in html
+    assert (
+        "FAILED: the provable bound is too low" in html
+        and "QUICK RUN: fewer seeds, epochs and iterations" in html
+        and "[QUICK RUN: lower bounds on leakage]" in html
+    )
 
 
 def test_failed_attack_is_impossible_to_miss(render):
@@ -241,7 +245,7 @@ def test_result_without_leakage_sections_or_optional_keys(render):
 def test_terminal_summary_is_a_compact_table():
     text = terminal_summary(fixture("failed_attack_audit"))
     lines = text.splitlines()
-    assert lines[0] == "FAILED: the audit is incomplete"
+    assert lines[0] == "FAILED: the audit is incomplete [QUICK RUN: lower bounds on leakage]"
     assert any(line.startswith("sdar") and "FAILED" in line for line in lines)
     assert any(line.startswith("decoder") and "MSE 0.07471" in line for line in lines)
     assert max(len(line) for line in lines) <= 110

@@ -119,7 +119,8 @@ def test_every_failed_check_has_a_recorded_cause_the_headline_reads(real):
     assert failed and all(c["severity"] == "error" for c in failed)
     assert all(c["severity"] == "none" for c in gate["checks"] if c["passed"])
     headline = build_view(real, with_figures=False).headline
-    assert headline == "FAILED: " + "; ".join(dict.fromkeys(CAUSE_WORDS[c["cause"]] for c in failed))
+    causes = "; ".join(dict.fromkeys(CAUSE_WORDS[c["cause"]] for c in failed))
+    assert real["run"]["quick"] and headline == f"FAILED: {causes} [QUICK RUN: lower bounds on leakage]"
 
 
 def test_bound_beaten_and_twice_too_low_is_untrusted_in_gate_and_headline(real):
@@ -130,10 +131,10 @@ def test_bound_beaten_and_twice_too_low_is_untrusted_in_gate_and_headline(real):
     real["gate"] = evaluate_gate(real, fail_under_mse=2 * bound)
     check = next(c for c in real["gate"]["checks"] if c["name"] == "fail-under-mse")
     assert check["cause"] == "bound-untrusted" and "not trustworthy" in check["message"]
-    assert build_view(real, with_figures=False).headline == "FAILED: the provable bound cannot be trusted"
+    assert build_view(real, with_figures=False).headline.startswith("FAILED: the provable bound cannot be trusted")
     real["bounds"]["violated_by"] = []
     real["gate"] = evaluate_gate(real, fail_under_mse=2 * bound)
-    assert build_view(real, with_figures=False).headline == "FAILED: the provable bound is too low"
+    assert build_view(real, with_figures=False).headline.startswith("FAILED: the provable bound is too low")
 
 
 def test_violation_causes_come_from_the_result(real, tmp_path):
