@@ -26,7 +26,7 @@ SOURCE_WORDS = {
 
 
 def utility_source(ctx: AuditContext) -> str:
-    return "top-model" if ctx.top_model is not None else "probe"
+    return "top-model" if ctx.top_model_forward is not None else "probe"
 
 
 def measure_utility(ctx: AuditContext) -> dict:
@@ -69,9 +69,8 @@ def utility_section(ctx: AuditContext, clean: dict | None = None) -> dict:
 def _top_model_accuracy(ctx: AuditContext, seed: int) -> float:
     """Fraction of target samples whose noisy embedding g classifies as its label."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
-    ctx.top_model.eval()
     try:
-        logits = torch.cat([ctx.top_model(chunk) for chunk in observed.split(TOP_MODEL_BATCH)])
+        logits = torch.cat([ctx.top_model_forward(chunk) for chunk in observed.split(TOP_MODEL_BATCH)])
     except Exception as exc:  # a top model that does not take these embeddings is bad input
         raise InputError(
             f"the top model does not accept the bottom model's embeddings of shape "
