@@ -7,15 +7,19 @@ checked against the torch module it was exported from (an independent computatio
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
 import torch
 import torch.nn as nn
-from exporter_graphs import STYLES, TEXT_LINE, write_style
+from conftest import make_context, sample
+from exporter_graphs import STYLES, TEXT_LINE, legacy_export, write_style
 from onnx import TensorProto, helper, numpy_helper
 
 import splitaudit.models as models
+from splitaudit.attacks import get_attack
 from splitaudit.cli import main
 from splitaudit.errors import InputError
 from splitaudit.models import open_model, prepare_encoder
@@ -235,3 +239,44 @@ def test_dynamic_input_shape_failure_asks_for_input_shape(tmp_path, capsys):
         capsys,
     )
     assert code == 0, err
+
+
+def onnx_top_with_scaler(tmp_path):
+    """The digits top model as ONNX with a Scaler (no converter has it) after the logits: forward
+    passes through onnxruntime give the same logits as the TorchScript top model."""
+    path = tmp_path / "top.onnx"
+    top = torch.jit.load(sample("digits_cnn_top.pt"))
+    legacy_export(top, torch.rand(2, 128), path, opset=17)
+    proto = onnx.load(str(path))
+    proto.graph.output[0].name = "logits"
+    proto.graph.node[-1].output[0] = "logits"  # Scaler(logits) -> z, the identity scaling
+    proto.graph.node.append(
+        helper.make_node("Scaler", ["logits"], ["z"], domain="ai.onnx.ml", offset=[0.0], scale=[1.0])
+    )
+    proto.graph.output[0].name = "z"
+    proto.opset_import.append(helper.make_opsetid("ai.onnx.ml", 1))
+    onnx.save(proto, str(path))
+    return path
+
+
+def test_onnx_top_model_no_converter_loads_still_measures_utility(tmp_path):
+    from splitaudit.utility import utility_section
+
+    contexts = {
+        kind: make_context("digits_cnn.pt", "digits.npz", top_model=str(top), noise_sigma=0.5)
+        for kind, top in (("torchscript", sample("digits_cnn_top.pt")), ("onnx", onnx_top_with_scaler(tmp_path)))
+    }
+    black_box = contexts["onnx"]
+    assert black_box.top_model is None and black_box.top_model_forward is not None
+    assert any(
+        w.startswith("--top-model: operator Scaler is supported by no converter") for w in black_box.encoder.warnings
+    )
+    utilities = {kind: utility_section(ctx) for kind, ctx in contexts.items()}
+    assert utilities["onnx"]["source"] == "top-model" and utilities["onnx"]["status"] == "ok"
+    # same noise draws (same seed), same function: the same accuracies, clean and noisy
+    for key in ("accuracy", "clean_accuracy"):
+        assert utilities["onnx"][key] == pytest.approx(utilities["torchscript"][key], abs=1e-12)
+    assert utilities["onnx"]["clean_accuracy"] > 0.8  # the digits split model works
+    ctx = dataclasses.replace(black_box, attack_options={"fine-tune": {"head": "top-model"}})
+    result = get_attack("fine-tune").run(ctx)
+    assert result["status"] == "skipped" and "no converter loads this --top-model" in result["reason"]
