@@ -8,7 +8,7 @@ and its max abs error against onnxruntime on random inputs (a module counts only
 is within splitaudit's parity tolerance). The last column is what `open_model` +
 `prepare_encoder` end with: the converter used, or black-box.
 
-    python benchmarks/converters.py            # about 2 minutes on 2 busy CPU cores
+    python benchmarks/converters.py            # about 4 minutes on 2 busy CPU cores
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def exact_trace(module: torch.nn.Module, x: torch.Tensor) -> float:
     total = 0.0
     for chunk in eye.split(CHUNK):
         rows = torch.vmap(pullback)(chunk)[0]
-        total += float(rows.double().pow(2).sum())
+        total += float(rows.detach().double().pow(2).sum())
     return total
 
 
