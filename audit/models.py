@@ -269,6 +269,8 @@ def _open_torchscript(path: Path, device: torch.device) -> RawModel:
             f"{path} is not a loadable TorchScript model ({_first_line(exc)}); "
             "save it with torch.jit.trace(...).save() or torch.jit.script(...).save()"
         ) from exc
+    required = [a.name for a in module.forward.schema.arguments[1:] if not a.has_default_value()]
+    check_single_input(required, path)
     for p in module.parameters():
         p.requires_grad_(False)
     ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}
@@ -309,7 +311,7 @@ def _open_onnx(path: Path, device: torch.device, output_name: str | None = None)
         onnx.checker.check_model(proto)
     except Exception as exc:
         raise InputError(f"{path} is not a valid ONNX model (truncated or corrupt?): {_first_line(exc)}") from exc
-    check_single_input(proto, path)
+    check_single_input([i.name for i in _graph_inputs(proto)], path)
     check_onnx_declared_sizes(proto, path)
     output_name, notes = select_onnx_output(proto, path, output_name)
     redeclared = declare_dynamic_dims(proto)
@@ -356,9 +358,8 @@ def _conversion_failure(raw: RawModel, disagreements: list[str]) -> str:
     return text + (f"; {raw.slim_error}" if raw.slim_error else "")
 
 
-def check_single_input(proto, path: Path) -> None:
-    """splitaudit audits f(x) of one input; a graph with several is refused, naming them."""
-    names = [i.name for i in _graph_inputs(proto)]
+def check_single_input(names: list[str], path: Path) -> None:
+    """splitaudit audits f(x) of one input; a model that needs several is refused, naming them."""
     if len(names) != 1:
         raise InputError(
             f"{display_path(path)} has {len(names)} inputs ({', '.join(repr(n) for n in names) or 'none'}); "

@@ -173,6 +173,17 @@ def test_several_inputs_are_refused_naming_them(tmp_path):
         open_model(path, CPU)
 
 
+class IdsAndMask(nn.Module):
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return ids * mask * scale
+
+
+def test_torchscript_with_several_required_inputs_is_refused_naming_them(tmp_path):
+    torch.jit.script(IdsAndMask()).save(str(tmp_path / "two.pt"))
+    with pytest.raises(InputError, match=r"has 2 inputs \('ids', 'mask'\)"):  # scale has a default
+        open_model(tmp_path / "two.pt", CPU)
+
+
 def token_graph(tmp_path):
     ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])
     z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 16, 4])
