@@ -474,9 +474,10 @@ def _onnx2torch(proto) -> nn.Module:
     return convert(proto)
 
 
-# Tried in this order; the first whose module matches onnxruntime is used (benchmarks/converters.py
-# gives the load matrix behind the order: onnx2pytorch handles Gelu-20 and AveragePool-19, onnx2torch
-# the opset-9..12 graphs onnx2pytorch fails on).
+# Tried in this order; the first whose module matches onnxruntime is used. benchmarks/converters.py
+# gives the load matrix behind the order: on 52 graphs (torch, Paddle2ONNX- and tf2onnx-style,
+# opsets 9-20), after the clean-up, onnx2pytorch converts all 52 with parity and onnx2torch 39;
+# onnx2torch is kept as the fallback for graphs onnx2pytorch fails on or gets wrong.
 CONVERTERS: dict[str, Callable] = {"onnx2pytorch": _onnx2pytorch, "onnx2torch": _onnx2torch}
 
 
