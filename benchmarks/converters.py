@@ -13,6 +13,7 @@ is within splitaudit's parity tolerance). The last column is what `open_model` +
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import warnings
@@ -95,6 +96,7 @@ def outcome(path: Path, x: torch.Tensor) -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
     _import_torchvision_or_stub()
