@@ -98,6 +98,8 @@ class FineTuneAttack(Attack):
     def missing(self, ctx: AuditContext) -> str | None:
         reason = super().missing(ctx)
         if reason is None and self.options(ctx).head == "top-model" and ctx.top_model is None:
+            if ctx.top_model_forward is not None:
+                return "head 'top-model' needs the top model as a torch module; no converter loads this --top-model"
             return "head 'top-model' needs the top model (--top-model)"
         return reason
 

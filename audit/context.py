@@ -36,11 +36,16 @@ class AuditContext:
     noise_sigma: float = 0.0
     seed: int = 0
     quick: bool = False
-    top_model: nn.Module | None = None
+    top_model: nn.Module | None = None  # g as a differentiable torch module, for attacks that train through it
+    top_model_forward: Callable[[torch.Tensor], torch.Tensor] | None = None  # g's forward pass (also black-box ONNX)
     attack_options: dict[str, dict] = field(default_factory=dict)
     progress: Callable[..., tqdm] = silent_progress
     queries: int = 1  # sends of one input a query-access attacker averages (k-query numbers when > 1)
     _clean: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.top_model_forward is None:
+            self.top_model_forward = self.top_model
 
     @property
     def device(self) -> torch.device:

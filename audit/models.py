@@ -1,13 +1,16 @@
 """Load a bottom model (TorchScript or ONNX) behind one interface, the `Encoder`.
 
-ONNX models are checked, converted to a differentiable torch module with onnx2pytorch and
-compared with onnxruntime on real data; when conversion fails or the outputs disagree, the
-model runs black-box through onnxruntime (forward passes only, no gradients).
+ONNX models are checked, cleaned (splitaudit.onnx_graph: dynamic dims declared as -1 or 0,
+Constant-node weights), converted to a differentiable torch module (onnx2pytorch, else
+onnx2torch) and compared with onnxruntime on real data; the first converted module that matches
+is used. When none converts or matches, the model runs black-box through onnxruntime (forward
+passes only, no gradients).
 """
 
 from __future__ import annotations
 
 import importlib.machinery
+import re
 import sys
 import threading
 import types
@@ -16,13 +19,14 @@ import zipfile
 from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from splitaudit.errors import InputError
+from splitaudit.onnx_graph import declare_dynamic_dims, op_types, slimmed
 from splitaudit.safety import describe_bytes, display_path, memory_limit_bytes, require_regular_file
 from splitaudit.stochastic import apply_model_mode, describe_mode, randomness_error, refuse_onnx_randomness
 
@@ -32,6 +36,7 @@ DEFAULT_BATCH = 256
 MODEL_CHECK_SECONDS = 300  # loading checks (conversion, parity, first passes) must end within this
 BATCH_CHECK_SAMPLES = 4  # samples run as a batch of their own to check that no output depends on the rest of the batch
 BATCH_DEPENDENCE_RTOL = 1e-4
+ONNX2TORCH_OPSET = 13  # onnx2torch gets older graphs upgraded to this opset (its converters start there)
 ONNX_FLOAT_TYPES = {"tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"}
 ONNX_ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
 
@@ -117,7 +122,10 @@ class RawModel:
     fixed_batch: int | None
     torch_module: nn.Module | None
     session: object | None = None
-    conversion_error: str | None = None
+    converter: str | None = None  # the converter that gave torch_module (ONNX)
+    pending_conversions: Iterator[Conversion] = field(default_factory=lambda: iter(()))  # converters not yet tried
+    failed_conversions: list[Conversion] = field(default_factory=list)
+    slim_error: str | None = None  # why the graph clean-up did not run
     non_smooth_ops: list[str] = field(default_factory=list)
     providers: list[str] = field(default_factory=list)
     output_name: str | None = None  # the ONNX output audited as the embedding
@@ -276,6 +284,8 @@ def _open_torchscript(path: Path, device: torch.device, mode: str = "saved") -> 
             "save it with torch.jit.trace(...).save() or torch.jit.script(...).save()"
         ) from exc
     training = apply_model_mode(module, mode)  # TorchScript keeps each module's .training as saved
+    required = [a.name for a in module.forward.schema.arguments[1:] if not a.has_default_value()]
+    check_single_input(required, path)
     for p in module.parameters():
         p.requires_grad_(False)
     ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}
@@ -318,29 +328,61 @@ def _open_onnx(path: Path, device: torch.device, output_name: str | None = None)
         onnx.checker.check_model(proto)
     except Exception as exc:
         raise InputError(f"{path} is not a valid ONNX model (truncated or corrupt?): {_first_line(exc)}") from exc
-    graph_inputs = _graph_inputs(proto)
-    if len(graph_inputs) != 1:
-        raise InputError(f"{path} has {len(graph_inputs)} inputs; splitaudit audits bottom models with one input")
+    check_single_input([i.name for i in _graph_inputs(proto)], path)
     check_onnx_declared_sizes(proto, path)
     refuse_onnx_randomness(proto, path)
     output_name, notes = select_onnx_output(proto, path, output_name)
-    batch, shape = _onnx_input_shape(graph_inputs[0])
-    session, providers = _ort_session(path, device)
-    module, error = _convert_onnx(proto, device)
-    ops = {node.op_type for node in proto.graph.node}
+    redeclared = declare_dynamic_dims(proto)
+    batch, shape = _onnx_input_shape(_graph_inputs(proto)[0])
+    session, providers = _ort_session(path, device, proto if redeclared else None)
+    cleaned, slim_error = slimmed(proto, memory_limit_bytes())
+    conversions, failed = _convert_onnx(cleaned, device), []
+    first = _next_module(conversions, failed)
     return RawModel(
         path=path,
         format="onnx",
         declared_input_shape=shape,
         fixed_batch=batch,
-        torch_module=module,
+        torch_module=first.module if first else None,
         session=session,
-        conversion_error=error,
-        non_smooth_ops=sorted(ops & NON_SMOOTH_ONNX),
+        non_smooth_ops=sorted(op_types(proto) & NON_SMOOTH_ONNX),
         providers=providers,
         output_name=output_name,
         notes=notes,
+        converter=first.converter if first else None,
+        pending_conversions=conversions,
+        failed_conversions=failed,
+        slim_error=slim_error,
     )
+
+
+def _next_module(conversions: Iterator[Conversion], failed: list[Conversion]) -> Conversion | None:
+    """The next conversion that gives a module; the attempts that fail on the way go to `failed`."""
+    for conversion in conversions:
+        if conversion.module is not None:
+            return conversion
+        failed.append(conversion)
+    return None
+
+
+def _conversion_failure(raw: RawModel, disagreements: list[str]) -> str:
+    """Why no converted module is used, in one line: the operator no converter supports when
+    that is the cause, else each converter's failure or disagreement with onnxruntime."""
+    unsupported = {c.unsupported_op for c in raw.failed_conversions}
+    if not disagreements and len(unsupported) == 1 and None not in unsupported:
+        text = f"operator {unsupported.pop()} is supported by no converter ({', '.join(CONVERTERS)})"
+    else:
+        text = "; ".join([c.error for c in raw.failed_conversions] + disagreements)
+    return text + (f"; {raw.slim_error}" if raw.slim_error else "")
+
+
+def check_single_input(names: list[str], path: Path) -> None:
+    """splitaudit audits f(x) of one input; a model that needs several is refused, naming them."""
+    if len(names) != 1:
+        raise InputError(
+            f"{display_path(path)} has {len(names)} inputs ({', '.join(repr(n) for n in names) or 'none'}); "
+            "splitaudit audits bottom models with one input (export the model with the other inputs fixed)"
+        )
 
 
 def check_onnx_declared_sizes(proto, path: Path, limit: int | None = None) -> None:
@@ -414,8 +456,9 @@ def _onnx_input_shape(value_info) -> tuple[int | None, tuple[int, ...] | None]:
     return batch, (tuple(rest) if all(rest) else None)
 
 
-def _ort_session(path: Path, device: torch.device):
-    """An onnxruntime session on the CUDA provider when the device is CUDA and ORT can use it."""
+def _ort_session(path: Path, device: torch.device, proto=None):
+    """An onnxruntime session on the CUDA provider when the device is CUDA and ORT can use it; on
+    `proto` (the graph as rewritten in memory) when given, else on the file."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -424,52 +467,67 @@ def _ort_session(path: Path, device: torch.device):
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         wanted.insert(0, "CUDAExecutionProvider")
     try:
-        session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
+        source = str(path) if proto is None else proto.SerializeToString()
+        session = ort.InferenceSession(source, sess_options=options, providers=wanted)
     except Exception as exc:
         raise InputError(f"onnxruntime cannot load {path}: {_first_line(exc)}") from exc
     return session, session.get_providers()  # the providers actually in use
 
 
-def _convert_onnx(proto, device: torch.device) -> tuple[nn.Module | None, str | None]:
-    """onnx2pytorch conversion, or (None, reason) when it fails."""
-    try:
-        _import_torchvision_or_stub()
-        from onnx2pytorch import ConvertModel
+def _onnx2pytorch(proto) -> nn.Module:
+    from onnx2pytorch import ConvertModel
 
-        module = ConvertModel(_fold_initializer_identities(proto), experimental=True).eval().to(device)
+    return ConvertModel(proto, experimental=True)
+
+
+def _onnx2torch(proto) -> nn.Module:
+    """onnx2torch, on the graph upgraded to opset 13 when it is older: its converters start at
+    the opset-13 versions of several operators (Clip, Pad, Split, Squeeze...)."""
+    import onnx
+    from onnx2torch import convert
+
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), ONNX2TORCH_OPSET)
+    if opset < ONNX2TORCH_OPSET:
+        proto = onnx.version_converter.convert_version(proto, ONNX2TORCH_OPSET)
+    return convert(proto)
+
+
+# Tried in this order; the first whose module matches onnxruntime is used. benchmarks/converters.py
+# gives the load matrix behind the order: on 52 graphs (torch, Paddle2ONNX- and tf2onnx-style,
+# opsets 9-20), after the clean-up, onnx2pytorch converts all 52 with parity and onnx2torch 39;
+# onnx2torch is kept as the fallback for graphs onnx2pytorch fails on or gets wrong.
+CONVERTERS: dict[str, Callable] = {"onnx2pytorch": _onnx2pytorch, "onnx2torch": _onnx2torch}
+
+
+@dataclass
+class Conversion:
+    """One converter's attempt: the module, or the reason it failed."""
+
+    converter: str
+    module: nn.Module | None
+    error: str | None = None
+    unsupported_op: str | None = None
+
+
+def _convert_onnx(proto, device: torch.device) -> Iterator[Conversion]:
+    """Each converter's attempt on the cleaned graph, lazily (the next is converted only when the
+    one before fails or disagrees with onnxruntime)."""
+    _import_torchvision_or_stub()
+    for name, convert in CONVERTERS.items():
+        try:
+            module = convert(proto).eval().to(device)
+        except Exception as exc:  # converters raise anything from KeyError to NotImplementedError
+            yield Conversion(name, None, f"{name}: {_first_line(exc)}", _unsupported_op(exc))
+            continue
         for p in module.parameters():
             p.requires_grad_(False)
-        return module, None
-    except Exception as exc:
-        return None, f"onnx2pytorch could not convert the model ({_first_line(exc)})"
+        yield Conversion(name, module)
 
 
-def _fold_initializer_identities(proto):
-    """A copy of proto where Identity nodes that merely rename an initializer are replaced by a copy
-    of it under the new name.
-
-    torch's legacy ONNX exporter deduplicates equal weights (a freshly initialised attention
-    out_proj bias equals a LayerNorm bias) and reads the duplicate through an Identity node;
-    onnx2pytorch takes Gemm weights and biases only from initializers and would pass such a bias
-    as an activation (the conversion fails, and the model would run black-box).
-    """
-    import onnx
-
-    folded = onnx.ModelProto()
-    folded.CopyFrom(proto)
-    weights = {init.name: init for init in folded.graph.initializer}
-    keep = []
-    for node in folded.graph.node:
-        if node.op_type == "Identity" and node.input[0] in weights:
-            copy = folded.graph.initializer.add()
-            copy.CopyFrom(weights[node.input[0]])
-            copy.name = node.output[0]
-            weights[copy.name] = copy
-        else:
-            keep.append(node)
-    del folded.graph.node[:]
-    folded.graph.node.extend(keep)
-    return folded
+def _unsupported_op(exc: Exception) -> str | None:
+    """The operator a converter names when it has no converter for it."""
+    match = re.search(r"op_type=(\w+)|operation_type='(\w+)'", str(exc))
+    return next(g for g in match.groups() if g) if isinstance(exc, NotImplementedError) and match else None
 
 
 def _import_torchvision_or_stub() -> None:
@@ -516,7 +574,7 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     torch_fn = Normalized(raw.torch_module, mean, std) if raw.torch_module is not None else None
     parity = None
     if raw.format == "onnx":
-        torch_fn, parity = _check_parity(raw, torch_fn, blackbox, sample, notes)
+        torch_fn, parity = _check_parity(raw, mean, std, blackbox, sample, notes)
     reference = torch_fn if torch_fn is not None else blackbox
     try:
         with torch.no_grad():
@@ -524,8 +582,9 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
             second = _in_batches(reference, sample, raw.fixed_batch)
     except Exception as exc:
         raise randomness_error(exc) or InputError(
-            f"the model cannot run on inputs of shape {tuple(sample.shape[1:])}: {_first_line(exc)}; "
-            "check --input-shape and the data"
+            input_dtype_mismatch(raw, sample)
+            or f"the model cannot run on inputs of shape {tuple(sample.shape[1:])}: {_first_line(exc)}; "
+            + _input_shape_advice(raw)
         ) from exc
     check_embeddings(first, len(sample))
     stochastic = _differs(first, second)
@@ -561,26 +620,78 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     )
 
 
-def _check_parity(raw: RawModel, torch_fn, blackbox, sample, notes: list[str]):
-    """Compare the converted module with onnxruntime; drop it when they disagree."""
-    if torch_fn is None:
-        notes.append(f"{raw.conversion_error}; running black-box through onnxruntime")
-        return None, None
+def input_dtype_mismatch(raw: RawModel, sample: torch.Tensor) -> str | None:
+    """Why a model that failed on the data fails, when the cause is the data's dtype (integer
+    token ids for a float model, or the reverse): the ONNX input's declared type, or, for torch
+    modules, whether the module runs on a few samples cast to the other kind. None otherwise."""
+    if raw.session is not None:
+        declared = raw.session.get_inputs()[0]
+        if (declared.type in ONNX_FLOAT_TYPES) == sample.is_floating_point():
+            return None
+        wanted = f"{declared.type} values (input {declared.name!r})"
+    else:
+        other = sample[:2].long() if sample.is_floating_point() else sample[:2].float()
+        try:
+            with torch.no_grad():
+                _in_batches(raw.torch_module, other, raw.fixed_batch)
+        except Exception:
+            return None
+        wanted = f"{other.dtype} values (it runs on them)"
+    kind = "floating-point inputs" if sample.is_floating_point() else "integer data (token ids)"
+    return (
+        f"the model takes {wanted}, but the data holds {sample.dtype}: a model for {kind} is needed, "
+        "or data of the model's type"
+    )
+
+
+def _input_shape_advice(raw: RawModel) -> str:
+    """What to check after a shape failure: the dynamic dimensions the ONNX graph declares, if any."""
+    if raw.session is not None and raw.declared_input_shape is None:
+        dims = raw.session.get_inputs()[0].shape
+        if any(not isinstance(d, int) for d in dims[1:]):
+            shown = ", ".join(str(d) for d in dims)
+            return f"the model declares its input as [{shown}] with dynamic sizes: give the one it takes with --input-shape"
+    return "check --input-shape and the data"
+
+
+def _check_parity(raw: RawModel, mean: torch.Tensor, std: torch.Tensor, blackbox, sample, notes: list[str]):
+    """The first converted module that matches onnxruntime on the sample, and its max abs error;
+    converters are tried in turn (raw.torch_module and raw.converter end as the one used), and
+    when none matches the model runs black-box: (None, the last error measured)."""
     try:
         with torch.no_grad():
-            ours = _in_batches(torch_fn, sample, raw.fixed_batch)
-            ref = _in_batches(blackbox, sample, raw.fixed_batch)
-        err = float((ours - ref).abs().max())
-    except Exception as exc:
-        notes.append(f"the converted model fails to run ({_first_line(exc)}); running black-box")
+            reference = _in_batches(blackbox, sample, raw.fixed_batch)
+    except Exception:  # the data does not fit the model at all: prepare_encoder says why
         return None, None
-    tolerance = PARITY_RTOL * max(1.0, float(ref.abs().max()))
+    tolerance = PARITY_RTOL * max(1.0, float(reference.abs().max()))
+    disagreements: list[str] = []
+    err = None
+    conversion = Conversion(raw.converter, raw.torch_module) if raw.torch_module is not None else None
+    while conversion is not None:
+        torch_fn = Normalized(conversion.module, mean, std).eval()
+        err, problem = _parity_error(torch_fn, reference, sample, raw.fixed_batch, tolerance)
+        if problem is None:
+            raw.torch_module, raw.converter = conversion.module, conversion.converter
+            if disagreements or raw.failed_conversions:
+                notes.append(f"{_conversion_failure(raw, disagreements)}; using {conversion.converter}'s module")
+            return torch_fn, err
+        disagreements.append(f"{conversion.converter}: {problem}")
+        conversion = _next_module(raw.pending_conversions, raw.failed_conversions)
+    raw.torch_module = raw.converter = None
+    notes.append(f"{_conversion_failure(raw, disagreements)}; running black-box through onnxruntime")
+    return None, err
+
+
+def _parity_error(torch_fn, reference, sample, fixed_batch, tolerance) -> tuple[float | None, str | None]:
+    """(max abs error against onnxruntime, None) or (error or None, what is wrong)."""
+    try:
+        with torch.no_grad():
+            err = float((_in_batches(torch_fn, sample, fixed_batch) - reference).abs().max())
+    except Exception as exc:
+        return None, f"the converted model fails to run ({_first_line(exc)})"
     if not err <= tolerance:
-        notes.append(
-            f"converted model disagrees with onnxruntime (max abs error {err:.3g} > {tolerance:.3g}); running black-box"
-        )
-        return None, err
-    return torch_fn, err
+        return err, f"the converted model disagrees with onnxruntime (max abs error {err:.3g} > {tolerance:.3g})"
+    return err, None
 
 
 def _blackbox_fn(raw: RawModel, mean: torch.Tensor, std: torch.Tensor) -> Callable:
@@ -654,13 +765,30 @@ def check_batch_independence(fn: Callable, sample: torch.Tensor, batch: torch.Te
         )
 
 
-def check_top_model(module: nn.Module, embeddings: torch.Tensor) -> None:
+def prepare_top_model(raw: RawModel, embeddings: torch.Tensor) -> tuple[nn.Module | None, Callable, list[str]]:
+    """The top model g as (differentiable module or None, forward function, notes). An ONNX g is
+    converted and checked for parity with onnxruntime on real embeddings as the bottom model is;
+    where no converted module matches, g runs through onnxruntime: enough for the utility
+    measurement (forward passes only), while attacks that train through g or copy its
+    architecture go without it."""
+    zero, one = torch.zeros((), device=embeddings.device), torch.ones((), device=embeddings.device)
+    blackbox = _blackbox_fn(raw, zero, one)
+    notes: list[str] = []
+    module = raw.torch_module
+    if raw.format == "onnx":
+        module, _ = _check_parity(raw, zero, one, blackbox, embeddings, notes)
+    forward = module if module is not None else blackbox
+    check_top_model(forward, embeddings)
+    return module, forward, [f"--top-model: {note}" for note in notes]
+
+
+def check_top_model(forward: Callable, embeddings: torch.Tensor) -> None:
     """The top model g gets the same checks as the bottom model: it runs on the embeddings and
     returns one finite, floating-point output per sample (attacks that train on g's output
     would otherwise report numbers computed from NaN)."""
     try:
         with torch.no_grad():
-            out = module(embeddings)
+            out = forward(embeddings)
     except Exception as exc:
         raise InputError(
             f"--top-model cannot run on the embeddings of shape {tuple(embeddings.shape[1:])}: {_first_line(exc)}"

@@ -30,7 +30,14 @@ from splitaudit.executor import (
     trace_runner,
 )
 from splitaudit.gate import evaluate_gate
-from splitaudit.models import RawModel, check_top_model, open_model, prepare_encoder, resolve_device, within_time_limit
+from splitaudit.models import (
+    RawModel,
+    open_model,
+    prepare_encoder,
+    prepare_top_model,
+    resolve_device,
+    within_time_limit,
+)
 from splitaudit.result import SCHEMA_VERSION
 
 if TYPE_CHECKING:
@@ -89,11 +96,14 @@ def build_context(
     """The context from an opened model and the split data (also how a Ray worker rebuilds it)."""
     aux, target = aux.to(device), target.to(device)
     encoder = within_time_limit(prepare_encoder, raw, aux.x[:PARITY_BATCH], options.normalize)
-    top = open_model(options.top_model, device, mode="eval").torch_module if options.top_model else None
-    if options.top_model and top is None:
-        raise InputError(f"--top-model {options.top_model} cannot be converted to a torch module")
-    if top is not None:
-        within_time_limit(check_top_model, top, encoder.embed(aux.x[:PARITY_BATCH]), what="checking --top-model")
+    top, top_forward = None, None
+    if options.top_model:
+        raw_top = within_time_limit(
+            lambda: open_model(options.top_model, device, mode="eval"), what="loading --top-model"
+        )
+        embeddings = encoder.embed(aux.x[:PARITY_BATCH])
+        top, top_forward, notes = within_time_limit(prepare_top_model, raw_top, embeddings, what="checking --top-model")
+        encoder.warnings.extend(notes)
     ctx = AuditContext(
         encoder=encoder,
         aux=aux,
@@ -102,6 +112,7 @@ def build_context(
         seed=options.seed,
         quick=options.quick,
         top_model=top,
+        top_model_forward=top_forward,
         attack_options=options.attack_options,
         progress=progress,
         queries=options.queries,

@@ -29,7 +29,7 @@ def utility_source(ctx: AuditContext) -> str:
     """The top model's accuracy only when it outputs the class scores: one declared to be the server's
     body g of U-shaped SL (sdar.top_model_role = body) has no classifier to score, so a probe measures."""
     role = ctx.options("sdar").get("top_model_role", "classifier")
-    return "top-model" if ctx.top_model is not None and role == "classifier" else "probe"
+    return "top-model" if ctx.top_model_forward is not None and role == "classifier" else "probe"
 
 
 def measure_utility(ctx: AuditContext) -> dict:
@@ -72,9 +72,8 @@ def utility_section(ctx: AuditContext, clean: dict | None = None) -> dict:
 def _top_model_accuracy(ctx: AuditContext, seed: int) -> float:
     """Fraction of target samples whose noisy embedding g classifies as its label."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
-    ctx.top_model.eval()
     try:
-        logits = torch.cat([ctx.top_model(chunk) for chunk in observed.split(TOP_MODEL_BATCH)])
+        logits = torch.cat([ctx.top_model_forward(chunk) for chunk in observed.split(TOP_MODEL_BATCH)])
     except Exception as exc:  # a top model that does not take these embeddings is bad input
         raise InputError(
             f"the top model does not accept the bottom model's embeddings of shape "

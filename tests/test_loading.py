@@ -97,7 +97,11 @@ def test_fixed_batch_onnx_runs_any_number_of_samples(tmp_path, digits):
 def test_blackbox_fallback_when_conversion_fails(tmp_path, digits, monkeypatch):
     import splitaudit.models as models
 
-    monkeypatch.setattr(models, "_convert_onnx", lambda proto, device: (None, "onnx2pytorch failed (test)"))
+    monkeypatch.setattr(
+        models,
+        "_convert_onnx",
+        lambda proto, device: iter([models.Conversion("onnx2pytorch", None, "onnx2pytorch failed (test)")]),
+    )
     enc = encoder_for(sample("digits_cnn.onnx"), digits.x[:20])
     assert enc.gradient_mode == "finite-difference" and not enc.differentiable
     assert any("black-box" in w for w in enc.warnings)

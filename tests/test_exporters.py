@@ -1,0 +1,293 @@
+"""Loading ONNX graphs as other exporters write them, and errors that name their cause.
+
+Graphs come from tests/exporter_graphs.py (Paddle2ONNX / tf2onnx / old-IR styles built from
+small torch modules) or are written node by node with onnx.helper. Every converted model is
+checked against the torch module it was exported from (an independent computation of f).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn as nn
+from conftest import make_context, sample
+from exporter_graphs import STYLES, TEXT_LINE, legacy_export, write_style
+from onnx import TensorProto, helper, numpy_helper
+
+import splitaudit.models as models
+from splitaudit.attacks import get_attack
+from splitaudit.cli import main
+from splitaudit.errors import InputError
+from splitaudit.models import open_model, prepare_encoder
+from splitaudit.onnx_graph import declare_dynamic_dims
+
+CPU = torch.device("cpu")
+
+
+def encoder_for(path, x):
+    return prepare_encoder(open_model(path, CPU), x)
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def save_graph(path, nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("style", STYLES, ids=[s.name.split(" (")[0] for s in STYLES])
+def test_exporter_styles_load_differentiable_and_match_the_exported_module(style, tmp_path):
+    path, module = write_style(style, tmp_path)
+    x = torch.rand(5, *style.shape)
+    encoder = encoder_for(path, x)
+    assert encoder.gradient_mode == "autograd", encoder.warnings
+    assert encoder.parity_max_abs_err < 1e-4
+    assert encoder.fixed_batch is None  # -1, 0 and symbols are all a dynamic batch
+    with torch.no_grad():
+        expected = module(x)
+    # a batch size the parity check did not see, and twice: the converted module is reused
+    for batch in (x[:3], x[:3]):
+        torch.testing.assert_close(encoder.embed(batch), expected[:3], rtol=1e-4, atol=1e-5)
+    # gradients, not only values: a vector-Jacobian product with a random cotangent
+    cotangent = torch.randn_like(expected[:2])
+    grads = [torch.func.vjp(fn, x[:2])[1](cotangent)[0] for fn in (encoder, module)]
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-3, atol=1e-5)
+
+
+def test_paddle_style_text_line_has_no_initializers_and_declares_minus_one(tmp_path):
+    path, _ = write_style(STYLES[0], tmp_path)
+    proto = onnx.load(str(path))
+    assert len(proto.graph.initializer) == 0
+    assert sum(n.op_type == "Constant" for n in proto.graph.node) >= 18  # one per weight (BN folded into convs)
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1
+    raw = open_model(path, CPU)
+    assert raw.declared_input_shape == TEXT_LINE and raw.fixed_batch is None
+    assert raw.converter == "onnx2pytorch"
+
+
+@pytest.mark.parametrize(
+    "dims, batch, shape",
+    [
+        ([-1, 3, 8], None, (3, 8)),
+        ([0, 3, 8], None, (3, 8)),
+        (["N", 3, 8], None, (3, 8)),
+        ([4, 3, 8], 4, (3, 8)),
+        ([-1, 3, -1], None, None),
+        (["N", 3, "T"], None, None),
+    ],
+)
+def test_declared_dims_read_as_dynamic_or_fixed(dims, batch, shape):
+    info = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    proto = helper.make_model(helper.make_graph([], "g", [info], [info]))
+    declare_dynamic_dims(proto)
+    assert models._onnx_input_shape(proto.graph.input[0]) == (batch, shape)
+
+
+def identity_graph(tmp_path, batch_dim):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch_dim, 6])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [batch_dim, 6])
+    return save_graph(tmp_path / "tanh.onnx", [helper.make_node("Tanh", ["x"], ["z"])], [x], [z])
+
+
+def test_batch_declared_as_zero_runs_in_onnxruntime_on_any_batch(tmp_path):
+    # onnxruntime itself refuses a batch of 3 for an input declared [0, 6]: the graph is re-declared
+    x = torch.rand(7, 6)
+    encoder = encoder_for(identity_graph(tmp_path, 0), x)
+    torch.testing.assert_close(encoder.blackbox_fn(x[:3]), torch.tanh(x[:3]))
+    torch.testing.assert_close(encoder.embed(x), torch.tanh(x))
+
+
+def scaler_graph(tmp_path):
+    """skl2onnx's Scaler (domain ai.onnx.ml): onnxruntime runs it, neither converter converts it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 6])
+    node = helper.make_node("Scaler", ["x"], ["z"], domain="ai.onnx.ml", offset=[0.5] * 6, scale=[2.0] * 6)
+    graph = helper.make_graph([node], "g", [x], [z])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=9), str(tmp_path / "scaler.onnx"))
+    return tmp_path / "scaler.onnx"
+
+
+def test_operator_no_converter_supports_is_named_and_runs_black_box(tmp_path):
+    x = torch.rand(6, 6)
+    encoder = encoder_for(scaler_graph(tmp_path), x)
+    assert encoder.gradient_mode == "finite-difference"
+    note = next(w for w in encoder.warnings if "Scaler" in w)
+    assert note.startswith("operator Scaler is supported by no converter (onnx2pytorch, onnx2torch)")
+    assert note.endswith("running black-box through onnxruntime")
+    torch.testing.assert_close(encoder.embed(x), (x - 0.5) * 2.0)
+
+
+class Skewed(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x) + 0.05
+
+
+def test_a_converter_that_disagrees_hands_over_to_the_next(tmp_path, monkeypatch):
+    path, module = write_style(STYLES[1], tmp_path)
+    first = models.CONVERTERS["onnx2pytorch"]
+    monkeypatch.setattr(
+        models, "CONVERTERS", {"skewed": lambda p: Skewed(first(p)), "onnx2torch": models.CONVERTERS["onnx2torch"]}
+    )
+    x = torch.rand(5, *STYLES[1].shape)
+    raw = open_model(path, CPU)
+    encoder = prepare_encoder(raw, x)
+    assert raw.converter == "onnx2torch" and encoder.differentiable
+    note = next(w for w in encoder.warnings if "skewed" in w)
+    assert "disagrees with onnxruntime (max abs error 0.05" in note and "using onnx2torch's module" in note
+    with torch.no_grad():
+        torch.testing.assert_close(encoder.embed(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+def test_every_converter_disagreeing_runs_black_box_with_each_reason(tmp_path, monkeypatch):
+    path, module = write_style(STYLES[1], tmp_path)
+    skew = {name: (lambda p, c=c: Skewed(c(p))) for name, c in models.CONVERTERS.items()}
+    monkeypatch.setattr(models, "CONVERTERS", skew)
+    x = torch.rand(5, *STYLES[1].shape)
+    encoder = encoder_for(path, x)
+    assert not encoder.differentiable and encoder.parity_max_abs_err == pytest.approx(0.05, rel=1e-3)
+    note = next(w for w in encoder.warnings if "black-box" in w)
+    assert "onnx2pytorch: the converted model disagrees" in note and "onnx2torch: the converted model disagrees" in note
+
+
+def test_several_inputs_are_refused_naming_them(tmp_path):
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 4]) for n in ("pixels", "mask")]
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 4])
+    path = save_graph(tmp_path / "two.onnx", [helper.make_node("Mul", ["pixels", "mask"], ["z"])], inputs, [z])
+    with pytest.raises(InputError, match=r"has 2 inputs \('pixels', 'mask'\)"):
+        open_model(path, CPU)
+
+
+class IdsAndMask(nn.Module):
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return ids * mask * scale
+
+
+def test_torchscript_with_several_required_inputs_is_refused_naming_them(tmp_path):
+    torch.jit.script(IdsAndMask()).save(str(tmp_path / "two.pt"))
+    with pytest.raises(InputError, match=r"has 2 inputs \('ids', 'mask'\)"):  # scale has a default
+        open_model(tmp_path / "two.pt", CPU)
+
+
+def token_graph(tmp_path):
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 16, 4])
+    table = numpy_helper.from_array(np.random.default_rng(0).random((50, 4), dtype=np.float32), "table")
+    node = helper.make_node("Gather", ["table", "ids"], ["z"])
+    return save_graph(tmp_path / "tokens.onnx", [node], [ids], [z], [table])
+
+
+class TokenEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 4)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+def test_integer_model_on_float_data_names_the_dtype_onnx(tmp_path):
+    with pytest.raises(
+        InputError, match=r"takes tensor\(int64\) values \(input 'ids'\), but the data holds torch.float32"
+    ):
+        encoder_for(token_graph(tmp_path), torch.rand(8, 16))
+
+
+def test_integer_model_on_float_data_names_the_dtype_torchscript(tmp_path):
+    torch.jit.script(TokenEmbedding()).save(str(tmp_path / "tokens.pt"))
+    with pytest.raises(
+        InputError, match=r"takes torch.int64 values \(it runs on them\), but the data holds torch.float32"
+    ):
+        encoder_for(tmp_path / "tokens.pt", torch.rand(8, 16) * 40)
+
+
+def test_float_model_on_integer_data_names_the_dtype(tmp_path):
+    # token ids (integer data whose shape fits no image) given to a float model: the cause is the dtype
+    with pytest.raises(InputError, match=r"takes tensor\(float\) values \(input 'x'\), but the data holds torch.int64"):
+        encoder_for(identity_graph(tmp_path, "batch"), torch.randint(0, 9, (8, 16)))
+
+
+def test_dynamic_input_shape_failure_asks_for_input_shape(tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, "h", "w"])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 1, "h2", "w2"])
+    pool = helper.make_node("AveragePool", ["x"], ["z"], kernel_shape=[2, 2], strides=[2, 2])
+    path = save_graph(tmp_path / "pool.onnx", [pool], [x], [z])
+    np.savez(tmp_path / "flat.npz", x=np.random.rand(20, 64).astype(np.float32))
+    code, _, err = run_cli(
+        ["run", path, "--aux", tmp_path / "flat.npz", "--attacks", "none", "--out", tmp_path / "o"], capsys
+    )
+    line = err.strip()
+    assert code == 2 and len(line.splitlines()) == 1 and "Traceback" not in err
+    assert "declares its input as [batch, 1, h, w] with dynamic sizes" in line and "--input-shape" in line
+    code, _, err = run_cli(
+        [
+            "run",
+            path,
+            "--aux",
+            tmp_path / "flat.npz",
+            "--attacks",
+            "none",
+            "--input-shape",
+            "1,8,8",
+            "--out",
+            tmp_path / "o",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+
+
+def onnx_top_with_scaler(tmp_path):
+    """The digits top model as ONNX with a Scaler (no converter has it) after the logits: forward
+    passes through onnxruntime give the same logits as the TorchScript top model."""
+    path = tmp_path / "top.onnx"
+    top = torch.jit.load(sample("digits_cnn_top.pt"))
+    legacy_export(top, torch.rand(2, 128), path, opset=17)
+    proto = onnx.load(str(path))
+    proto.graph.output[0].name = "logits"
+    proto.graph.node[-1].output[0] = "logits"  # Scaler(logits) -> z, the identity scaling
+    proto.graph.node.append(
+        helper.make_node("Scaler", ["logits"], ["z"], domain="ai.onnx.ml", offset=[0.0], scale=[1.0])
+    )
+    proto.graph.output[0].name = "z"
+    proto.opset_import.append(helper.make_opsetid("ai.onnx.ml", 1))
+    onnx.save(proto, str(path))
+    return path
+
+
+def test_onnx_top_model_no_converter_loads_still_measures_utility(tmp_path):
+    from splitaudit.utility import utility_section
+
+    contexts = {
+        kind: make_context("digits_cnn.pt", "digits.npz", top_model=str(top), noise_sigma=0.5)
+        for kind, top in (("torchscript", sample("digits_cnn_top.pt")), ("onnx", onnx_top_with_scaler(tmp_path)))
+    }
+    black_box = contexts["onnx"]
+    assert black_box.top_model is None and black_box.top_model_forward is not None
+    assert any(
+        w.startswith("--top-model: operator Scaler is supported by no converter") for w in black_box.encoder.warnings
+    )
+    utilities = {kind: utility_section(ctx) for kind, ctx in contexts.items()}
+    assert utilities["onnx"]["source"] == "top-model" and utilities["onnx"]["status"] == "ok"
+    # same noise draws (same seed), same function: the same accuracies, clean and noisy
+    for key in ("accuracy", "clean_accuracy"):
+        assert utilities["onnx"][key] == pytest.approx(utilities["torchscript"][key], abs=1e-12)
+    assert utilities["onnx"]["clean_accuracy"] > 0.8  # the digits split model works
+    ctx = dataclasses.replace(black_box, attack_options={"fine-tune": {"head": "top-model"}})
+    result = get_attack("fine-tune").run(ctx)
+    assert result["status"] == "skipped" and "no converter loads this --top-model" in result["reason"]
