@@ -105,8 +105,7 @@ class AuditOptions:
 
     def validate_stochastic(self) -> None:
         """--model-mode one of MODEL_MODES, --queries in [1, MAX_QUERIES]."""
-        if self.model_mode not in MODEL_MODES:
-            raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {self.model_mode!r}")
+        check_model_mode(self.model_mode)
         if not 1 <= self.queries <= MAX_QUERIES:
             raise InputError(f"--queries must lie in [1, {MAX_QUERIES}], got {self.queries}")
 
@@ -144,6 +143,12 @@ OPTION_TYPES = {
 ITEM_TYPES = {"list[str]": (str,), "list[int] | None": (int,), "list[float] | None": (int, float)}
 SOURCE_FIELDS = {"model", "aux", "target", "top_model"}  # paths, or (Python API) a module or a Dataset
 TOML_SCALARS = (bool, int, float, list, dict)
+
+
+def check_model_mode(mode: str) -> None:
+    """--model-mode (and the API's model_mode) is one of MODEL_MODES."""
+    if mode not in MODEL_MODES:
+        raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {mode!r}")
 
 
 def _wrong_source(name: str, value) -> bool:
