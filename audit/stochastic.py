@@ -51,10 +51,11 @@ def _refuse_batch_statistics(module: nn.Module) -> None:
             )
 
 
-def describe_mode(mode: str, training: list[str], stochastic: bool, format_: str) -> str:
-    """One line for the report's warnings: which mode was audited and what that means."""
-    if format_ == "onnx":
-        return "ONNX graph audited as exported: its operators fix whether it draws random numbers"
+def describe_mode(mode: str, training: list[str], stochastic: bool) -> str | None:
+    """One line for the report's warnings on which mode was audited and what that means, where it
+    matters: the model draws random numbers or the mode was chosen (model.mode always says it)."""
+    if not stochastic and mode == "saved":
+        return None
     asked = {"saved": "the mode it was saved in", "eval": "eval mode", "train": "training mode"}[mode]
     what = (
         f"{len(training)} module(s) in training mode ({', '.join(n or '<root>' for n in training[:4])}"
@@ -65,15 +66,13 @@ def describe_mode(mode: str, training: list[str], stochastic: bool, format_: str
     )
     line = f"model audited in {asked} (--model-mode {mode}): {what}"
     if stochastic and mode == "eval":
-        line += (
+        return line + (
             "; it still draws random numbers (torch.jit.trace records dropout's training flag as a constant, and "
             "noise drawn in forward ignores the mode), so the audit faces its draws, as a server would"
         )
-    elif stochastic:
-        line += "; its random draws (dropout, internal noise) stay on in the audit, as a server would face them"
-    elif training and mode != "eval":
-        line += "; repeated passes agree, so no module draws random numbers"
-    return line
+    if stochastic:
+        return line + "; its random draws (dropout, internal noise) stay on in the audit, as a server would face them"
+    return line + ("; repeated passes agree, so no module draws random numbers" if mode == "train" else "")
 
 
 def onnx_random_nodes(proto) -> list[str]:
