@@ -96,8 +96,7 @@ class AuditOptions:
             raise InputError("--ray-address names a Ray cluster for --executor ray; add --executor ray or drop it")
         if self.executor == "ray" and self.workers != 1:
             raise InputError("--workers sets the local executor's processes; Ray's workers are its cluster's CPUs/GPUs")
-        if self.model_mode not in MODEL_MODES:
-            raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {self.model_mode!r}")
+        check_model_mode(self.model_mode)
         return self
 
     def _normalize_sigmas(self) -> None:
@@ -143,6 +142,12 @@ OPTION_TYPES = {
 ITEM_TYPES = {"list[str]": (str,), "list[int] | None": (int,), "list[float] | None": (int, float)}
 SOURCE_FIELDS = {"model", "aux", "target", "top_model"}  # paths, or (Python API) a module or a Dataset
 TOML_SCALARS = (bool, int, float, list, dict)
+
+
+def check_model_mode(mode: str) -> None:
+    """--model-mode (and the API's model_mode) is one of MODEL_MODES."""
+    if mode not in MODEL_MODES:
+        raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {mode!r}")
 
 
 def _wrong_source(name: str, value) -> bool:

@@ -588,7 +588,8 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
         ) from exc
     check_embeddings(first, len(sample))
     stochastic = _differs(first, second)
-    notes.insert(0, describe_mode(raw.mode, raw.training_modules, stochastic, raw.format))
+    mode_note = describe_mode(raw.mode, raw.training_modules, stochastic)
+    notes[:0] = [mode_note] if mode_note else []
     if not stochastic:
         check_batch_independence(reference, sample, first, raw.fixed_batch)
     else:

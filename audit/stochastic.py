@@ -1,11 +1,12 @@
 """Stochastic encoders: which mode is audited, seeded draws, and errors that name randomness.
 
 A bottom model can draw random numbers in its forward pass (dropout left on, noise added inside
-it, randomised activations such as R3eLU of Mao et al., ECCV 2020). Which of its modules draw is
+it, randomised activations such as the R3eLU of Mao et al., 2023). Which of its modules draw is
 a stated choice (`--model-mode`): the mode the model was saved in (default), eval (every module
 in eval mode: dropout off) or train (every module in training mode). The Jacobian products and
-the attacks then face the encoder's own draws (estimators/jacobian.py, audit/context.py); the
-draws come from torch's global generator, so they are seeded here for reproducible numbers.
+the attacks then face the encoder's own draws (estimators/jacobian.py, audit/context.py), seeded
+per job with estimators.jacobian.seeded_draws. ONNX graphs that draw are refused here, and
+failures caused by draws are named (InputError) instead of surfacing as internal errors.
 """
 
 from __future__ import annotations
@@ -15,45 +16,46 @@ from typing import Iterator
 
 import torch.nn as nn
 
-from splitaudit.config import MODEL_MODES
+from splitaudit.config import check_model_mode
 from splitaudit.errors import InputError
 
 # Modules whose training mode mixes the samples of a batch: refused in train mode (the batch
 # independence check cannot run once the encoder draws random numbers).
-BATCH_STATISTICS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "InstanceNorm")
-# ONNX operators that draw random numbers (Dropout only with training_mode true).
+BATCH_STATISTICS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
 # Words of torch's messages when a transform meets a random operator it cannot batch or differentiate.
 RANDOMNESS_MARKERS = ("randomness", "random operation", "bernoulli", "dropout", "randn", "rand_like", "multinomial")
+# ONNX operators that draw random numbers (Dropout only with training_mode true).
 ONNX_RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")
-
-
-def check_model_mode(mode: str) -> str:
-    if mode not in MODEL_MODES:
-        raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {mode!r}")
-    return mode
 
 
 def apply_model_mode(module: nn.Module, mode: str) -> list[str]:
     """Put module in the asked mode (saved: left as it is) and return the names of its submodules
-    in training mode ("" for the root), sorted. Refuses batch statistics in training mode
-    when the mode was chosen (the user's saved model gets the batch-independence check instead)."""
+    in training mode ("" for the root), sorted. Train mode refuses batch statistics; a model saved
+    with them in training mode gets the batch-independence check of models.py instead."""
     check_model_mode(mode)
     if mode != "saved":
         module.train(mode == "train")
-    training = sorted(name for name, sub in module.named_modules() if sub.training)
-    mixing = [name or "<root>" for name, sub in module.named_modules() if sub.training and _is_batch_norm(sub)]
-    if mode == "train" and mixing:
-        raise InputError(
-            f"--model-mode train puts {mixing[0]} ({_kind(module, mixing[0])}) in training mode, where it uses "
-            "batch statistics and mixes the samples of a batch; use --model-mode saved or eval"
-        )
-    return training
+    if mode == "train":
+        _refuse_batch_statistics(module)
+    return sorted(name for name, sub in module.named_modules() if sub.training)
 
 
-def describe_mode(mode: str, training: list[str], stochastic: bool, format_: str) -> str:
-    """One line for the report's warnings: which mode was audited and what that means."""
-    if format_ == "onnx":
-        return "ONNX graph audited as exported: its operators fix whether it draws random numbers"
+def _refuse_batch_statistics(module: nn.Module) -> None:
+    """InputError naming the first module that would use batch statistics in training mode."""
+    for name, sub in module.named_modules():
+        kind = getattr(sub, "original_name", None) or type(sub).__name__  # TorchScript keeps the class name
+        if kind.startswith(BATCH_STATISTICS):
+            raise InputError(
+                f"--model-mode train puts {name or '<root>'} ({kind}) in training mode, where it uses batch "
+                "statistics and mixes the samples of a batch; use --model-mode saved or eval"
+            )
+
+
+def describe_mode(mode: str, training: list[str], stochastic: bool) -> str | None:
+    """One line for the report's warnings on which mode was audited and what that means, where it
+    matters: the model draws random numbers or the mode was chosen (model.mode always says it)."""
+    if not stochastic and mode == "saved":
+        return None
     asked = {"saved": "the mode it was saved in", "eval": "eval mode", "train": "training mode"}[mode]
     what = (
         f"{len(training)} module(s) in training mode ({', '.join(n or '<root>' for n in training[:4])}"
@@ -64,28 +66,13 @@ def describe_mode(mode: str, training: list[str], stochastic: bool, format_: str
     )
     line = f"model audited in {asked} (--model-mode {mode}): {what}"
     if stochastic and mode == "eval":
-        line += (
+        return line + (
             "; it still draws random numbers (torch.jit.trace records dropout's training flag as a constant, and "
             "noise drawn in forward ignores the mode), so the audit faces its draws, as a server would"
         )
-    elif stochastic:
-        line += "; its random draws (dropout, internal noise) stay on in the audit, as a server would face them"
-    elif training and mode != "eval":
-        line += "; repeated passes agree, so no module draws random numbers"
-    return line
-
-
-def _is_batch_norm(module: nn.Module) -> bool:
-    return _module_type(module).startswith(BATCH_STATISTICS)
-
-
-def _module_type(module: nn.Module) -> str:
-    """The Python class name, also for TorchScript submodules (RecursiveScriptModule keeps it)."""
-    return getattr(module, "original_name", None) or type(module).__name__
-
-
-def _kind(root: nn.Module, name: str) -> str:
-    return _module_type(root.get_submodule(name) if name != "<root>" else root)
+    if stochastic:
+        return line + "; its random draws (dropout, internal noise) stay on in the audit, as a server would face them"
+    return line + ("; repeated passes agree, so no module draws random numbers" if mode == "train" else "")
 
 
 def onnx_random_nodes(proto) -> list[str]:
