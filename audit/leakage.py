@@ -359,6 +359,12 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
         "the bounds use the upper end of E[dFIL]'s 95% confidence interval (conservative); "
         "the *_point keys use its estimate"
     )
+    if ctx.queries > 1:
+        notes.append(
+            f"these bounds hold for one send of each input; an attacker averaging --queries {ctx.queries} "
+            f"independent sends gains up to {ctx.queries} times the Fisher information (independent draws and "
+            f"noise add up), so its van Trees bound is {van_trees_mse(ctx.queries * upper, j):.4g}"
+        )
     return {
         "cramer_rao_mse": cramer_rao_mse(upper),
         "cramer_rao_mse_point": cramer_rao_mse(mean),

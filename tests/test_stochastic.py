@@ -200,8 +200,13 @@ def test_decoder_reports_single_shot_and_k_query_numbers(tmp_path, capsys):
     args = ["run", path, "--aux", DATA, "--attacks", "decoder", "--prior", "gaussian", "--quick"]
     code, _, err = run_cli([*args, "--dfil-samples", "8", "--queries", "8", "--out", str(tmp_path / "o")], capsys)
     assert code == 0, err
-    decoder = json.loads((tmp_path / "o" / "report.json").read_text())["attacks"]["decoder"]
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    decoder = report["attacks"]["decoder"]
     assert decoder["details"]["queries"] == 8
+    # the bounds cover one send; 8 independent sends carry up to 8x the Fisher information
+    k_note = next(n for n in report["bounds"]["notes"] if "--queries 8" in n)
+    dfil, j = report["bounds"]["dfil_used"], report["prior"]["J_over_d_used"]
+    assert f"{1 / (8 * dfil + j):.4g}" in k_note
     assert decoder["metrics"]["k_query"]["mse"] < decoder["metrics"]["mse"]  # averaging 8 sends removes noise
     assert "| MSE, mean of 8 queries" in (tmp_path / "o" / "report.md").read_text()
 
