@@ -92,6 +92,10 @@ def model_data_options(func, noise_sigma_option=None):
         click.option("--label-column", help="CSV column with class labels."),
         click.option("--attr-column", help="CSV column with the sensitive attribute."),
         click.option(
+            "--vocab",
+            help="Token inputs: vocabulary (JSON list of strings, or tokenizer.json); x holds token ids [N, T].",
+        ),
+        click.option(
             "--prior", type=click.Choice(PRIORS), help="Prior-term estimator for the van Trees bound (default ssm)."
         ),
         click.option(

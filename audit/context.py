@@ -6,7 +6,7 @@ Estimators and attacks read everything they need from here; nothing in it prints
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn as nn
@@ -15,6 +15,9 @@ from tqdm import tqdm
 from splitaudit.data import Dataset
 from splitaudit.errors import InputError
 from splitaudit.models import Encoder
+
+if TYPE_CHECKING:
+    from splitaudit.tokens import TokenSpace
 
 FULL_SEEDS = 3
 QUICK_SEEDS = 1
@@ -38,6 +41,7 @@ class AuditContext:
     top_model: nn.Module | None = None
     attack_options: dict[str, dict] = field(default_factory=dict)
     progress: Callable[..., tqdm] = silent_progress
+    tokens: TokenSpace | None = None  # token inputs: the embedding table and vocabulary (x holds embeddings)
     _clean: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property

@@ -121,6 +121,7 @@ class RawModel:
     providers: list[str] = field(default_factory=list)
     output_name: str | None = None  # the ONNX output audited as the embedding
     notes: list[str] = field(default_factory=list)
+    tokens: object | None = None  # splitaudit.tokens.TokenSpace when cut after a token-embedding lookup
 
 
 @dataclass

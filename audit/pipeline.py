@@ -18,7 +18,7 @@ from splitaudit import __version__
 from splitaudit.attacks import ATTACK_NAMES, check_attack_options
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
-from splitaudit.data import Dataset, load_dataset, split_dataset
+from splitaudit.data import Dataset, split_dataset
 from splitaudit.errors import InputError
 from splitaudit.executor import (
     Executor,
@@ -32,6 +32,7 @@ from splitaudit.executor import (
 from splitaudit.gate import evaluate_gate
 from splitaudit.models import RawModel, check_top_model, open_model, prepare_encoder, resolve_device, within_time_limit
 from splitaudit.result import SCHEMA_VERSION
+from splitaudit.tokens import load_audited_data, open_audited_model
 
 if TYPE_CHECKING:
     from splitaudit.leakage import Measurement
@@ -66,11 +67,13 @@ def prepare_context(options: AuditOptions, progress: Callable[..., tqdm] = silen
 
 def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> AuditContext:
     device = resolve_device(options.device)
-    raw = within_time_limit(open_model, options.model, device, options.output_name, what="loading the model")
+    raw = within_time_limit(
+        open_audited_model, options.model, device, options.output_name, options.vocab, what="loading the model"
+    )
     shape = tuple(options.input_shape) if options.input_shape else raw.declared_input_shape
-    loaded = _load(options.aux, shape, options)
+    loaded = _load(options.aux, shape, options, raw)
     if options.target:
-        aux, target = loaded, _load(options.target, shape or loaded.sample_shape, options)
+        aux, target = loaded, _load(options.target, shape or loaded.sample_shape, options, raw)
     else:
         aux, target = split_dataset(loaded, options.target_fraction, options.seed)
     return build_context(options, raw, aux, target, device, progress)
@@ -102,14 +105,15 @@ def build_context(
         top_model=top,
         attack_options=options.attack_options,
         progress=progress,
+        tokens=raw.tokens,
     )
     for part in ("aux", "target"):  # every embedding, not just the parity batch: NaN must stop here
         ctx.clean_embeddings(part)
     return ctx
 
 
-def _load(path: str, shape, options: AuditOptions) -> Dataset:
-    return load_dataset(path, shape, label_column=options.label_column, attr_column=options.attr_column)
+def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:
+    return load_audited_data(path, shape, raw, label_column=options.label_column, attr_column=options.attr_column)
 
 
 def run_audit(

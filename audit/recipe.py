@@ -63,8 +63,9 @@ def make_recipe(options: AuditOptions, ctx: AuditContext) -> ContextRecipe:
 def rebuild_context(recipe: ContextRecipe, device: str) -> AuditContext:
     """The recipe's context in this process, on `device`: the model files are written to a
     private temporary folder (removed when the process exits) and opened as the parent did."""
-    from splitaudit.models import open_model, resolve_device
+    from splitaudit.models import resolve_device
     from splitaudit.pipeline import build_context
+    from splitaudit.tokens import open_audited_model
 
     folder = Path(tempfile.mkdtemp(prefix="splitaudit-worker-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
@@ -79,7 +80,7 @@ def rebuild_context(recipe: ContextRecipe, device: str) -> AuditContext:
         device=device,
     )
     resolved = resolve_device(options.device)
-    raw = open_model(options.model, resolved, options.output_name)
+    raw = open_audited_model(options.model, resolved, options.output_name, options.vocab)
     return build_context(options, raw, recipe.aux, recipe.target, resolved)
 
 
