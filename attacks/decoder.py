@@ -24,6 +24,7 @@ from splitaudit.attacks.reconstruction import (
     reconstruction_examples,
     reconstruction_metrics,
 )
+from splitaudit.attacks.text_metrics import with_token_metrics
 from splitaudit.context import AuditContext
 from splitaudit.threads import threads_for
 
@@ -85,12 +86,13 @@ class DecoderAttack(Attack):
             decoder, details = train_decoder(ctx, seed, gen, settings)
             x_hat = decode(decoder, ctx.observed_embeddings("target", gen))
         x_true, is_image = ctx.target.x, ctx.target.is_image
-        return SeedOutcome(
+        outcome = SeedOutcome(
             metrics=reconstruction_metrics(x_true, x_hat, is_image),
             baseline=mean_guess_baseline(ctx.aux.x, x_true, is_image),
             examples=reconstruction_examples(x_true, x_hat),
             details=details,
         )
+        return with_token_metrics(ctx, outcome, x_hat)
 
 
 def new_decoder(ctx: AuditContext, seed: int, lr: float) -> tuple[Decoder, torch.optim.Optimizer]:

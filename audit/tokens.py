@@ -11,6 +11,7 @@ tokens and the vocabulary turns ids into text.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import tempfile
@@ -160,10 +161,18 @@ class FromEmbeddings(nn.Module):
     """A TorchScript bottom model run from its input embeddings: its inlined graph with the
     `aten::embedding` output replaced by a graph input."""
 
-    def __init__(self, scripted: torch.jit.ScriptModule, function) -> None:
+    def __init__(self, scripted: torch.jit.ScriptModule, graph) -> None:
         super().__init__()
         self.scripted = scripted
-        self.function = function
+        self.graph = graph
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.function = torch._C._create_function_from_graph("from_embeddings", graph)
+
+    def __deepcopy__(self, memo) -> "FromEmbeddings":
+        """A copy with its own weights (attacks re-initialise copies); the graph is shared, as
+        it takes the module as its first input."""
+        return FromEmbeddings(copy.deepcopy(self.scripted, memo), self.graph)
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         with torch.jit.optimized_execution(False):  # see models.Unoptimized
@@ -192,10 +201,7 @@ def _torchscript_from_embeddings(scripted, path) -> tuple[nn.Module, torch.Tenso
         )
     graph.eraseInput(1)
     torch._C._jit_pass_dce(graph)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        function = torch._C._create_function_from_graph("from_embeddings", graph)
-    return FromEmbeddings(scripted, function), table
+    return FromEmbeddings(scripted, graph), table
 
 
 def _graph_constant(scripted, value, path) -> torch.Tensor:
