@@ -32,7 +32,7 @@ from splitaudit.executor import (
 from splitaudit.gate import evaluate_gate
 from splitaudit.models import RawModel, check_top_model, open_model, prepare_encoder, resolve_device, within_time_limit
 from splitaudit.result import SCHEMA_VERSION
-from splitaudit.tokens import load_audited_data, open_audited_model
+from splitaudit.tokens import flag_token_violations, load_audited_data, open_audited_model, token_statement
 
 if TYPE_CHECKING:
     from splitaudit.leakage import Measurement
@@ -154,12 +154,16 @@ def run_audit(
         stages.set_postfix_str("dFIL and bounds")
         measurement, shards = measure_leakage(ctx, options, executor)
         result.update(leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse))
+        if ctx.tokens is not None:
+            result["tokens"] = token_statement(ctx.tokens, result["bounds"], measurement.smoothing, ctx.seed)
         stages.update()
         stages.set_postfix_str("attacks")
         grid = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, result["run"], shards)
         result["attacks"] = grid[ctx.noise_sigma]
         stages.update(len(names))
     leakage.flag_violations(result)
+    if ctx.tokens is not None:
+        flag_token_violations(result)
     result["gate"] = evaluate_gate(
         result,
         fail_under_mse=options.fail_under_mse,

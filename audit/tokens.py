@@ -284,3 +284,82 @@ def _check_mask(path) -> None:
                 f"{display_path(source)}: a padding 'mask' with zeros is not supported yet; audit "
                 "sequences of one length (all-ones mask)"
             )
+
+
+# --- what the embedding-space bound means for tokens -------------------------------------------
+
+GEOMETRY_SAMPLE_ROWS = 512  # table rows whose neighbourhoods are measured (all rows for small vocabularies)
+
+
+def table_geometry(tokens: TokenSpace, seed: int = 0) -> dict:
+    """The table's diameter bound (twice the largest distance from the mean row: no two rows are
+    farther apart) and, over a seeded sample of rows, the nearest-neighbour distances."""
+    table = tokens.table.double()
+    diameter = 2 * float((table - table.mean(dim=0)).norm(dim=1).max())
+    rows = torch.randperm(len(table), generator=torch.Generator().manual_seed(seed))[:GEOMETRY_SAMPLE_ROWS]
+    distances = torch.cdist(table[rows.to(table.device)], table)
+    distances[torch.arange(len(rows)), rows] = math.inf  # a row is not its own neighbour
+    return {"diameter_bound": diameter, "distances": distances}
+
+
+def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: int = 0) -> dict:
+    """The token-level reading of the per-dimension bounds b (van Trees; Cramér-Rao for unbiased attackers).
+
+    Any attacker that outputs token ids h_hat reconstructs the embeddings table[h_hat]; at a wrong
+    position its squared error is at most Delta^2 (Delta >= the table's diameter), at a right one 0.
+    So its per-dimension MSE is at most (1 - p) Delta^2 / D for token accuracy p, and with smoothing
+    tau the triangle inequality adds tau per dimension (RMS): sqrt(b) <= sqrt((1 - p) Delta^2 / D) + tau.
+    Hence p <= 1 - D (sqrt(b) - tau)_+^2 / Delta^2: the ceiling on the expected token accuracy of
+    any attacker. The radius sqrt(D b) is the RMS error per position the bound forces; the report
+    also counts how many tokens lie within it of a token (what nearest-token decoding cannot separate)."""
+    dim = tokens.table.shape[1]
+    geometry = table_geometry(tokens, seed)
+    diameter = geometry["diameter_bound"]
+
+    def ceiling(b: float) -> float:
+        return max(0.0, 1.0 - dim * max(0.0, math.sqrt(b) - smoothing) ** 2 / diameter**2)
+
+    radius = math.sqrt(dim * bounds["van_trees_mse"])
+    distances = geometry["distances"]
+    nearest = distances.min(dim=1).values
+    return {
+        "embedding_dim": dim,
+        "vocab_size": tokens.size,
+        "smoothing": smoothing,
+        "diameter_bound": diameter,
+        "nearest_neighbour_median": float(nearest.median()),
+        "radius": radius,
+        "tokens_within_radius_median": float((distances <= radius).sum(dim=1).double().median()),
+        "share_separable": float((nearest > 2 * radius).double().mean()),
+        "token_accuracy_ceiling": ceiling(bounds["van_trees_mse"]),
+        "token_accuracy_ceiling_unbiased": ceiling(bounds["cramer_rao_mse"]),
+        "assumptions": [
+            "the attacker's token guesses are read as their embeddings; a wrong token costs at most the "
+            "table's diameter (bounded by twice the largest distance from the mean row)",
+            "the ceiling inherits the bound's assumptions: the estimated prior and dFIL, and with smoothing "
+            f"tau = {smoothing:.4g} the smoothed embeddings x + N(0, tau^2 I)",
+            "it is a ceiling on the expected token accuracy over sentences like the audited data; a measured "
+            "accuracy carries sampling error",
+        ],
+        "violated_by": [],
+    }
+
+
+def flag_token_violations(result: dict) -> None:
+    """List the attacks whose measured token accuracy exceeds the ceiling in the token statement and
+    among the bound's violators: the bound (or an estimate it rests on) does not hold for them."""
+    statement = result["tokens"]
+    violated = [
+        name
+        for name, entry in result["attacks"].items()
+        if entry.get("status") == "ok"
+        and entry.get("metrics", {}).get("token_accuracy", -math.inf) > statement["token_accuracy_ceiling"]
+    ]
+    statement["violated_by"] = violated
+    bounds = result["bounds"]
+    bounds["violated_by"] += [name for name in violated if name not in bounds["violated_by"]]
+    if violated:
+        bounds.setdefault("notes", []).append(
+            f"{', '.join(violated)} recovered more tokens than the token statement allows "
+            f"({statement['token_accuracy_ceiling']:.4g}): the bound is not a guarantee for these inputs"
+        )
