@@ -186,3 +186,16 @@ def test_no_attack_beats_the_token_statement_and_the_report_shows_sentences(tmp_
     html = (out / "report.html").read_text()
     assert "&lt;b&gt;w" in html and "<b>w" not in html
     assert "original sentence" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_demo_text_audits_the_bundled_transformer_bottom(capsys):
+    """`splitaudit demo --text --quick`: the shipped ONNX bottom, corpus and vocabulary; the learned
+    inversion reads most tokens back at sigma = 0 and beats the most-frequent-token baseline."""
+    code, out, err = run_cli(["demo", "--text", "--quick", "--out", "text-demo", "--workers", "1"], capsys)
+    assert code == 0, err
+    result = json.loads(open("text-demo/report.json").read())
+    assert result["model"]["format"] == "onnx" and result["data"]["sample_shape"] == [8, 32]
+    inversion = result["attacks"]["token-inversion"]
+    assert inversion["metrics"]["token_accuracy"] > inversion["baseline"]["token_accuracy"] + 0.3
+    assert result["attacks"]["sdar"]["status"] == "skipped" and "In tokens" in out
