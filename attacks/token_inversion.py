@@ -47,14 +47,26 @@ class TokenInversionOptions:
 
 
 class PositionDecoder(nn.Module):
-    """Hidden states [N, T, H] -> token logits [N, T, V], one MLP shared by every position."""
+    """Hidden states [N, T, H] -> token logits [N, T, V]: a token-mixing layer across positions
+    (MLP-Mixer style, so that context helps where noise hides a position's own state), one MLP
+    shared by every position, and a learned bias per position and token (what the attacker knows
+    of each position without the model: under heavy noise it falls back to the baseline's guess)."""
 
-    def __init__(self, width: int, hidden: int, vocab: int) -> None:
+    def __init__(self, length: int, width: int, hidden: int, vocab: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, vocab))
+        self.norm = nn.LayerNorm(width)
+        self.mix = nn.Linear(length, length)
+        self.net = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, vocab))
+        self.position_bias = nn.Parameter(torch.zeros(length, vocab))
+
+    @property
+    def vocab(self) -> int:
+        return self.position_bias.shape[1]
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.net(z)
+        h = self.norm(z)
+        h = h + self.mix(h.transpose(1, 2)).transpose(1, 2)
+        return self.net(h) + self.position_bias
 
 
 class TokenInversionAttack(Attack):
@@ -109,7 +121,7 @@ def train_inverter(ctx: AuditContext, seed: int, gen: torch.Generator, settings:
     holdout, train = order[:n_holdout], order[n_holdout:]
     width = sequence_states(ctx.clean_embeddings("aux")[:1]).shape[-1]
     with seeded(seed):
-        net = PositionDecoder(width, settings["hidden"], ctx.tokens.size).to(ctx.device)
+        net = PositionDecoder(ids.shape[1], width, settings["hidden"], ctx.tokens.size).to(ctx.device)
     optimizer = torch.optim.Adam(net.parameters(), lr=settings["lr"])
     epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
     batch_size = max(1, min(settings["batch_size"], MAX_BATCH_LOGITS // (ids.shape[1] * ctx.tokens.size)))
@@ -143,5 +155,5 @@ def predict(net: nn.Module, z: torch.Tensor) -> torch.Tensor:
     """The most likely token at every position of every sentence [N, T]."""
     net.eval()
     states = sequence_states(z)
-    chunk = max(1, MAX_BATCH_LOGITS // (states.shape[1] * net.net[-1].out_features))
+    chunk = max(1, MAX_BATCH_LOGITS // (states.shape[1] * net.vocab))
     return torch.cat([net(part).argmax(dim=-1) for part in states.split(chunk)])
