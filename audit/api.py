@@ -75,6 +75,7 @@ def audit(
     normalize: list[float] | None = None,
     label_column: str | None = None,
     attr_column: str | None = None,
+    vocab: str | None = None,
     target_fraction: float = 0.5,
     fail_under_mse: float | None = None,
     fail_under_attack_mse: float | None = None,
@@ -92,7 +93,8 @@ def audit(
     aux, target: an array or tensor of samples, a tuple (x, y) or (x, y, attr), a dict with
     keys x, y, attr, or a path (.npz, .csv, image folder). Without target, aux is split 50/50.
     attacks: "all", "none", a comma string or a list of names. workers: processes for the attacks
-    (None: one per CPU core). The keywords are `splitaudit run`'s options. Bad input raises
+    (None: one per CPU core). vocab: a vocabulary file declaring that x holds token ids [N, T] of a
+    model file over ids (split LLMs). The keywords are `splitaudit run`'s options. Bad input raises
     splitaudit.errors.InputError.
     """
     options = AuditOptions(
@@ -108,6 +110,7 @@ def audit(
         normalize=normalize,
         label_column=label_column,
         attr_column=attr_column,
+        vocab=vocab,
         target_fraction=target_fraction,
         fail_under_mse=fail_under_mse,
         fail_under_attack_mse=fail_under_attack_mse,

@@ -275,9 +275,9 @@ def load_token_data(path, tokens: TokenSpace) -> Dataset:
 
 def _check_mask(path) -> None:
     """A `mask` that pads some positions is refused (not audited yet); an all-ones mask is no mask."""
+    if not isinstance(path, (str, Path)) or Path(path).suffix.lower() != ".npz":
+        return  # arrays from the Python API and CSV files carry no mask
     source = Path(path)
-    if source.suffix.lower() != ".npz":
-        return
     with np.load(source, allow_pickle=False) as npz:
         if "mask" in npz.files and not bool(np.all(npz["mask"] == 1)):
             raise InputError(

@@ -199,3 +199,16 @@ def test_demo_text_audits_the_bundled_transformer_bottom(capsys):
     inversion = result["attacks"]["token-inversion"]
     assert inversion["metrics"]["token_accuracy"] > inversion["baseline"]["token_accuracy"] + 0.3
     assert result["attacks"]["sdar"]["status"] == "skipped" and "In tokens" in out
+
+
+def test_python_api_takes_token_arrays_and_a_vocab(files):
+    """splitaudit.audit(model file, (ids, y), vocab=...): the same cut and token attack as the CLI."""
+    import splitaudit
+
+    models, data, vocab = files
+    with np.load(data) as npz:
+        ids, y = npz["x"], npz["y"]
+    result = splitaudit.audit(models["legacy"], (ids, y), attacks="token-inversion", vocab=vocab, quick=True)
+    assert result["data"]["sample_shape"] == [LENGTH, 8] and "tokens" in result.data
+    entry = result["attacks"]["token-inversion"]
+    assert entry["status"] == "ok" and entry["metrics"]["token_accuracy"] > entry["baseline"]["token_accuracy"]
