@@ -29,6 +29,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "decoder": ("decoder", "DecoderAttack"),
     "optimization": ("optimization", "OptimizationAttack"),
     "sdar": ("sdar", "SDARAttack"),
+    "token-inversion": ("token_inversion", "TokenInversionAttack"),
 }
 ATTACK_NAMES = tuple(REGISTRY)
 

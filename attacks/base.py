@@ -29,7 +29,7 @@ from splitaudit.errors import InputError
 
 MAX_OPTION_INT = 2**31 - 1  # the implicit upper limit of an integer option (see _limits)
 
-NEEDS = {"labels", "attribute", "gradients"}
+NEEDS = {"labels", "attribute", "gradients", "tokens"}
 IMAGE_ONLY_METRICS = frozenset({"ssim"})  # declared in `metrics`, filled only for image data
 
 
@@ -171,6 +171,7 @@ class Attack(ABC):
     # heaviest tasks first, so the last ones to start are short and the workers finish together).
     relative_cost: ClassVar[float] = 1.0
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of option(...) fields: its [attack.NAME] table
+    not_for_tokens: ClassVar[str] = ""  # why it does not carry over to token inputs (--vocab); "" when it does
 
     @classmethod
     def option_names(cls) -> frozenset[str]:
@@ -203,6 +204,8 @@ class Attack(ABC):
 
     def missing(self, ctx: AuditContext) -> str | None:
         """Why the attack cannot run on these inputs, or None when it can."""
+        if self.not_for_tokens and ctx.tokens is not None:
+            return self.not_for_tokens
         if "labels" in self.needs and (ctx.aux.y is None or ctx.target.y is None):
             return "the data has no labels (npz 'y', --label-column, or an image folder's class names)"
         if "labels" in self.needs and self.kind == "label" and len(ctx.aux.y.unique()) < 2:
@@ -211,6 +214,8 @@ class Attack(ABC):
             return "the data has no sensitive attribute (npz 'attr' or --attr-column)"
         if "attribute" in self.needs and len(ctx.aux.attr.unique()) < 2:
             return "the sensitive attribute takes a single value: inferring it would be trivially right"
+        if "tokens" in self.needs and ctx.tokens is None:
+            return "needs token inputs (--vocab): it reconstructs token ids"
         if "gradients" in self.needs and not ctx.encoder.differentiable:
             return "needs gradients of the model, and it runs black-box (see the model warnings)"
         return None

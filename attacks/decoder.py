@@ -24,6 +24,7 @@ from splitaudit.attacks.reconstruction import (
     reconstruction_examples,
     reconstruction_metrics,
 )
+from splitaudit.attacks.text_metrics import with_token_metrics
 from splitaudit.context import AuditContext
 from splitaudit.threads import threads_for
 
@@ -90,12 +91,13 @@ class DecoderAttack(Attack):
         if averaged is not None:  # the same decoder on the mean of k sends of each target input
             metrics["k_query"] = reconstruction_metrics(x_true, averaged, is_image)
             details["queries"] = ctx.queries
-        return SeedOutcome(
+        outcome = SeedOutcome(
             metrics=metrics,
             baseline=mean_guess_baseline(ctx.aux.x, x_true, is_image),
             examples=reconstruction_examples(x_true, x_hat),
             details=details,
         )
+        return with_token_metrics(ctx, outcome, x_hat)
 
 
 def new_decoder(ctx: AuditContext, seed: int, lr: float) -> tuple[Decoder, torch.optim.Optimizer]:

@@ -31,6 +31,7 @@ from splitaudit.attacks.reconstruction import (
     reconstruction_examples,
     reconstruction_metrics,
 )
+from splitaudit.attacks.text_metrics import with_token_metrics
 from splitaudit.context import AuditContext
 from splitaudit.data import in_unit_range
 from splitaudit.errors import InputError
@@ -107,7 +108,7 @@ class OptimizationAttack(Attack):
         unbiased = reconstruction_metrics(x_true, x_unbiased, is_image)
         posterior = reconstruction_metrics(x_true, x_map, is_image)
         best, x_best = (posterior, x_map) if posterior["mse"] < unbiased["mse"] else (unbiased, x_unbiased)
-        return SeedOutcome(
+        outcome = SeedOutcome(
             metrics={**best, "mse_unbiased": unbiased["mse"], "mse_map": posterior["mse"]},
             baseline=mean_guess_baseline(ctx.aux.x, x_true, is_image),
             examples=reconstruction_examples(x_true, x_best, index),
@@ -119,6 +120,7 @@ class OptimizationAttack(Attack):
                 "strongest": "map" if best is posterior else "unbiased",
             },
         )
+        return with_token_metrics(ctx, outcome, x_best, index)
 
 
 def map_weight(ctx: AuditContext) -> float:

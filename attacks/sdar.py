@@ -235,6 +235,13 @@ class SDARAttack(Attack):
     primary_metric = "mse"
     relative_cost = 100.0  # digits CNN on one CPU core: ~35 s a seed, the decoder ~7 s
     needs = frozenset({"labels"})
+    # Over token embeddings the simulator would be the bottom re-initialised from the embeddings on,
+    # trained to reproduce hidden states of aux sentences without querying f; its decoder would
+    # regress embeddings to be decoded to the nearest tokens. Not built or validated for text yet.
+    not_for_tokens = (
+        "not adapted to token inputs: its simulator and discriminators are built for continuous inputs; "
+        "for text, the decoder and token-inversion attacks (query access) are run instead"
+    )
     title = "SDAR inversion (no query access)"
     metrics = ("mse", "psnr", "ssim")
     Options = SDAROptions

@@ -75,6 +75,7 @@ def audit(
     normalize: list[float] | None = None,
     label_column: str | None = None,
     attr_column: str | None = None,
+    vocab: str | None = None,
     target_fraction: float = 0.5,
     fail_under_mse: float | None = None,
     fail_under_attack_mse: float | None = None,
@@ -96,7 +97,8 @@ def audit(
     attacks: "all", "none", a comma string or a list of names. workers: processes for the attacks
     (None: one per CPU core). model_mode: "saved" (as the module is now), "eval" or "train";
     queries: how many queries of one input a query-access attacker averages (stochastic models).
-    The keywords are `splitaudit run`'s options. Bad input raises
+    vocab: a vocabulary file declaring that x holds token ids [N, T] of a model file over ids
+    (split LLMs). The keywords are `splitaudit run`'s options. Bad input raises
     splitaudit.errors.InputError.
     """
     options = AuditOptions(
@@ -112,6 +114,7 @@ def audit(
         normalize=normalize,
         label_column=label_column,
         attr_column=attr_column,
+        vocab=vocab,
         target_fraction=target_fraction,
         fail_under_mse=fail_under_mse,
         fail_under_attack_mse=fail_under_attack_mse,

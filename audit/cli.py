@@ -93,6 +93,10 @@ def model_data_options(func, noise_sigma_option=None):
         click.option("--label-column", help="CSV column with class labels."),
         click.option("--attr-column", help="CSV column with the sensitive attribute."),
         click.option(
+            "--vocab",
+            help="Token inputs: vocabulary (JSON list of strings, or tokenizer.json); x holds token ids [N, T].",
+        ),
+        click.option(
             "--prior", type=click.Choice(PRIORS), help="Prior-term estimator for the van Trees bound (default ssm)."
         ),
         click.option(
@@ -241,13 +245,20 @@ def run(model: str | None, **flags) -> None:
     metavar="N|auto",
     help="Worker processes for the attacks (auto: one per CPU core; 1: all in this process).",
 )
-def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool, workers: int | None) -> None:
-    """Audit the bundled digits CNN with every attack (nothing to download)."""
+@click.option(
+    "--text", is_flag=True, help="Audit the bundled text sample instead: a transformer bottom over token ids."
+)
+def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool, workers: int | None, text: bool) -> None:
+    """Audit the bundled digits CNN (or, with --text, a transformer bottom over token ids) with every
+    attack (nothing to download)."""
     samples = files("splitaudit.sample_models")
+    names = (
+        {"model": "text_bottom.onnx", "aux": "text.npz", "vocab": "text_vocab.json"}
+        if text
+        else {"model": "digits_cnn.onnx", "aux": "digits.npz", "top_model": "digits_cnn_top.pt"}
+    )
     options = AuditOptions(
-        model=str(samples / "digits_cnn.onnx"),
-        aux=str(samples / "digits.npz"),
-        top_model=str(samples / "digits_cnn_top.pt"),
+        **{key: str(samples / name) for key, name in names.items()},
         out=out,
         quick=quick,
         device=device,

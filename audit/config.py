@@ -61,6 +61,7 @@ class AuditOptions:
     device: str = "auto"
     quick: bool = False
     attack_options: dict[str, dict] = field(default_factory=dict)
+    vocab: str | None = None  # token inputs: the vocabulary file; declares that x holds token ids
     output_name: str | None = None  # which output of a multi-output ONNX model is the embedding
     executor: str = "local"  # where the attack tasks run: in this process, or on Ray
     ray_address: str | None = None  # an existing Ray cluster (default: start a local instance)

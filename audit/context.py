@@ -6,7 +6,7 @@ Estimators and attacks read everything they need from here; nothing in it prints
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn as nn
@@ -16,6 +16,9 @@ from splitaudit.data import Dataset
 from splitaudit.errors import InputError
 from splitaudit.estimators.jacobian import seeded_draws
 from splitaudit.models import Encoder
+
+if TYPE_CHECKING:
+    from splitaudit.tokens import TokenSpace
 
 FULL_SEEDS = 3
 QUICK_SEEDS = 1
@@ -41,6 +44,7 @@ class AuditContext:
     attack_options: dict[str, dict] = field(default_factory=dict)
     progress: Callable[..., tqdm] = silent_progress
     queries: int = 1  # sends of one input a query-access attacker averages (k-query numbers when > 1)
+    tokens: TokenSpace | None = None  # token inputs: the embedding table and vocabulary (x holds embeddings)
     _clean: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

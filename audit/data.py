@@ -32,6 +32,7 @@ class Dataset:
     attr: torch.Tensor | None = None
     class_names: list[str] | None = None
     source: str = ""
+    token_ids: torch.Tensor | None = None  # token inputs (--vocab): the ids [N, T] whose embeddings x holds
 
     def __len__(self) -> int:
         return len(self.x)
@@ -41,12 +42,16 @@ class Dataset:
         return tuple(self.x.shape[1:])
 
     @property
+    def is_tokens(self) -> bool:
+        return self.token_ids is not None
+
+    @property
     def is_image(self) -> bool:
-        return len(self.sample_shape) == 3
+        return not self.is_tokens and len(self.sample_shape) == 3
 
     @property
     def in_unit_range(self) -> bool:
-        return in_unit_range(self.x)
+        return not self.is_tokens and in_unit_range(self.x)
 
     @property
     def num_classes(self) -> int | None:
@@ -54,11 +59,11 @@ class Dataset:
 
     def subset(self, index: torch.Tensor) -> "Dataset":
         pick = lambda t: None if t is None else t[index]
-        return replace(self, x=self.x[index], y=pick(self.y), attr=pick(self.attr))
+        return replace(self, x=self.x[index], y=pick(self.y), attr=pick(self.attr), token_ids=pick(self.token_ids))
 
     def to(self, device) -> "Dataset":
         move = lambda t: None if t is None else t.to(device)
-        return replace(self, x=self.x.to(device), y=move(self.y), attr=move(self.attr))
+        return replace(self, x=self.x.to(device), y=move(self.y), attr=move(self.attr), token_ids=move(self.token_ids))
 
 
 def in_unit_range(x: torch.Tensor) -> bool:

@@ -69,9 +69,12 @@ class Measurement:
 
 
 def resolve_smoothing(ctx: AuditContext, smoothing: float | None) -> float:
-    """--smoothing, else 0.25 for [0,1] images (Maeng et al., NeurIPS 2023, A.1) and 0 for other data."""
+    """--smoothing, else 0.25 for [0,1] images (Maeng et al., NeurIPS 2023, A.1), a quarter of the
+    embedding table's spread for token inputs, and 0 for other data."""
     if smoothing is not None:
         return float(smoothing)
+    if ctx.tokens is not None:
+        return ctx.tokens.default_smoothing()
     return IMAGE_SMOOTHING if ctx.aux.is_image and ctx.aux.in_unit_range else 0.0
 
 
@@ -135,6 +138,8 @@ def _jacobian_traces(
 
 
 def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
+    if ctx.tokens is not None and tau == 0:
+        return ctx.tokens.unsmoothed_prior(method)
     settings = QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings()
     if method == "gaussian":
         return estimate_prior(ctx.aux.x, method, tau)

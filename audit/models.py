@@ -132,6 +132,7 @@ class RawModel:
     notes: list[str] = field(default_factory=list)
     mode: str = "saved"  # --model-mode it was opened in (audit/stochastic.py)
     training_modules: list[str] = field(default_factory=list)  # submodules in training mode ("" = root)
+    tokens: object | None = None  # splitaudit.tokens.TokenSpace when cut after a token-embedding lookup
 
 
 @dataclass

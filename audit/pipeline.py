@@ -18,7 +18,7 @@ from splitaudit import __version__
 from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, silent_progress
-from splitaudit.data import Dataset, load_dataset, split_dataset
+from splitaudit.data import Dataset, split_dataset
 from splitaudit.errors import InputError
 from splitaudit.executor import (
     Executor,
@@ -39,6 +39,7 @@ from splitaudit.models import (
     within_time_limit,
 )
 from splitaudit.result import SCHEMA_VERSION
+from splitaudit.tokens import flag_token_violations, load_audited_data, open_audited_model, token_statement
 
 if TYPE_CHECKING:
     from splitaudit.leakage import Measurement
@@ -74,12 +75,18 @@ def prepare_context(options: AuditOptions, progress: Callable[..., tqdm] = silen
 def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> AuditContext:
     device = resolve_device(options.device)
     raw = within_time_limit(
-        open_model, options.model, device, options.output_name, options.model_mode, what="loading the model"
+        open_audited_model,
+        options.model,
+        device,
+        options.output_name,
+        options.vocab,
+        options.model_mode,
+        what="loading the model",
     )
     shape = tuple(options.input_shape) if options.input_shape else raw.declared_input_shape
-    loaded = _load(options.aux, shape, options)
+    loaded = _load(options.aux, shape, options, raw)
     if options.target:
-        aux, target = loaded, _load(options.target, shape or loaded.sample_shape, options)
+        aux, target = loaded, _load(options.target, shape or loaded.sample_shape, options, raw)
     else:
         aux, target = split_dataset(loaded, options.target_fraction, options.seed)
     return build_context(options, raw, aux, target, device, progress)
@@ -116,14 +123,15 @@ def build_context(
         attack_options=options.attack_options,
         progress=progress,
         queries=options.queries,
+        tokens=raw.tokens,
     )
     for part in ("aux", "target"):  # every embedding, not just the parity batch: NaN must stop here
         ctx.clean_embeddings(part)
     return ctx
 
 
-def _load(path: str, shape, options: AuditOptions) -> Dataset:
-    return load_dataset(path, shape, label_column=options.label_column, attr_column=options.attr_column)
+def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:
+    return load_audited_data(path, shape, raw, label_column=options.label_column, attr_column=options.attr_column)
 
 
 def run_audit(
@@ -165,12 +173,16 @@ def run_audit(
         stages.set_postfix_str("dFIL and bounds")
         measurement, shards = measure_leakage(ctx, options, executor)
         result.update(leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse))
+        if ctx.tokens is not None:
+            result["tokens"] = token_statement(ctx.tokens, result["bounds"], measurement.smoothing, ctx.seed)
         stages.update()
         stages.set_postfix_str("attacks")
         grid = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, result["run"], shards)
         result["attacks"] = grid[ctx.noise_sigma]
         stages.update(len(names))
     leakage.flag_violations(result)
+    if ctx.tokens is not None:
+        flag_token_violations(result)
     result["gate"] = evaluate_gate(
         result,
         fail_under_mse=options.fail_under_mse,

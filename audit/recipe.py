@@ -70,8 +70,9 @@ def rebuild_context(recipe: ContextRecipe, device: str) -> AuditContext:
 
 def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditContext:
     """Write the recipe's model files into `folder` and build the context from those copies."""
-    from splitaudit.models import open_model, resolve_device
+    from splitaudit.models import resolve_device
     from splitaudit.pipeline import build_context
+    from splitaudit.tokens import open_audited_model
 
     for files in (recipe.model_files, recipe.top_model_files):
         for name, data in files.items():
@@ -84,7 +85,7 @@ def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditConte
         device=device,
     )
     resolved = resolve_device(options.device)
-    raw = open_model(options.model, resolved, options.output_name, options.model_mode)
+    raw = open_audited_model(options.model, resolved, options.output_name, options.vocab, options.model_mode)
     return build_context(options, raw, recipe.aux, recipe.target, resolved)
 
 

@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only (typing.TypedDict ignores NotRequired there)
     from typing_extensions import NotRequired, TypedDict
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA_FILE = "report.schema.json"
 NON_FINITE_PATTERN = "^(inf|-inf|nan)$"
 
@@ -206,6 +206,23 @@ class Bounds(TypedDict):
     dfil_used: NotRequired[float]
 
 
+class TokenStatement(TypedDict):
+    """Token inputs: the bounds read in tokens through the embedding table's geometry (audit/tokens.py)."""
+
+    embedding_dim: int
+    vocab_size: int
+    smoothing: float
+    diameter_bound: float
+    nearest_neighbour_median: float
+    radius: float
+    tokens_within_radius_median: float
+    share_separable: float
+    token_accuracy_ceiling: float
+    token_accuracy_ceiling_unbiased: float
+    assumptions: list[str]
+    violated_by: list[str]
+
+
 class Calibration(TypedDict):
     """The noise sigma that makes the van Trees bound reach a target MSE."""
 
@@ -338,6 +355,7 @@ class Result(TypedDict):
     attacks: dict[str, Attack]
     gate: Gate
     utility: NotRequired[Utility]
+    tokens: NotRequired[TokenStatement]
 
 
 # --- sweep.json (splitaudit sweep) ----------------------------------------------------------

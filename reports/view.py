@@ -23,6 +23,7 @@ from splitaudit.reports.formatting import (
     signed,
     text,
 )
+from splitaudit.reports.tokens import position_words, sentence_rows, token_statement_words
 
 # An attack without query access -> the attack with query access it is compared with (issue 5).
 QUERY_ACCESS_REFERENCE = {"sdar": "decoder"}
@@ -375,6 +376,8 @@ def _summary(result: dict, attacks: dict[str, dict]) -> list[Item]:
         items.append(_recommended_noise(calibration, result.get("noise_sigma")))
     if _section(result, "utility"):
         items.append(Item("Utility", utility_words(_section(result, "utility")), "info"))
+    if _section(result, "tokens"):
+        items.append(Item("In tokens", token_statement_words(_section(result, "tokens")), "info"))
     return items
 
 
@@ -675,8 +678,10 @@ def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Att
             ["example", "target index", "MSE"],
             [[str(e.get("label", "")), number(e.get("index")), number(e.get("mse"))] for e in examples],
         )
-    view.details = _facts(attack.get("details") or {}, {})
-    view.comparison = _query_access_note(name, attack, result)
+    if sentence_rows(attack):
+        view.examples = Table(["original sentence", "reconstruction"], sentence_rows(attack))
+    view.details = _facts({k: v for k, v in (attack.get("details") or {}).items() if k != "tokens"}, {})
+    view.comparison = " ".join(filter(None, [_query_access_note(name, attack, result), position_words(attack)]))
     view.beats_bound = name in (_section(result, "bounds").get("violated_by") or [])
     return view
 

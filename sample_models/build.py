@@ -20,11 +20,15 @@ Data comes from scikit-learn (shipped inside the package, nothing downloaded):
 Each model is exported as TorchScript (``.pt``) and, when deterministic, ONNX (``.onnx``, opset 20, dynamic batch),
 with its top model (``*_top.pt``) for the attacks that use one. The data ships as ``.npz``
 (``x`` in [0, 1], ``y``, ``attr``). Run: ``python sample_models/build.py``.
+
+``text_bottom`` (``python sample_models/build.py --text`` rebuilds it alone): a small transformer
+bottom over token ids and its generated corpus, for ``splitaudit demo --text`` (text_sample.py).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +36,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.datasets import load_breast_cancer, load_digits
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from text_sample import build_text_sample  # noqa: E402  (a sibling script, not a package module)
 
 HERE = Path(__file__).resolve().parent
 SEED = 0
@@ -203,6 +210,11 @@ def build(name: str, data, bottom: nn.Module, top: nn.Module, pe_alpha: float = 
 
 def main() -> None:
     torch.set_num_threads(2)
+    if "--text" in sys.argv[1:]:
+        summary = json.loads((HERE / "models.json").read_text())
+        summary["text_bottom"] = build_text_sample(HERE)
+        (HERE / "models.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return
     digits, cancer = digits_data(), breast_cancer_data()
     np.savez_compressed(HERE / "digits.npz", x=digits[0], y=digits[1], attr=digits[2])
     np.savez_compressed(HERE / "breast_cancer.npz", x=cancer[0], y=cancer[1], attr=cancer[2])
@@ -216,6 +228,7 @@ def main() -> None:
     ]:
         torch.manual_seed(SEED)
         summary[name] = build(name, data, make_bottom(), make_top(), pe_alpha=alpha)
+    summary["text_bottom"] = build_text_sample(HERE)
     (HERE / "models.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -25,6 +25,7 @@ from splitaudit.context import AuditContext
 from splitaudit.data import Dataset
 from splitaudit.errors import InputError
 from splitaudit.models import prepare_encoder, wrap_module
+from splitaudit.tokens import TokenSpace
 
 # Each attack turned down to seconds on the tiny context (keys must be its declared options).
 TINY_OPTIONS = {
@@ -32,6 +33,7 @@ TINY_OPTIONS = {
     "decoder": {"quick_epochs": 3},
     "optimization": {"quick_steps": 5, "quick_samples": 8},
     "sdar": {"iterations": 4, "batch_size": 16},
+    "token-inversion": {"quick_epochs": 3, "hidden": 16},
 }
 
 
@@ -43,7 +45,7 @@ def synthetic_part(n: int, generator: torch.Generator) -> Dataset:
 
 
 @pytest.fixture(scope="module")
-def tiny_ctx() -> AuditContext:
+def plain_ctx() -> AuditContext:
     generator = torch.Generator().manual_seed(0)
     aux, target = synthetic_part(48, generator), synthetic_part(48, generator)
     torch.manual_seed(0)
@@ -51,9 +53,36 @@ def tiny_ctx() -> AuditContext:
     return AuditContext(encoder=encoder, aux=aux, target=target, quick=True, attack_options=TINY_OPTIONS)
 
 
+def token_part(n: int, table: torch.Tensor, generator: torch.Generator, vocab: int) -> Dataset:
+    """n sentences of 4 token ids below vocab, as embeddings with their ids; labels follow the first token."""
+    ids = torch.randint(0, vocab, (n, 4), generator=generator)
+    return Dataset(x=table[ids], y=ids[:, 0] % 3, attr=(ids[:, 1] >= 6).long(), token_ids=ids)
+
+
 @pytest.fixture(scope="module")
-def first_runs(tiny_ctx) -> dict[str, dict]:
-    return {name: get_attack(name).run(tiny_ctx) for name in ATTACK_NAMES}
+def token_ctx() -> AuditContext:
+    """Token inputs: 12 tokens of dimension 3, a per-position encoder from embeddings [4, 3]."""
+    generator = torch.Generator().manual_seed(0)
+    table = torch.randn(12, 3, generator=generator)
+    # token 11 never occurs in the aux part: a rare token (in < 1% of aux sentences) of the targets
+    aux, target = token_part(48, table, generator, 11), token_part(48, table, generator, 12)
+    torch.manual_seed(0)
+    encoder = prepare_encoder(wrap_module(nn.Sequential(nn.Linear(3, 5), nn.Tanh()), torch.device("cpu")), aux.x)
+    tokens = TokenSpace(table, [f"t{i}" for i in range(12)])
+    return AuditContext(encoder=encoder, aux=aux, target=target, quick=True, attack_options=TINY_OPTIONS, tokens=tokens)
+
+
+@pytest.fixture
+def tiny_ctx(request, plain_ctx, token_ctx) -> AuditContext:
+    """The tiny context the test's attack runs on: token inputs for an attack that needs them."""
+    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
+    return token_ctx if name and "tokens" in attack_class(name).needs else plain_ctx
+
+
+@pytest.fixture(scope="module")
+def first_runs(plain_ctx, token_ctx) -> dict[str, dict]:
+    pick = lambda name: token_ctx if "tokens" in attack_class(name).needs else plain_ctx
+    return {name: get_attack(name).run(pick(name)) for name in ATTACK_NAMES}
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)
@@ -61,7 +90,8 @@ def test_attack_describes_itself(name):
     attack = attack_class(name)
     assert attack.name == name and REGISTRY[name][1] == attack.__name__
     assert attack.kind in {"label", "reconstruction"}
-    assert attack.primary_metric == ("mse" if attack.kind == "reconstruction" else "accuracy")
+    label_metric = "token_accuracy" if "tokens" in attack.needs else "accuracy"
+    assert attack.primary_metric == ("mse" if attack.kind == "reconstruction" else label_metric)
     assert attack.primary_metric in attack.metrics
     assert set(attack.needs) <= NEEDS
     assert len(attack.title) > 5 and len(attack.assumptions) > 20, "the report shows both"
@@ -117,6 +147,8 @@ def test_attack_skips_with_a_reason_when_inputs_lack_what_it_needs(name, tiny_ct
     entry = attack.run(unlabelled)
     if attack.needs & {"labels", "attribute"}:
         assert entry["status"] == "skipped" and entry["reason"]
+    elif "tokens" in attack.needs and tiny_ctx.tokens is None:
+        assert entry["status"] == "skipped" and "token inputs" in entry["reason"]
     else:
         assert entry["status"] == "ok", entry.get("reason")
 
@@ -163,7 +195,7 @@ def test_attack_checks_its_options_before_running(name, tiny_ctx):
 
 @pytest.mark.slow
 def test_every_attack_runs_on_the_digits_cnn_with_ssim(digits_ctx):
-    for name in ATTACK_NAMES:
+    for name in (n for n in ATTACK_NAMES if "tokens" not in attack_class(n).needs):
         entry = get_attack(name).run(digits_ctx)
         assert entry["status"] == "ok", (name, entry.get("reason"))
         assert set(attack_class(name).metrics) <= set(entry["metrics"])
@@ -202,3 +234,19 @@ def test_cli_refuses_a_bad_attack_option_up_front(setting, words, capsys, monkey
         )
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().endswith(words)
+
+
+def test_attacks_on_token_inputs_report_token_metrics_or_say_why_not(token_ctx, plain_ctx):
+    """On token inputs every attack runs or is skipped with its reason; reconstruction attacks add
+    the token metrics (nearest-token decoding) beside their MSE, with the most-frequent-token baseline."""
+    for name in ATTACK_NAMES:
+        entry = get_attack(name).run(token_ctx)
+        if name == "sdar":
+            assert entry["status"] == "skipped" and "token inputs" in entry["reason"]
+            continue
+        assert entry["status"] == "ok", (name, entry.get("reason"))
+        if entry["kind"] == "reconstruction" or "tokens" in attack_class(name).needs:
+            for metric in ("token_accuracy", "exact_match", "rouge_l", "bleu", "rare_token_recall"):
+                assert metric in entry["metrics"] and metric in entry["baseline"], (name, metric)
+            assert len(entry["details"]["tokens"]["position_accuracy"]) == 4
+    assert get_attack("token-inversion").run(plain_ctx)["status"] == "skipped"

@@ -1,0 +1,367 @@
+"""Token inputs (split LLMs): a bottom model over token ids, audited on its token embeddings.
+
+`--vocab` declares that the data holds token ids (nothing infers it from shapes or values). The
+model's token-embedding lookup is located (TorchScript: the `aten::embedding` on the ids input;
+ONNX: the Gather of a weight table by the ids input, possibly after a Cast) and the model is cut
+there: the audited function maps the input embeddings E (T x D) to the hidden states, and the
+data's `x` becomes E = table[ids]. dFIL, the prior, the bounds and the reconstruction attacks
+then work in that continuous space; the table lets attacks decode embeddings to the nearest
+tokens and the vocabulary turns ids into text.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import tempfile
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from splitaudit.data import Dataset, load_dataset
+from splitaudit.errors import InputError
+from splitaudit.estimators.prior import PriorEstimate
+from splitaudit.models import RawModel, detect_format, open_model
+from splitaudit.safety import display_path, require_regular_file
+
+ONNX_INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # uint8, int8, uint16, int16, int32, int64, uint32, uint64
+NEAREST_CHUNK = 4096  # embeddings decoded to tokens at a time (distances to every row of the table)
+# Default smoothing tau for token embeddings, as a fraction of the table's per-dimension spread:
+# the 0.25 that works for [0, 1] pixels (Maeng et al., NeurIPS 2023, A.1) read as a fraction of the data's scale.
+TOKEN_SMOOTHING_FRACTION = 0.25
+
+
+@dataclass
+class TokenSpace:
+    """The model's token-embedding table [V, D] and the vocabulary that names its rows."""
+
+    table: torch.Tensor
+    vocab: list[str]
+
+    def to(self, device) -> "TokenSpace":
+        return replace(self, table=self.table.to(device))
+
+    @property
+    def size(self) -> int:
+        return self.table.shape[0]
+
+    def spread(self) -> float:
+        """The table's per-dimension standard deviation around its mean row (its natural scale)."""
+        return float((self.table - self.table.mean(dim=0)).pow(2).mean().sqrt())
+
+    def default_smoothing(self) -> float:
+        """tau for the smoothed prior: token embeddings take finitely many values, so the
+        unsmoothed prior has infinite Fisher information and no finite van Trees bound."""
+        return TOKEN_SMOOTHING_FRACTION * self.spread()
+
+    def unsmoothed_prior(self, method: str) -> PriorEstimate:
+        """The prior term at tau = 0: infinite, so the van Trees bound is 0 (only Cramér-Rao remains)."""
+        return PriorEstimate(
+            method=method,
+            smoothing=0.0,
+            j_over_d=math.inf,
+            stderr=0.0,
+            gaussian_floor=math.nan,
+            stam_limit=None,
+            valid=False,
+            j_over_d_used=math.inf,
+            notes=[
+                "token embeddings take finitely many values (rows of the embedding table): their prior has "
+                "infinite Fisher information, so without smoothing (--smoothing > 0) the van Trees bound is 0"
+            ],
+        )
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of token ids [..., T] -> [..., T, D]."""
+        return self.table[ids.to(self.table.device)]
+
+    @torch.no_grad()
+    def nearest(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Each embedding [..., D] decoded to the id of the nearest row of the table (Euclidean)."""
+        flat = embeddings.detach().reshape(-1, embeddings.shape[-1]).to(self.table)
+        norms = self.table.pow(2).sum(dim=1)
+        ids = [(norms - 2 * chunk @ self.table.T).argmin(dim=1) for chunk in flat.split(NEAREST_CHUNK)]
+        return torch.cat(ids).reshape(embeddings.shape[:-1])
+
+    def text(self, ids) -> str:
+        """Token ids joined as text (an id the vocabulary does not name is shown as <id>)."""
+        return " ".join(self.vocab[i] if i < len(self.vocab) else f"<{i}>" for i in (int(t) for t in ids))
+
+
+def load_vocab(path: str | Path) -> list[str]:
+    """A JSON list of strings (index = id), or a `tokenizers` tokenizer.json (model.vocab as
+    {token: id} or Unigram's [[token, score], ...], plus added_tokens)."""
+    path = require_regular_file(path, "vocabulary file")
+    try:
+        content = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"--vocab {display_path(path)} is not JSON ({exc})") from exc
+    if isinstance(content, list) and all(isinstance(t, str) for t in content):
+        return content
+    if isinstance(content, dict) and isinstance(content.get("model"), dict):
+        return _tokenizer_json_vocab(content, path)
+    raise InputError(
+        f"--vocab {display_path(path)} must be a JSON list of strings (index = token id) or a tokenizer.json"
+    )
+
+
+def _tokenizer_json_vocab(content: dict, path) -> list[str]:
+    vocab = content["model"].get("vocab")
+    if isinstance(vocab, list):  # Unigram: [[token, score], ...] in id order
+        by_id = {i: str(entry[0]) for i, entry in enumerate(vocab)}
+    elif isinstance(vocab, dict):
+        by_id = {int(i): str(token) for token, i in vocab.items()}
+    else:
+        raise InputError(f"--vocab {display_path(path)}: tokenizer.json has no model.vocab")
+    for added in content.get("added_tokens") or []:
+        by_id[int(added["id"])] = str(added["content"])
+    return [by_id.get(i, f"<{i}>") for i in range(max(by_id) + 1)]
+
+
+def open_audited_model(model, device: torch.device, output_name: str | None, vocab, mode: str = "saved") -> RawModel:
+    """The model as the audit sees it (in --model-mode `mode`): cut after its token-embedding lookup
+    when --vocab declares token inputs, as it is otherwise."""
+    if vocab is None:
+        return open_model(model, device, output_name, mode)
+    if isinstance(model, nn.Module):
+        raise InputError("--vocab (token inputs) needs a model file (TorchScript or ONNX), not a torch module")
+    return open_token_model(model, device, vocab, output_name, mode)
+
+
+def load_audited_data(path, input_shape, raw: RawModel, label_column=None, attr_column=None) -> Dataset:
+    """The data in the audited model's input space: token ids as their embeddings for a token model."""
+    if raw.tokens is not None:
+        return load_token_data(path, raw.tokens)
+    return load_dataset(path, input_shape, label_column=label_column, attr_column=attr_column)
+
+
+def open_token_model(
+    path, device: torch.device, vocab_path, output_name: str | None = None, mode: str = "saved"
+) -> RawModel:
+    """The model cut after its token-embedding lookup, as a RawModel on embeddings [T, D] whose
+    `tokens` holds the table and vocabulary; InputError naming what was looked for when the lookup
+    cannot be located."""
+    vocab = load_vocab(vocab_path)
+    path = require_regular_file(path, "model file")
+    if detect_format(path) == "torchscript":
+        raw = open_model(path, device, output_name, mode)
+        module, table = _torchscript_from_embeddings(raw.torch_module.scripted, path)
+        raw = replace(raw, torch_module=module)
+    else:
+        raw, table = _onnx_from_embeddings(path, device, output_name)
+    if len(vocab) > len(table):
+        raise InputError(f"--vocab names {len(vocab)} tokens but the model's embedding table has {len(table)} rows")
+    return replace(raw, tokens=TokenSpace(table.float().to(device), vocab))
+
+
+class FromEmbeddings(nn.Module):
+    """A TorchScript bottom model run from its input embeddings: its inlined graph with the
+    `aten::embedding` output replaced by a graph input."""
+
+    def __init__(self, scripted: torch.jit.ScriptModule, graph) -> None:
+        super().__init__()
+        self.scripted = scripted
+        self.graph = graph
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.function = torch._C._create_function_from_graph("from_embeddings", graph)
+
+    def __deepcopy__(self, memo) -> "FromEmbeddings":
+        """A copy with its own weights (attacks re-initialise copies); the graph is shared, as
+        it takes the module as its first input."""
+        return FromEmbeddings(copy.deepcopy(self.scripted, memo), self.graph)
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        with torch.jit.optimized_execution(False):  # see models.Unoptimized
+            return self.function(self.scripted._c, embeddings)
+
+
+def _torchscript_from_embeddings(scripted, path) -> tuple[nn.Module, torch.Tensor]:
+    graph = scripted.inlined_graph.copy()
+    ids = list(graph.inputs())[1:]
+    lookups = [n for n in graph.nodes() if n.kind() == "aten::embedding" and n.inputsAt(1) in ids]
+    if len(ids) != 1 or len(lookups) != 1:
+        raise InputError(
+            f"{display_path(path)}: no token-embedding lookup found (looked for one aten::embedding on the "
+            f"model's single ids input; found {len(lookups)} on {len(ids)} inputs)"
+        )
+    lookup = lookups[0]
+    table = _graph_constant(scripted, lookup.inputsAt(0), path)
+    embeddings = graph.addInput("embeddings")
+    embeddings.setType(lookup.output().type())
+    lookup.output().replaceAllUsesWith(embeddings)
+    lookup.destroy()
+    if ids[0].uses():
+        raise InputError(
+            f"{display_path(path)}: the model uses its token ids beyond the embedding lookup (e.g. for "
+            "positions or a padding mask); splitaudit audits models whose ids enter only through it"
+        )
+    graph.eraseInput(1)
+    torch._C._jit_pass_dce(graph)
+    return FromEmbeddings(scripted, graph), table
+
+
+def _graph_constant(scripted, value, path) -> torch.Tensor:
+    """The tensor a TorchScript graph value holds: a chain of prim::GetAttr from self."""
+    names = []
+    node = value.node()
+    while node.kind() == "prim::GetAttr":
+        names.append(node.s("name"))
+        node = node.inputsAt(0).node()
+    if node.kind() != "prim::Param" or not names:
+        raise InputError(f"{display_path(path)}: the embedding lookup's table is not a weight of the model")
+    owner = scripted
+    for name in reversed(names):
+        owner = getattr(owner, name)
+    return owner.detach()
+
+
+def _onnx_from_embeddings(path: Path, device: torch.device, output_name) -> tuple[RawModel, torch.Tensor]:
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(path))
+    inputs = [i for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+    ints = [i for i in inputs if i.type.tensor_type.elem_type in ONNX_INTEGER_TYPES]
+    weights = {t.name: t for t in proto.graph.initializer}
+    weights.update({n.output[0]: n.attribute[0].t for n in proto.graph.node if n.op_type == "Constant" and n.attribute})
+    casts = {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Cast"}
+    id_names = {i.name for i in ints}
+    lookups = [
+        n
+        for n in proto.graph.node
+        if n.op_type == "Gather" and n.input[0] in weights and casts.get(n.input[1], n.input[1]) in id_names
+    ]
+    if len(inputs) != 1 or len(lookups) != 1:
+        raise InputError(
+            f"{display_path(path)}: no token-embedding lookup found (looked for one Gather of a weight table "
+            f"by the integer ids input, possibly after a Cast; found {len(lookups)} on {len(inputs)} inputs)"
+        )
+    lookup = lookups[0]
+    table = torch.from_numpy(np.array(numpy_helper.to_array(weights[lookup.input[0]]), dtype=np.float32))
+    folder = Path(tempfile.mkdtemp(prefix="splitaudit-tokens-"))
+    cut = folder / "from_embeddings.onnx"
+    outputs = [output_name] if output_name else [o.name for o in proto.graph.output][:1]
+    try:
+        onnx.utils.extract_model(str(path), str(cut), [lookup.output[0]], outputs, check_model=True)
+    except Exception as exc:
+        raise InputError(
+            f"{display_path(path)}: cannot cut the graph after its embedding lookup {lookup.name!r} "
+            f"({str(exc).splitlines()[0][:200]}); the ids may be used beyond the lookup"
+        ) from exc
+    raw = open_model(cut, device, output_name)
+    return replace(raw, path=path, declared_input_shape=None), table
+
+
+def load_token_data(path, tokens: TokenSpace) -> Dataset:
+    """An .npz whose `x` holds token ids [N, T] as a Dataset of their embeddings [N, T, D] with
+    the ids kept in `token_ids`; ids outside the table, or a padding mask, are refused."""
+    data = load_dataset(path)
+    ids = data.x
+    if ids.dim() != 2 or not bool((ids == ids.round()).all()):
+        raise InputError(f"{data.source}: with --vocab, 'x' must hold integer token ids of shape [N, T]")
+    ids = ids.long()
+    if int(ids.min()) < 0 or int(ids.max()) >= tokens.size:
+        raise InputError(
+            f"{data.source}: token ids must lie in [0, {tokens.size}) (the model's embedding table), "
+            f"found {int(ids.min())}..{int(ids.max())}"
+        )
+    _check_mask(path)
+    return replace(data, x=tokens.embed(ids).cpu(), token_ids=ids)
+
+
+def _check_mask(path) -> None:
+    """A `mask` that pads some positions is refused (not audited yet); an all-ones mask is no mask."""
+    if not isinstance(path, (str, Path)) or Path(path).suffix.lower() != ".npz":
+        return  # arrays from the Python API and CSV files carry no mask
+    source = Path(path)
+    with np.load(source, allow_pickle=False) as npz:
+        if "mask" in npz.files and not bool(np.all(npz["mask"] == 1)):
+            raise InputError(
+                f"{display_path(source)}: a padding 'mask' with zeros is not supported yet; audit "
+                "sequences of one length (all-ones mask)"
+            )
+
+
+# --- what the embedding-space bound means for tokens -------------------------------------------
+
+GEOMETRY_SAMPLE_ROWS = 512  # table rows whose neighbourhoods are measured (all rows for small vocabularies)
+
+
+def table_geometry(tokens: TokenSpace, seed: int = 0) -> dict:
+    """The table's diameter bound (twice the largest distance from the mean row: no two rows are
+    farther apart) and, over a seeded sample of rows, the nearest-neighbour distances."""
+    table = tokens.table.double()
+    diameter = 2 * float((table - table.mean(dim=0)).norm(dim=1).max())
+    rows = torch.randperm(len(table), generator=torch.Generator().manual_seed(seed))[:GEOMETRY_SAMPLE_ROWS]
+    distances = torch.cdist(table[rows.to(table.device)], table)
+    distances[torch.arange(len(rows)), rows] = math.inf  # a row is not its own neighbour
+    return {"diameter_bound": diameter, "distances": distances}
+
+
+def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: int = 0) -> dict:
+    """The token-level reading of the per-dimension bounds b (van Trees; Cramér-Rao for unbiased attackers).
+
+    Any attacker that outputs token ids h_hat reconstructs the embeddings table[h_hat]; at a wrong
+    position its squared error is at most Delta^2 (Delta >= the table's diameter), at a right one 0.
+    So its per-dimension MSE is at most (1 - p) Delta^2 / D for token accuracy p, and with smoothing
+    tau the triangle inequality adds tau per dimension (RMS): sqrt(b) <= sqrt((1 - p) Delta^2 / D) + tau.
+    Hence p <= 1 - D (sqrt(b) - tau)_+^2 / Delta^2: the ceiling on the expected token accuracy of
+    any attacker. The radius sqrt(D b) is the RMS error per position the bound forces; the report
+    also counts how many tokens lie within it of a token (what nearest-token decoding cannot separate)."""
+    dim = tokens.table.shape[1]
+    geometry = table_geometry(tokens, seed)
+    diameter = geometry["diameter_bound"]
+
+    def ceiling(b: float) -> float:
+        return max(0.0, 1.0 - dim * max(0.0, math.sqrt(b) - smoothing) ** 2 / diameter**2)
+
+    radius = math.sqrt(dim * bounds["van_trees_mse"])
+    distances = geometry["distances"]
+    nearest = distances.min(dim=1).values
+    return {
+        "embedding_dim": dim,
+        "vocab_size": tokens.size,
+        "smoothing": smoothing,
+        "diameter_bound": diameter,
+        "nearest_neighbour_median": float(nearest.median()),
+        "radius": radius,
+        "tokens_within_radius_median": float((distances <= radius).sum(dim=1).double().median()),
+        "share_separable": float((nearest > 2 * radius).double().mean()),
+        "token_accuracy_ceiling": ceiling(bounds["van_trees_mse"]),
+        "token_accuracy_ceiling_unbiased": ceiling(bounds["cramer_rao_mse"]),
+        "assumptions": [
+            "the attacker's token guesses are read as their embeddings; a wrong token costs at most the "
+            "table's diameter (bounded by twice the largest distance from the mean row)",
+            "the ceiling inherits the bound's assumptions: the estimated prior and dFIL, and with smoothing "
+            f"tau = {smoothing:.4g} the smoothed embeddings x + N(0, tau^2 I)",
+            "it is a ceiling on the expected token accuracy over sentences like the audited data; a measured "
+            "accuracy carries sampling error",
+        ],
+        "violated_by": [],
+    }
+
+
+def flag_token_violations(result: dict) -> None:
+    """List the attacks whose measured token accuracy exceeds the ceiling in the token statement and
+    among the bound's violators: the bound (or an estimate it rests on) does not hold for them."""
+    statement = result["tokens"]
+    violated = [
+        name
+        for name, entry in result["attacks"].items()
+        if entry.get("status") == "ok"
+        and entry.get("metrics", {}).get("token_accuracy", -math.inf) > statement["token_accuracy_ceiling"]
+    ]
+    statement["violated_by"] = violated
+    bounds = result["bounds"]
+    bounds["violated_by"] += [name for name in violated if name not in bounds["violated_by"]]
+    if violated:
+        bounds.setdefault("notes", []).append(
+            f"{', '.join(violated)} recovered more tokens than the token statement allows "
+            f"({statement['token_accuracy_ceiling']:.4g}): the bound is not a guarantee for these inputs"
+        )

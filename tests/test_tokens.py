@@ -1,0 +1,214 @@
+"""Token inputs: bottoms over token ids cut at their embedding lookup, audited on the embeddings."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_cli import assert_one_line_error, run_cli
+from token_models import LENGTH, TokenBottom, save_token_data, save_token_model
+
+from splitaudit import leakage
+from splitaudit.config import AuditOptions
+from splitaudit.pipeline import prepare_context
+from splitaudit.result import first_error
+from splitaudit.tokens import TokenSpace, flag_token_violations, load_vocab, token_statement
+
+FORMATS = ("torchscript", "legacy", "dynamo")
+
+
+@pytest.fixture(scope="module")
+def bottom():
+    return TokenBottom().eval()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, bottom):
+    folder = tmp_path_factory.mktemp("tokens")
+    models = {fmt: str(save_token_model(bottom, fmt, folder)) for fmt in FORMATS}
+    data, vocab = save_token_data(folder)
+    return models, data, vocab
+
+
+def token_context(model, data, vocab, **overrides):
+    options = AuditOptions(model=model, aux=data, vocab=vocab, quick=True, attacks=["none"], **overrides)
+    return prepare_context(options.validate())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_model_is_cut_at_its_embedding_lookup(files, bottom, fmt):
+    """x becomes table[ids]; the cut model on those embeddings gives the whole model's hidden
+    states (within the ONNX parity tolerance), with autograd gradients."""
+    models, data, vocab = files
+    ctx = token_context(models[fmt], data, vocab)
+    ids = ctx.target.token_ids
+    assert ids.shape == (60, LENGTH) and ctx.target.x.shape == (60, LENGTH, 8)
+    torch.testing.assert_close(ctx.tokens.table, bottom.tok.weight.detach())
+    torch.testing.assert_close(ctx.target.x, bottom.tok.weight.detach()[ids])
+    with torch.no_grad():
+        expected = bottom(ids)
+        for _ in range(2):  # a second call through the interpreter gives the same
+            torch.testing.assert_close(ctx.encoder(ctx.target.x), expected, atol=1e-5, rtol=1e-5)
+    assert ctx.encoder.differentiable and not ctx.target.is_image and not ctx.target.in_unit_range
+    assert ctx.tokens.nearest(ctx.target.x).equal(ids)
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "dynamo"])
+def test_dfil_is_the_jacobian_of_the_hidden_states_in_the_embeddings(files, bottom, fmt):
+    """Per-sample ||J||_F^2 equals the trace from torch.autograd.functional.jacobian of the eager
+    module's embeddings -> hidden states (rtol 1e-4: exact methods on both sides; 4 samples, as
+    the eager reference is slow)."""
+    models, data, vocab = files
+    ctx = token_context(models[fmt], data, vocab, smoothing=0.0, noise_sigma=1.0)
+    m = leakage.measure(ctx, prior="gaussian", smoothing=0.0)
+    assert m.d == LENGTH * 8 and len(m.index) == len(ctx.target)
+    x = ctx.target.x[m.index[:4]]
+    jacobians = [torch.autograd.functional.jacobian(bottom.from_embeddings, e[None], vectorize=True) for e in x]
+    expected = torch.stack([j.pow(2).sum() for j in jacobians])
+    torch.testing.assert_close(m.traces.values[:4].double(), expected.double(), rtol=1e-4, atol=0)
+    assert m.trace_over_d == pytest.approx(float(m.traces.values.double().mean()) / m.d, rel=1e-6)
+
+
+def test_token_smoothing_defaults_to_a_quarter_of_the_table_spread(files, bottom):
+    models, data, vocab = files
+    ctx = token_context(models["torchscript"], data, vocab, noise_sigma=1.0)
+    table = bottom.tok.weight.detach()
+    spread = float((table - table.mean(0)).pow(2).mean().sqrt())
+    assert leakage.resolve_smoothing(ctx, None) == pytest.approx(0.25 * spread, rel=1e-6)
+    assert leakage.resolve_smoothing(ctx, 0.1) == 0.1
+
+
+def test_unsmoothed_token_prior_is_infinite_so_van_trees_is_zero(files):
+    """Embeddings of a finite vocabulary: a discrete prior, J = inf, no finite van Trees bound;
+    Cramér-Rao (no prior) still holds."""
+    models, data, vocab = files
+    ctx = token_context(models["torchscript"], data, vocab, noise_sigma=1.0)
+    section = leakage.assess(ctx, prior="ssm", smoothing=0.0)
+    assert section["prior"]["valid"] is False and math.isinf(section["prior"]["J_over_d_used"])
+    assert section["bounds"]["van_trees_mse"] == 0.0
+    assert 0 < section["bounds"]["cramer_rao_mse"] < math.inf
+
+
+def test_vocab_from_a_tokenizer_json(tmp_path):
+    spec = {"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 2}}, "added_tokens": [{"id": 1, "content": "[P]"}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    assert load_vocab(tmp_path / "tokenizer.json") == ["a", "[P]", "b"]
+    unigram = {"model": {"type": "Unigram", "vocab": [["x", -1.0], ["y", -2.0]]}}
+    (tmp_path / "u.json").write_text(json.dumps(unigram))
+    assert load_vocab(tmp_path / "u.json") == ["x", "y"]
+
+
+def test_a_model_without_an_embedding_lookup_is_refused(tmp_path, files, capsys):
+    """A float model given token data: exit 2 naming what was looked for (ONNX and TorchScript)."""
+    _, data, vocab = files
+    linear = torch.nn.Linear(LENGTH, 4).eval()
+    torch.jit.trace(linear, torch.rand(2, LENGTH)).save(str(tmp_path / "linear.pt"))
+    code, _, err = run_cli(["run", str(tmp_path / "linear.pt"), "--aux", data, "--vocab", vocab], capsys)
+    assert_one_line_error(code, err, "aten::embedding")
+    torch.onnx.export(linear, (torch.rand(2, LENGTH),), str(tmp_path / "linear.onnx"), dynamo=False)
+    code, _, err = run_cli(["run", str(tmp_path / "linear.onnx"), "--aux", data, "--vocab", vocab], capsys)
+    assert_one_line_error(code, err, "Gather of a weight table by the integer ids input")
+
+
+def test_bad_token_data_is_refused(tmp_path, files, capsys):
+    models, _, vocab = files
+    for name, arrays, fragment in [
+        ("range", {"x": np.arange(20 * LENGTH).reshape(20, LENGTH) % 41}, "token ids must lie in [0, 40)"),
+        ("float", {"x": np.random.rand(20, LENGTH)}, "integer token ids of shape [N, T]"),
+        ("mask", {"x": np.arange(20 * LENGTH).reshape(20, LENGTH) % 40, "mask": np.eye(20, LENGTH)}, "padding 'mask'"),
+    ]:
+        np.savez(tmp_path / f"{name}.npz", **arrays)
+        code, _, err = run_cli(
+            ["run", models["torchscript"], "--aux", str(tmp_path / f"{name}.npz"), "--vocab", vocab], capsys
+        )
+        assert_one_line_error(code, err, fragment)
+    (tmp_path / "big.json").write_text(json.dumps([str(i) for i in range(41)]))
+    code, _, err = run_cli(["run", models["dynamo"], "--aux", files[1], "--vocab", str(tmp_path / "big.json")], capsys)
+    assert_one_line_error(code, err, "embedding table has 40 rows")
+
+
+def test_token_statement_closed_form():
+    """Two tokens at +-a e_1 in D = 4: diameter 2a, nearest neighbour 2a, radius sqrt(D b),
+    ceiling 1 - D (sqrt(b) - tau)^2 / (2a)^2."""
+    a, b, tau = 1.5, 0.3, 0.1
+    table = torch.zeros(2, 4)
+    table[0, 0], table[1, 0] = a, -a
+    statement = token_statement(TokenSpace(table, ["x", "y"]), {"van_trees_mse": b, "cramer_rao_mse": 2 * b}, tau)
+    assert statement["diameter_bound"] == pytest.approx(2 * a)
+    assert statement["nearest_neighbour_median"] == pytest.approx(2 * a)
+    assert statement["radius"] == pytest.approx(math.sqrt(4 * b))
+    assert statement["token_accuracy_ceiling"] == pytest.approx(1 - 4 * (math.sqrt(b) - tau) ** 2 / (2 * a) ** 2)
+    assert statement["token_accuracy_ceiling_unbiased"] == pytest.approx(
+        1 - 4 * (math.sqrt(2 * b) - tau) ** 2 / (2 * a) ** 2
+    )
+    assert statement["tokens_within_radius_median"] == 0 and statement["share_separable"] == 1.0  # 2a > 2 radius
+    result = {
+        "tokens": statement,
+        "bounds": {"violated_by": [], "notes": []},
+        "attacks": {
+            "token-inversion": {"status": "ok", "metrics": {"token_accuracy": 0.99}},
+            "decoder": {"status": "ok", "metrics": {"mse": 0.1, "token_accuracy": 0.1}},
+        },
+    }
+    flag_token_violations(result)
+    assert result["tokens"]["violated_by"] == ["token-inversion"] == result["bounds"]["violated_by"]
+    assert "token statement" in result["bounds"]["notes"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigma", [0.5, 3.0])
+def test_no_attack_beats_the_token_statement_and_the_report_shows_sentences(tmp_path, bottom, sigma, capsys):
+    """The whole battery through the CLI on the TorchScript bottom: report.json validates (with its
+    tokens section), no attack's token accuracy exceeds the ceiling, and the report shows the
+    sentences with the vocabulary's strings escaped."""
+    model = save_token_model(bottom, "torchscript", tmp_path)
+    data, _ = save_token_data(tmp_path)
+    (tmp_path / "vocab.json").write_text(json.dumps([f"<b>w{i}" for i in range(40)]))
+    out = tmp_path / "out"
+    args = ["run", str(model), "--aux", data, "--vocab", str(tmp_path / "vocab.json"), "--quick"]
+    code, _, err = run_cli([*args, "--noise-sigma", str(sigma), "--out", str(out), "--workers", "1"], capsys)
+    assert code == 0, err
+    result = json.loads((out / "report.json").read_text())
+    assert first_error(result) is None
+    ceiling = result["tokens"]["token_accuracy_ceiling"]
+    accuracies = {
+        n: a["metrics"]["token_accuracy"]
+        for n, a in result["attacks"].items()
+        if a["status"] == "ok" and "token_accuracy" in a["metrics"]
+    }
+    assert set(accuracies) == {"decoder", "optimization", "token-inversion"}
+    assert all(acc <= ceiling for acc in accuracies.values()), (accuracies, ceiling)
+    assert result["tokens"]["violated_by"] == []
+    assert result["attacks"]["token-inversion"]["advantage"] > 0, "the hidden states leak tokens at these sigmas"
+    html = (out / "report.html").read_text()
+    assert "&lt;b&gt;w" in html and "<b>w" not in html
+    assert "original sentence" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_demo_text_audits_the_bundled_transformer_bottom(capsys):
+    """`splitaudit demo --text --quick`: the shipped ONNX bottom, corpus and vocabulary; the learned
+    inversion reads most tokens back at sigma = 0 and beats the most-frequent-token baseline."""
+    code, out, err = run_cli(["demo", "--text", "--quick", "--out", "text-demo", "--workers", "1"], capsys)
+    assert code == 0, err
+    result = json.loads(open("text-demo/report.json").read())
+    assert result["model"]["format"] == "onnx" and result["data"]["sample_shape"] == [8, 32]
+    inversion = result["attacks"]["token-inversion"]
+    assert inversion["metrics"]["token_accuracy"] > inversion["baseline"]["token_accuracy"] + 0.3
+    assert result["attacks"]["sdar"]["status"] == "skipped" and "In tokens" in out
+
+
+def test_python_api_takes_token_arrays_and_a_vocab(files):
+    """splitaudit.audit(model file, (ids, y), vocab=...): the same cut and token attack as the CLI."""
+    import splitaudit
+
+    models, data, vocab = files
+    with np.load(data) as npz:
+        ids, y = npz["x"], npz["y"]
+    result = splitaudit.audit(models["legacy"], (ids, y), attacks="token-inversion", vocab=vocab, quick=True)
+    assert result["data"]["sample_shape"] == [LENGTH, 8] and "tokens" in result.data
+    entry = result["attacks"]["token-inversion"]
+    assert entry["status"] == "ok" and entry["metrics"]["token_accuracy"] > entry["baseline"]["token_accuracy"]
