@@ -174,7 +174,9 @@ def no_conversion(monkeypatch):
     """ONNX conversion fails, so the audit runs black-box through onnxruntime."""
     import splitaudit.models as models
 
-    monkeypatch.setattr(models, "_convert_onnx", lambda proto, device: (None, "conversion disabled (test)"))
+    monkeypatch.setattr(
+        models, "_convert_onnx", lambda proto, device: iter([models.Conversion("test", None, "conversion disabled")])
+    )
 
 
 AUDIT = dict(attacks="none", noise_sigma=0.5, prior="gaussian", smoothing=0.0, quick=True, seed=0)

@@ -198,7 +198,8 @@ def test_attacks_face_fresh_seeded_draws_and_k_queries_average(tmp_path):
 def test_decoder_reports_single_shot_and_k_query_numbers(tmp_path, capsys):
     path = save(NoisyLinear(0.0, noise=1.0), tmp_path / "noisy.pt")
     args = ["run", path, "--aux", DATA, "--attacks", "decoder", "--prior", "gaussian", "--quick"]
-    code, _, err = run_cli([*args, "--dfil-samples", "8", "--queries", "8", "--out", str(tmp_path / "o")], capsys)
+    options = ["--dfil-samples", "8", "--queries", "8", "--noise-sigma", "0.5", "--out", str(tmp_path / "o")]
+    code, _, err = run_cli([*args, *options], capsys)
     assert code == 0, err
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     decoder = report["attacks"]["decoder"]
