@@ -76,6 +76,13 @@ def _completeness(result: dict) -> dict:
     return _check("audit-complete", True, "complete", "every selected attack ran or was skipped with a reason")
 
 
+def _prior_trusted(prior: dict) -> bool:
+    """Whether the J/d the bound uses is a valid estimate or a limit that holds for every prior
+    (Stam's, or infinity): a failed estimate that fell back to the Gaussian floor is neither."""
+    used, limit = prior.get("J_over_d_used", math.inf), prior.get("stam_limit")
+    return prior.get("valid", True) or used == math.inf or (limit is not None and used >= limit)
+
+
 def _bound_check(result: dict, threshold: float) -> dict:
     bounds = result.get("bounds") or {}
     bound = bounds.get("van_trees_mse")
@@ -96,6 +103,17 @@ def _bound_check(result: dict, threshold: float) -> dict:
             "bound-approximate",
             "the dFIL is approximate: its finite-difference error (black-box model) could not be bounded, "
             "so the van Trees bound is no guarantee and the bound gate cannot pass",
+            bound,
+            threshold,
+        )
+    if not _prior_trusted(result.get("prior") or {}):
+        return _check(
+            "fail-under-mse",
+            False,
+            "prior-untrusted",
+            "the prior estimate J/d failed its sanity check and, without smoothing, no limit that holds for "
+            "every prior replaces it: the van Trees bound may be too optimistic, so the bound gate cannot pass "
+            "(set --smoothing)",
             bound,
             threshold,
         )

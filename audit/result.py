@@ -287,6 +287,7 @@ CheckCause = Literal[
     "bound-missing",
     "bound-untrusted",
     "bound-approximate",
+    "prior-untrusted",
     "bound-too-low",
     "attack-mse-met",
     "no-reconstruction-attack",

@@ -12,7 +12,10 @@ concerns the smoothed input. Two facts check every estimate:
 - the Gaussian floor: J/d >= 1/(mean per-dimension variance), equality only for an isotropic
   Gaussian (Cramér-Rao for the location family).
 An estimate above the Stam limit, or below the floor beyond its statistical error, is reported
-as failed, and the bound uses the violated limit instead.
+as failed. The bound then uses the Stam limit wherever there is one: it holds for every smoothed
+prior, so the bound stays valid. Only without smoothing does a failed low estimate fall back to the
+floor, which is itself only a lower limit on J (so the bound may still be too optimistic, and the
+gate does not pass on it: audit/gate.py).
 """
 
 from __future__ import annotations
@@ -173,15 +176,19 @@ def checked(estimate: PriorEstimate) -> PriorEstimate:
         )
     elif j + FLOOR_SLACK_STDERRS * estimate.stderr < floor * (1 - 1e-9):
         estimate.valid = False
-        estimate.j_over_d_used = floor
+        estimate.j_over_d_used = limit if limit is not None else floor
         estimate.notes.append(
             f"failed estimate: J/d = {j:.4g} is below the Gaussian floor 1/variance = {floor:.4g}, which "
-            "every prior reaches; the bound uses the floor instead (it may still be too optimistic)"
+            "every prior reaches, so score matching underestimated it; "
             + (
-                ""
-                if estimate.smoothing > 0
-                else "; score matching is unreliable on data with bounded or "
-                "low-dimensional support: randomized smoothing (--smoothing) stabilises it (Maeng et al., NeurIPS 2023, A.1)"
+                f"the bound uses Stam's limit 1/tau^2 = {limit:.4g} instead, which holds for every prior "
+                "smoothed with this tau (valid, possibly loose): the floor is only a lower limit on J and "
+                "could still overstate the bound"
+                if limit is not None
+                else "the bound uses the floor instead, which is only a lower limit on J, so the bound may still "
+                "be too optimistic and the bound gate does not pass on it; score matching is unreliable on data "
+                "with bounded or low-dimensional support: randomized smoothing (--smoothing) gives it a valid "
+                "fallback (Maeng et al., NeurIPS 2023, A.1)"
             )
         )
     return estimate

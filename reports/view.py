@@ -267,6 +267,7 @@ CAUSE_WORDS = {
     "bound-too-low": "the provable bound is too low",
     "bound-untrusted": "the provable bound cannot be trusted",
     "bound-approximate": "the provable bound rests on an approximate dFIL",
+    "prior-untrusted": "the provable bound rests on a failed prior estimate",
     "bound-missing": "no provable bound was computed",
     "attack-mse-too-low": "an attack reconstructs too well",
     "no-reconstruction-attack": "no reconstruction attack ran",

@@ -229,3 +229,15 @@ def test_each_check_records_its_cause_and_severity(name, thresholds, check_name,
     found = check(evaluate_gate(fixture(name), **thresholds), check_name)
     assert found["cause"] == cause
     assert found["severity"] == ("none" if found["passed"] else "error")
+
+
+def test_bound_gate_does_not_pass_on_a_failed_prior_that_fell_back_to_the_floor():
+    """Without smoothing a failed low J/d falls back to the Gaussian floor, a lower limit on J only:
+    the bound may be too optimistic, so the bound gate fails naming the prior; with Stam's limit it may pass."""
+    result = fixture("image_audit")
+    threshold = result["bounds"]["van_trees_mse"] / 2
+    floor = dict(result["prior"], valid=False, stam_limit=None, J_over_d_used=7.0)
+    gate = evaluate_gate(dict(result, prior=floor), fail_under_mse=threshold)
+    assert not gate["passed"] and check(gate, "fail-under-mse")["cause"] == "prior-untrusted"
+    stam = dict(result["prior"], valid=False, stam_limit=16.0, J_over_d_used=16.0)
+    assert check(evaluate_gate(dict(result, prior=stam), fail_under_mse=threshold), "fail-under-mse")["passed"]

@@ -120,6 +120,11 @@ def test_an_estimate_clearly_below_the_gaussian_floor_is_a_failed_estimate():
         PriorEstimate(method="ssm", smoothing=0.0, j_over_d=6.8, stderr=0.1, gaussian_floor=7.0, stam_limit=None)
     )
     assert noisy.valid and noisy.j_over_d_used == 6.8  # within its statistical error
+    smoothed = checked(
+        PriorEstimate(method="ssm", smoothing=0.25, j_over_d=5.0, stderr=0.1, gaussian_floor=7.0, stam_limit=16.0)
+    )
+    # the floor is only a lower limit on J: with smoothing, Stam's limit (valid for every prior) is used
+    assert not smoothed.valid and smoothed.j_over_d_used == 16.0 and "Stam" in smoothed.notes[0]
 
 
 def test_a_non_finite_estimate_falls_back_to_stams_limit():
