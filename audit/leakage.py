@@ -138,8 +138,8 @@ def _jacobian_traces(
 
 
 def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
-    if ctx.tokens is not None and tau == 0:
-        return ctx.tokens.unsmoothed_prior(method)
+    if ctx.tokens is not None:
+        return ctx.tokens.smoothed_prior(method, tau, ctx.aux.x) if tau > 0 else ctx.tokens.unsmoothed_prior(method)
     settings = QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings()
     if method == "gaussian":
         return estimate_prior(ctx.aux.x, method, tau)

@@ -76,6 +76,30 @@ class TokenSpace:
             ],
         )
 
+    def smoothed_prior(self, method: str, tau: float, x: torch.Tensor) -> PriorEstimate:
+        """The prior term at tau > 0: Stam's limit 1/tau^2, not an estimate. The smoothed prior of
+        token embeddings is a mixture of N(row, tau^2 I) over the table's rows; where rows lie more
+        than a few tau apart its J/d is about 1/tau^2, the most any prior smoothed with tau can have.
+        Score matching underestimates such peaked mixtures and a Gaussian fit (the floor) is far
+        below them, which would make the bound too optimistic; the limit is valid for every prior."""
+        limit = 1.0 / tau**2
+        variance = float(x.flatten(1).var(dim=0).mean())
+        return PriorEstimate(
+            method=method,
+            smoothing=tau,
+            j_over_d=limit,
+            stderr=0.0,
+            gaussian_floor=1.0 / (variance + tau**2),
+            stam_limit=limit,
+            j_over_d_used=limit,
+            notes=[
+                f"token inputs: J/d is Stam's limit 1/tau^2 = {limit:.4g} (valid for every prior smoothed with "
+                f"tau = {tau:.4g}), not a {method} estimate: the smoothed prior of a finite vocabulary is a "
+                "mixture of narrow Gaussians whose J/d approaches that limit, which score matching and a "
+                "Gaussian fit underestimate (both would overstate the bound)"
+            ],
+        )
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of token ids [..., T] -> [..., T, D]."""
         return self.table[ids.to(self.table.device)]

@@ -92,6 +92,21 @@ def test_unsmoothed_token_prior_is_infinite_so_van_trees_is_zero(files):
     assert 0 < section["bounds"]["cramer_rao_mse"] < math.inf
 
 
+def test_smoothed_token_prior_is_stams_limit_whatever_the_method(files):
+    """tau > 0: J/d is Stam's limit 1/tau^2 (valid for every smoothed prior), never a score-matching
+    or Gaussian estimate, which underestimate a finite vocabulary's peaked mixture; so the van Trees
+    bound is at most tau^2 (closed form 1/(dFIL + 1/tau^2))."""
+    models, data, vocab = files
+    ctx = token_context(models["torchscript"], data, vocab, noise_sigma=1.0)
+    tau = 0.3
+    for method in ("gaussian", "ssm"):
+        section = leakage.assess(ctx, prior=method, smoothing=tau)
+        prior, bounds = section["prior"], section["bounds"]
+        assert prior["valid"] and prior["J_over_d_used"] == pytest.approx(1 / tau**2)
+        assert bounds["van_trees_mse"] == pytest.approx(1 / (bounds["dfil_used"] + 1 / tau**2), rel=1e-9)
+        assert bounds["van_trees_mse"] < tau**2
+
+
 def test_vocab_from_a_tokenizer_json(tmp_path):
     spec = {"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 2}}, "added_tokens": [{"id": 1, "content": "[P]"}]}
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
