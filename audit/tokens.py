@@ -366,9 +366,22 @@ def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: in
             f"tau = {smoothing:.4g} the smoothed embeddings x + N(0, tau^2 I)",
             "it is a ceiling on the expected token accuracy over sentences like the audited data; a measured "
             "accuracy carries sampling error",
+            *_vacuous_note(bounds["van_trees_mse"], smoothing),
         ],
         "violated_by": [],
     }
+
+
+def _vacuous_note(van_trees: float, smoothing: float) -> list[str]:
+    """Why the ceiling for any attacker is 1 when the van Trees bound is at most tau^2."""
+    if smoothing <= 0 or math.sqrt(van_trees) > smoothing:
+        return []
+    return [
+        f"the van Trees bound ({van_trees:.4g}) is at most tau^2 = {smoothing**2:.4g}: it concerns the smoothed "
+        "embeddings, which even an attacker who recovers every token reconstructs only up to the smoothing "
+        "noise, so it cannot limit token recovery (ceiling 1); only the ceiling for unbiased attackers "
+        "(Cramér-Rao) can be below 1 here"
+    ]
 
 
 def flag_token_violations(result: dict) -> None:

@@ -160,6 +160,10 @@ def test_token_statement_closed_form():
         1 - 4 * (math.sqrt(2 * b) - tau) ** 2 / (2 * a) ** 2
     )
     assert statement["tokens_within_radius_median"] == 0 and statement["share_separable"] == 1.0  # 2a > 2 radius
+    assert not any("cannot limit token recovery" in a for a in statement["assumptions"])
+    vacuous = token_statement(TokenSpace(table, ["x", "y"]), {"van_trees_mse": 0.9 * tau**2, "cramer_rao_mse": b}, tau)
+    assert vacuous["token_accuracy_ceiling"] == 1.0  # a bound below tau^2 says nothing about tokens, and says so
+    assert any("cannot limit token recovery" in a for a in vacuous["assumptions"])
     result = {
         "tokens": statement,
         "bounds": {"violated_by": [], "notes": []},
