@@ -40,7 +40,7 @@ class TokenInversionOptions:
     hidden: int = option(256, "width of the per-position network's hidden layer", low=1)
     epochs: int = option(100, "epoch cap (hold-out early stopping decides)", low=1)
     quick_epochs: int = option(15, "epoch cap under --quick", low=1)
-    lr: float = option(3e-3, "Adam learning rate", above=0)
+    lr: float = option(3e-3, "Adam learning rate", above=0, high=1)
     batch_size: int = option(64, "training batch size (sentences)", low=1)
     patience: int = option(8, "epochs without a better hold-out loss before stopping", low=1)
     holdout_fraction: float = option(0.1, "share of the aux data held out for early stopping", above=0, below=1)

@@ -338,7 +338,7 @@ def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
 
     assert utility_source(ctx) == "probe" and utility_source(digits_top_ctx) == "top-model"
     with pytest.raises(InputError, match="set sdar.top_model_role=body"):
-        measure_utility(dataclasses.replace(digits_top_ctx, top_model=body))
+        measure_utility(dataclasses.replace(digits_top_ctx, top_model=body, top_model_forward=body))
 
 
 @pytest.mark.slow
