@@ -141,12 +141,16 @@ def batch_norm_class(axes: int) -> type[nn.Module]:
     return {1: nn.BatchNorm1d, 2: nn.BatchNorm2d}[axes]
 
 
-def pixel_scaled_width(base: int, full_size: tuple[int, ...], size: tuple[int, ...], cap: int) -> int:
-    """`base` channels at `full_size`, more in proportion to sqrt(full pixels / pixels) on a
-    smaller map, capped: every stage then costs about as much as the full-size one (a stage
-    that halves both axes doubles the width, as Table IX's decoders do; one that halves a single
-    axis widens by sqrt 2 only)."""
-    return min(cap, round(base * math.sqrt(math.prod(full_size) / math.prod(size))))
+TABLE_PIXELS = 32 * 32  # Table IX's decoders output 32x32 images
+
+
+def pixel_scaled_width(base: int, reference_pixels: int, size: tuple[int, ...], low: int, high: int) -> int:
+    """Channels of a layer on a map of `size`: `base` at `reference_pixels`, times sqrt(reference
+    / pixels), within [low, high]. Width^2 x pixels, the cost of a 3-wide conv, is then the same at
+    every stage: a stage that halves both axes doubles the width (Table IX's decoders), one that
+    halves a single axis widens by sqrt 2 only, and maps larger than the reference get fewer
+    channels instead of costing more per layer."""
+    return max(low, min(high, round(base * math.sqrt(reference_pixels / math.prod(size)))))
 
 
 def generic_encoder(input_shape: tuple[int, ...], output_shape: tuple[int, ...]) -> nn.Module:
@@ -173,25 +177,26 @@ def generic_encoder(input_shape: tuple[int, ...], output_shape: tuple[int, ...])
     return nn.Sequential(body, Reshape(output_shape))
 
 
-ENCODER_BASE_WIDTH = 32  # the generic encoder's first conv
-ENCODER_MAX_WIDTH = 256
+ENCODER_BASE_WIDTH = 32  # the generic encoder's first conv on a 32x32 image, as before it halved per axis
+ENCODER_WIDTHS = (8, 256)
 
 
 def downsampling_stages(input_shape: tuple[int, ...], output_shape: tuple[int, ...]) -> nn.Sequential:
     """3-wide convs from (C, *size) to (C', *size'): a first conv, then one stride-2 conv per
     halving, each halving only the axes still larger than the target (widths by
-    `pixel_scaled_width`), an adaptive average pool to the exact size and a 1-wide conv to C'."""
+    `pixel_scaled_width`, 32 channels at 32x32 pixels), an adaptive average pool to the exact
+    size and a 1-wide conv to C'."""
     channels, *size = input_shape
     out_channels, *target = output_shape
     axes = len(size)
     conv = conv_class(axes)
-    width = ENCODER_BASE_WIDTH
+    width = pixel_scaled_width(ENCODER_BASE_WIDTH, TABLE_PIXELS, size, *ENCODER_WIDTHS)
     layers: list[nn.Module] = [conv(channels, width, 3, padding=1), nn.GELU()]
     current = list(size)
     while any(s > 2 * t - 1 for s, t in zip(current, target)):
         stride = [2 if s > 2 * t - 1 else 1 for s, t in zip(current, target)]
         current = [-(-s // k) for s, k in zip(current, stride)]
-        cout = pixel_scaled_width(ENCODER_BASE_WIDTH, size, current, ENCODER_MAX_WIDTH)
+        cout = pixel_scaled_width(ENCODER_BASE_WIDTH, TABLE_PIXELS, current, *ENCODER_WIDTHS)
         layers += [conv(width, cout, 3, stride=stride, padding=1), nn.GELU()]
         width = cout
     if current != list(target):
@@ -285,7 +290,7 @@ class LabelChannel(nn.Module):
 
 LABEL_EMBEDDING = 50  # Table IX: labels -> Embedding(num_classes, 50) -> Dense
 DECODER_BASE_WIDTH = 16  # Table IX: the last stage's transposed convs have 16 filters
-DECODER_MAX_WIDTH = 256
+DECODER_WIDTHS = (4, 256)
 
 
 def stage_sizes(size: tuple[int, ...], target: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -302,26 +307,30 @@ def stage_sizes(size: tuple[int, ...], target: tuple[int, ...]) -> list[tuple[in
 def upsampling_stages(cin: int, size: tuple[int, ...], input_shape: tuple[int, ...]) -> list[nn.Module]:
     """Conv layers from a (cin, *size) map to an input-shaped image or sequence (Table IX's decoders).
 
-    One stage per `stage_sizes` step: the last stage is Upsample -> Conv 32 -> 3 x ConvT 16;
-    each earlier one Upsample -> Conv 2w -> 2 x ConvT w, w from `pixel_scaled_width` (doubling
-    per stage when both axes double, capped at 256). For 8x8 -> 32x32 (ResNet-20 split level 7)
-    that is Up, Conv 64, ConvT 32 x2, Up, Conv 32, ConvT 16 x3, Conv 3. Axes the map already
-    covers are resized to the input's (nearest) before the convs.
+    One stage per `stage_sizes` step: the last stage is Upsample -> Conv 2w -> 3 x ConvT w;
+    each earlier one Upsample -> Conv 2w -> 2 x ConvT w, w from `pixel_scaled_width`: 16 at the
+    output (Table IX) for outputs of up to 32x32 pixels, doubling per stage when both axes
+    double (capped at 256), so 8x8 -> 32x32 (ResNet-20 split level 7) is Up, Conv 64, ConvT 32
+    x2, Up, Conv 32, ConvT 16 x3, Conv 3; larger outputs get the width Table IX gives a 32x32 map
+    of the same pixel count (a 48x192 line: 5 at full size), so that no stage costs more than
+    Table IX's last. Axes the map already covers are resized to the input's (nearest) first.
     """
     channels, *target = input_shape
     target = tuple(target)
     axes = len(target)
+    reference = min(TABLE_PIXELS, math.prod(target))  # where the width is 16
+    width = lambda at: pixel_scaled_width(DECODER_BASE_WIDTH, reference, at, *DECODER_WIDTHS)
     sizes = stage_sizes(size, target)
     layers: list[nn.Module] = []
     if not sizes:
         if tuple(size) != target:
             layers.append(nn.Upsample(size=target, mode="nearest"))
-        layers += _conv_block(cin, 2 * DECODER_BASE_WIDTH, axes)
-        cin = 2 * DECODER_BASE_WIDTH
+        layers += _conv_block(cin, 2 * width(target), axes)
+        cin = 2 * width(target)
     for stage, stage_size in enumerate(sizes):
         last = stage == len(sizes) - 1
-        width_out = pixel_scaled_width(DECODER_BASE_WIDTH, target, stage_size, DECODER_MAX_WIDTH)
-        wide = min(2 * width_out, DECODER_MAX_WIDTH)
+        width_out = width(stage_size)
+        wide = min(2 * width_out, DECODER_WIDTHS[1])
         layers += [nn.Upsample(size=stage_size, mode="nearest"), *_conv_block(cin, wide, axes)]
         cin = wide
         for _ in range(3 if last else 2):
@@ -329,8 +338,8 @@ def upsampling_stages(cin: int, size: tuple[int, ...], input_shape: tuple[int, .
             cin = width_out
     if not sizes:
         for _ in range(3):
-            layers += _conv_block(cin, DECODER_BASE_WIDTH, axes, transpose=True)
-            cin = DECODER_BASE_WIDTH
+            layers += _conv_block(cin, width(target), axes, transpose=True)
+            cin = width(target)
     layers.append(conv_class(axes)(cin, channels, 3, padding=1))
     return layers
 

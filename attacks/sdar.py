@@ -631,18 +631,21 @@ def discriminator(
     Images, sequences and embeddings with spatial axes: Table IX's 3-wide convs (Conv1d on
     (C, T) sequences), LeakyReLU after the first, batch norm + LeakyReLU after the middle ones,
     and after the last nothing (d1) or LeakyReLU alone (d2, `last_activation`); then dropout and
-    a dense logit. A stride halves only the axes longer than 1 (a 3x96 map: 2x48, 1x24). On maps
-    of fewer positions than Table IX's (`table_side` squared) the widths shrink with the square
-    root of the ratio, at most 4x (8x8 digits get d2 widths 16-64 instead of 64-256; a 48x192
-    line keeps the full widths), so that the discriminator does not dwarf the models it
-    regularises. Flat samples: a two-layer LeakyReLU MLP.
+    a dense logit. A stride halves only the axes longer than 1 (a 3x96 map: 2x48, 1x24). Widths
+    are Table IX's on maps of its size (`table_side` squared positions) and shrink with the
+    square root of the ratio of positions either way, at most 4x: on smaller maps so that the
+    discriminator does not dwarf the models it regularises (8x8 digits get d2 widths 16-64
+    instead of 64-256), on larger ones so that a layer costs what Table IX's does instead of
+    growing with the positions (a 48x192 line gets d2 widths 21-85).
+    Flat samples: a two-layer LeakyReLU MLP.
     """
     spatial = has_spatial_axes(sample_shape)
     label_features = 1 if spatial else LABEL_EMBEDDING
     extra = label_features if num_classes else 0
     if spatial:
         channels, *size = sample_shape
-        scale = min(1.0, max(MIN_WIDTH_SCALE, math.sqrt(math.prod(size)) / table_side))
+        ratio = math.sqrt(math.prod(size)) / table_side
+        scale = max(MIN_WIDTH_SCALE, min(ratio, 1 / ratio))
         conv, batch_norm = conv_class(len(size)), batch_norm_class(len(size))
         layers: list[nn.Module] = []
         cin = channels + extra

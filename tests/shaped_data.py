@@ -6,6 +6,7 @@
   attribute the ink colour (black or blue).
 - `audio_clips`: C x T sensor or audio series: a tone whose frequency depends on the class
   (4 classes) under a rising or falling envelope (the attribute), plus noise; not in [0, 1].
+- `spectrograms`: 1x64x400 log-magnitude spectrograms of such clips, scaled to [0, 1].
 """
 
 from __future__ import annotations
@@ -65,3 +66,17 @@ def audio_clips(n: int, seed: int = 0, channels: int = 1, length: int = 1024) ->
     envelope = torch.where(attr.view(n, 1, 1).bool(), 0.3 + 0.7 * t, 1.0 - 0.7 * t)
     x = envelope * torch.sin(2 * torch.pi * cycles * t + phase) + 0.1 * torch.randn(n, channels, length, generator=gen)
     return x.numpy().astype(np.float32), y.numpy(), attr.numpy()
+
+
+SPECTROGRAM_HOP = 16
+
+
+def spectrograms(n: int, seed: int = 0, bins: int = 64, frames: int = 400) -> tuple[np.ndarray, ...]:
+    """(x float32 n x 1 x bins x frames in [0, 1], class, attribute) of `audio_clips` whose
+    short-time Fourier transform has `bins` frequencies and `frames` frames."""
+    x, y, attr = audio_clips(n, seed, length=SPECTROGRAM_HOP * (frames - 1) + 1)
+    window = torch.hann_window(2 * bins - 1)
+    stft = torch.stft(torch.from_numpy(x[:, 0]), 2 * bins - 1, SPECTROGRAM_HOP, window=window, return_complex=True)
+    log = stft.abs().add(1e-3).log()
+    scaled = (log - log.min()) / (log.max() - log.min())
+    return scaled.unsqueeze(1).numpy().astype(np.float32), y, attr
