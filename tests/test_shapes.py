@@ -195,3 +195,15 @@ def test_battery_on_a_1d_conv_audio_bottom(tmp_path):
     result = audited(tmp_path, "audio1d", audio_clips, 160, 80)
     assert tuple(result["model"]["output_shape"]) == AUDIO_EMBEDDING
     assert_every_attack_ok_and_reconstructions_beat_the_baseline(result)
+
+
+def test_score_network_of_sequences_is_a_1d_conv_net_starting_at_the_gaussian_score():
+    """The ssm prior's score network on (C, T) sequences is convolutional along time (no dense
+    layer over C x T, so long series fit) and starts at the fitted Gaussian's score."""
+    from splitaudit.estimators.prior import make_score_net
+
+    x = torch.randn(20, 2, 300)
+    net = make_score_net(x, torch.arange(15), noise=0.1, seed=0)
+    assert any(isinstance(m, torch.nn.Conv1d) for m in net.modules())
+    assert not any(isinstance(m, torch.nn.Linear) for m in net.modules())
+    assert torch.allclose(net(x[:3]), -(x[:3] - net.mean) * net.precision)
