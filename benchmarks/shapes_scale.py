@@ -9,9 +9,13 @@ model is exported with torch.onnx.export(dynamo=True).
 
 It prints the estimate of the quick and of the full battery stage by stage, then (unless
 --estimate-only) runs the quick audit and prints each stage's measured seconds beside its
-estimate, and every attack's status and metric against its baseline.
+estimate, and every attack's status and metric against its baseline. On a machine shared
+with other work, wall seconds say little about idle cores: `--cpu-time` times the estimate's
+steps in CPU seconds of this process (all its threads), an upper bound on their wall time on
+idle cores, and the measured run is reported in CPU seconds too.
 
     python benchmarks/shapes_scale.py [--shape textline|audio1d] [--aux 400] [--target 200] [--estimate-only]
+                                      [--cpu-time]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -36,7 +41,7 @@ from architectures import build, export_onnx  # noqa: E402
 from demo_stages import StageClock, instrument  # noqa: E402
 from shaped_data import audio_clips, text_lines  # noqa: E402
 
-from splitaudit import cli, leakage  # noqa: E402
+from splitaudit import cli, cost, leakage  # noqa: E402
 from splitaudit.attacks import ATTACK_NAMES  # noqa: E402
 from splitaudit.config import AuditOptions  # noqa: E402
 from splitaudit.cost import estimate_cost  # noqa: E402
@@ -64,44 +69,64 @@ def estimates(model: Path, aux: Path, target: Path) -> dict[bool, dict[str, floa
         ctx = prepare_context(options.validate())
         cost = estimate_cost(ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), list(ATTACK_NAMES))
         found[quick] = dict(cost.stages, total=cost.total)
-        print(f"{'quick' if quick else 'full'} estimate: {cost.summary()}")
+        print(f"{'quick' if quick else 'full'} estimate: {cost.summary()}", flush=True)
     return found
 
 
-def run_quick(model: Path, aux: Path, target: Path, out: Path) -> tuple[int, float, dict[str, float]]:
-    """(exit code, seconds, measured seconds per attack) of `splitaudit run --quick --attacks all`."""
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far: on a machine shared with other work,
+    an upper bound on the wall time the same run takes on idle cores."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_quick(model: Path, aux: Path, target: Path, out: Path) -> tuple[int, float, float, dict[str, float]]:
+    """(exit code, wall seconds, CPU seconds, measured seconds per attack) of `splitaudit run
+    --quick --attacks all`."""
     clock, results = StageClock(trace_python=False), []
     instrument(clock, results)
     argv = ["run", str(model), "--aux", str(aux), "--target", str(target), "--quick", "--attacks", "all"]
     argv += ["--out", str(out), "--format", "json"]
-    quiet, exit_code, start = io.StringIO(), 0, time.perf_counter()
+    quiet, exit_code, start, cpu_start = io.StringIO(), 0, time.perf_counter(), cpu_seconds()
     with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
         try:
             cli.main(argv)
         except SystemExit as stop:
             exit_code = stop.code or 0
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
     if exit_code not in (0, 1):
         print(quiet.getvalue()[-3000:])
     measured = {s.name.removeprefix("attack ").split(" (seed")[0]: s.seconds for s in clock.stages}
     measured["dFIL"] = measured.get("Jacobian traces", 0.0)
-    return exit_code, seconds, measured
+    return exit_code, seconds, cpu, measured
+
+
+def cpu_timed(step) -> float:
+    """cost._timed's least-of-repeated-calls timing, in CPU seconds instead of wall seconds."""
+    seconds = []
+    for _ in range(cost.MIN_CALLS + 1):
+        begin = time.process_time()
+        step()
+        seconds.append(time.process_time() - begin)
+    return min(seconds[1:])
 
 
 def main(args) -> None:
     torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        cost._timed = cpu_timed
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         model, aux, target = write_inputs(folder, args.shape, args.aux, args.target)
         found = estimates(model, aux, target)
-        print(f"{args.shape}: full battery estimate {found[False]['total'] / 60:.1f} min")
+        print(f"{args.shape}: full battery estimate {found[False]['total'] / 60:.1f} min", flush=True)
         if args.estimate_only:
             return
-        exit_code, seconds, measured = run_quick(model, aux, target, folder / "report")
+        exit_code, seconds, cpu, measured = run_quick(model, aux, target, folder / "report")
         print(
             f"splitaudit run --quick --attacks all on {args.shape} ({args.aux} aux, {args.target} target): "
-            f"{seconds:.0f} s, exit code {exit_code}; torch threads {torch.get_num_threads()}, load average "
-            f"{os.getloadavg()[0]:.1f}"
+            f"{seconds:.0f} s wall, {cpu:.0f} CPU s, exit code {exit_code}; torch threads "
+            f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}"
         )
         print(f"{'stage':14s} {'estimate s':>10s} {'measured s':>10s} {'ratio':>6s}")
         for stage, estimate in found[True].items():
@@ -126,4 +151,5 @@ if __name__ == "__main__":
     parser.add_argument("--target", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--estimate-only", action="store_true")
+    parser.add_argument("--cpu-time", action="store_true", help="time the estimate's steps in CPU seconds")
     main(parser.parse_args())

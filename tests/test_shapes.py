@@ -190,6 +190,7 @@ def test_battery_on_a_spectrogram_bottom(tmp_path):
     assert_every_attack_ok_and_reconstructions_beat_the_baseline(result)
 
 
+@pytest.mark.slow
 def test_battery_on_a_1d_conv_audio_bottom(tmp_path):
     """1x1024 clips -> 16x128 (strided Conv1d + BatchNorm1d + GELU); data not in [0, 1]."""
     result = audited(tmp_path, "audio1d", audio_clips, 160, 80)
