@@ -147,8 +147,8 @@ BATTERY_OPTIONS = {
 
 
 def audited(tmp_path, architecture: str, data, n_aux: int, n_target: int, **kwargs):
-    """A quick `--attacks all` audit (noise 0.1, so the dFIL is finite) of a traced bottom of
-    `architecture` on generated data."""
+    """A quick `--attacks all` audit (noise 0.01: the dFIL is finite, the embeddings still leak)
+    of a traced bottom of `architecture` on generated data."""
     x, y, attr = data(n_aux + n_target)
     model = build(architecture, seed=0, **kwargs)
     path = export_torchscript(model, torch.from_numpy(x[:2]), tmp_path / f"{architecture}.pt")
@@ -158,7 +158,7 @@ def audited(tmp_path, architecture: str, data, n_aux: int, n_target: int, **kwar
         part(slice(0, n_aux)),
         part(slice(n_aux, None)),
         attacks="all",
-        noise_sigma=0.1,
+        noise_sigma=0.01,
         prior="gaussian",
         quick=True,
         attack_options=BATTERY_OPTIONS,
@@ -170,7 +170,7 @@ def assert_every_attack_ok_and_reconstructions_beat_the_baseline(result) -> None
     assert set(attacks) == {"fine-tune", "kmeans", "attribute", "decoder", "optimization", "sdar"}
     assert {name: entry["status"] for name, entry in attacks.items()} == dict.fromkeys(attacks, "ok")
     for name in ("decoder", "optimization", "sdar"):
-        assert attacks[name]["metrics"]["mse"]["mean"] < attacks[name]["baseline"]["mse"]["mean"], name
+        assert attacks[name]["metrics"]["mse"] < attacks[name]["baseline"]["mse"], name
     assert 0 < result["dfil"]["mean"] < math.inf and result["bounds"]["van_trees_mse"] > 0
 
 
