@@ -150,7 +150,9 @@ def with_data_batch_norm(model: torch.nn.Module, x: torch.Tensor) -> torch.nn.Mo
     """The model in eval mode with BatchNorm statistics of its own data, as after training: with
     build()'s random statistics, the random text-line MobileNet shrinks the spread between lines
     ~30x per block (16 lines: 0.028 after the stem, 8e-7 after four blocks), so its embeddings
-    hardly depend on the input and no attack could beat its baseline."""
+    hardly depend on the input and no attack could beat its baseline. (The 1-D audio bottom keeps
+    build()'s statistics: with its data's, its dFIL at noise 0.01 rose from 23 to 3.8e5 and 60
+    optimisation steps no longer converged: MSE 0.38 against the mean guess's 0.24.)"""
     for module in model.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             module.reset_running_stats()
@@ -160,11 +162,13 @@ def with_data_batch_norm(model: torch.nn.Module, x: torch.Tensor) -> torch.nn.Mo
     return model.eval()
 
 
-def audited(tmp_path, architecture: str, data, n_aux: int, n_target: int, **kwargs):
+def audited(tmp_path, architecture: str, data, n_aux: int, n_target: int, data_statistics: bool = False, **kwargs):
     """A quick `--attacks all` audit (noise 0.01: the dFIL is finite, the embeddings still leak)
     of a traced bottom of `architecture` on generated data."""
     x, y, attr = data(n_aux + n_target)
-    model = with_data_batch_norm(build(architecture, seed=0, **kwargs), torch.from_numpy(x[:n_aux]))
+    model = build(architecture, seed=0, **kwargs)
+    if data_statistics:
+        model = with_data_batch_norm(model, torch.from_numpy(x[:n_aux]))
     path = export_torchscript(model, torch.from_numpy(x[:2]), tmp_path / f"{architecture}.pt")
     part = lambda s: (x[s], y[s], attr[s])
     return splitaudit.audit(
@@ -191,7 +195,7 @@ def assert_every_attack_ok_and_reconstructions_beat_the_baseline(result) -> None
 @pytest.mark.slow
 def test_battery_on_a_mobilenet_text_line_bottom(tmp_path):
     """3x48x192 lines -> 16x3x96 (MobileNetV3 with HardSwish, SE with HardSigmoid, stride (2, 1))."""
-    result = audited(tmp_path, "textline", text_lines, 120, 60)
+    result = audited(tmp_path, "textline", text_lines, 120, 60, data_statistics=True)
     assert tuple(result["model"]["output_shape"]) == TEXT_EMBEDDING
     assert_every_attack_ok_and_reconstructions_beat_the_baseline(result)
 
@@ -199,7 +203,7 @@ def test_battery_on_a_mobilenet_text_line_bottom(tmp_path):
 @pytest.mark.slow
 def test_battery_on_a_spectrogram_bottom(tmp_path):
     """1x64x400 spectrograms through the text-line MobileNet on one channel -> 16x4x200."""
-    result = audited(tmp_path, "textline", spectrograms, 120, 60, in_channels=1)
+    result = audited(tmp_path, "textline", spectrograms, 120, 60, data_statistics=True, in_channels=1)
     assert tuple(result["model"]["output_shape"]) == SPECTROGRAM_EMBEDDING
     assert_every_attack_ok_and_reconstructions_beat_the_baseline(result)
 
