@@ -103,7 +103,9 @@ class DecoderAttack(Attack):
 def new_decoder(ctx: AuditContext, seed: int, lr: float) -> tuple[Decoder, torch.optim.Optimizer]:
     """A seeded decoder for the context's shapes and its Adam optimiser."""
     with seeded(seed):
-        decoder = Decoder(ctx.encoder.output_shape, ctx.encoder.input_shape, ctx.aux.in_unit_range).to(ctx.device)
+        decoder = Decoder(
+            ctx.encoder.output_shape, ctx.encoder.input_shape, ctx.aux.in_unit_range, positional=ctx.tokens is None
+        ).to(ctx.device)
     return decoder, torch.optim.Adam(decoder.parameters(), lr=lr)
 
 

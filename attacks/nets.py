@@ -124,10 +124,44 @@ class Reshape(nn.Module):
         return x.reshape(len(x), *self.shape)
 
 
+def has_spatial_axes(shape: tuple[int, ...]) -> bool:
+    """Whether samples of this shape are channels over one or two spatial axes: (C, T) sequences
+    (1-D conv bottoms: audio, sensor series) or (C, H, W) images; flat (d,) samples are not."""
+    return len(shape) in (2, 3)
+
+
+def conv_class(axes: int, transpose: bool = False) -> type[nn.Module]:
+    """nn.Conv1d/Conv2d (or their transposes) for samples with `axes` spatial axes."""
+    return {(1, False): nn.Conv1d, (2, False): nn.Conv2d, (1, True): nn.ConvTranspose1d, (2, True): nn.ConvTranspose2d}[
+        (axes, transpose)
+    ]
+
+
+def batch_norm_class(axes: int) -> type[nn.Module]:
+    return {1: nn.BatchNorm1d, 2: nn.BatchNorm2d}[axes]
+
+
+TABLE_PIXELS = 32 * 32  # Table IX's decoders output 32x32 images
+
+
+def pixel_scaled_width(base: int, reference_pixels: int, size: tuple[int, ...], low: int, high: int) -> int:
+    """Channels of a layer on a map of `size`: `base` at `reference_pixels`, times sqrt(reference
+    / pixels), within [low, high]. Width^2 x pixels, the cost of a 3-wide conv, is then the same at
+    every stage: a stage that halves both axes doubles the width (Table IX's decoders), one that
+    halves a single axis widens by sqrt 2 only, and maps larger than the reference get fewer
+    channels instead of costing more per layer."""
+    return max(low, min(high, round(base * math.sqrt(reference_pixels / math.prod(size)))))
+
+
 def generic_encoder(input_shape: tuple[int, ...], output_shape: tuple[int, ...]) -> nn.Module:
-    """A network with the bottom model's input and output shapes, for when its architecture is unknown."""
+    """A network with the bottom model's input and output shapes, for when its architecture is
+    unknown: per-axis strided convolutions when both have the same spatial axes (a 48x192 line to
+    a 3x96 map halves the height four times and the width once), else a conv stem and a dense
+    layer (images to other shapes) or an MLP."""
     out = math.prod(output_shape)
-    if len(input_shape) == 3:
+    if has_spatial_axes(input_shape) and len(output_shape) == len(input_shape):
+        body = downsampling_stages(input_shape, output_shape)
+    elif len(input_shape) == 3:
         channels = input_shape[0]
         body = nn.Sequential(
             nn.Conv2d(channels, 32, 3, padding=1),
@@ -141,6 +175,34 @@ def generic_encoder(input_shape: tuple[int, ...], output_shape: tuple[int, ...])
     else:
         body = mlp([math.prod(input_shape), 256, 256, out])
     return nn.Sequential(body, Reshape(output_shape))
+
+
+ENCODER_BASE_WIDTH = 32  # the generic encoder's first conv on a 32x32 image, as before it halved per axis
+ENCODER_WIDTHS = (8, 256)
+
+
+def downsampling_stages(input_shape: tuple[int, ...], output_shape: tuple[int, ...]) -> nn.Sequential:
+    """3-wide convs from (C, *size) to (C', *size'): a first conv, then one stride-2 conv per
+    halving, each halving only the axes still larger than the target (widths by
+    `pixel_scaled_width`, 32 channels at 32x32 pixels), an adaptive average pool to the exact
+    size and a 1-wide conv to C'."""
+    channels, *size = input_shape
+    out_channels, *target = output_shape
+    axes = len(size)
+    conv = conv_class(axes)
+    width = pixel_scaled_width(ENCODER_BASE_WIDTH, TABLE_PIXELS, size, *ENCODER_WIDTHS)
+    layers: list[nn.Module] = [conv(channels, width, 3, padding=1), nn.GELU()]
+    current = list(size)
+    while any(s > 2 * t - 1 for s, t in zip(current, target)):
+        stride = [2 if s > 2 * t - 1 else 1 for s, t in zip(current, target)]
+        current = [-(-s // k) for s, k in zip(current, stride)]
+        cout = pixel_scaled_width(ENCODER_BASE_WIDTH, TABLE_PIXELS, current, *ENCODER_WIDTHS)
+        layers += [conv(width, cout, 3, stride=stride, padding=1), nn.GELU()]
+        width = cout
+    if current != list(target):
+        layers.append({1: nn.AdaptiveAvgPool1d, 2: nn.AdaptiveAvgPool2d}[axes](tuple(target)))
+    layers.append(conv(width, out_channels, 1))
+    return nn.Sequential(*layers)
 
 
 def bottom_architecture(ctx: AuditContext, seed: int, init: str = "kaiming", batch_norm: bool = False) -> nn.Module:
@@ -163,15 +225,19 @@ def bottom_architecture(ctx: AuditContext, seed: int, init: str = "kaiming", bat
 class Decoder(nn.Module):
     """Embedding (and optionally a label) -> input, built from the shapes (SDAR Table IX style).
 
-    Spatial (C, h, w) embeddings of image inputs stay spatial (Zhu et al., NDSS 2025, App. B-C,
-    Table IX): the label, when given, becomes one more h x w input channel (50-unit embedding ->
-    dense layer -> reshape), and one upsampling stage per doubling follows (`upsampling_stages`),
-    e.g. 64x8x8 -> 3x32x32 exactly as Table IX's level-7 decoder. Every layer is convolutional,
-    so memory grows with the input's pixels, never with a dense layer at full resolution.
+    Spatial embeddings of spatial inputs with the same axes, (C, h, w) of images or (C, t) of
+    sequences, stay spatial (Zhu et al., NDSS 2025, App. B-C, Table IX): the label, when given,
+    becomes one more input channel (50-unit embedding -> dense layer -> reshape), and one
+    upsampling stage per doubling follows, each axis upsampled only by what it still needs
+    (`upsampling_stages`), e.g. 64x8x8 -> 3x32x32 exactly as Table IX's level-7 decoder. Every
+    layer is convolutional, so memory grows with the input's pixels, never with a dense layer at
+    full resolution.
     Flat embeddings of image inputs: a linear stem to a 64-channel map at the image size halved
     up to three times (more for large images, down to at most 7x7), then a stride-1
     transposed-conv block, one Upsample+Conv block per doubling and three transposed-conv blocks.
-    Flat inputs: an MLP. BN + ReLU after every conv; a sigmoid when the data lies in [0, 1].
+    Other pairs (flat inputs, flat embeddings of sequences, and positional=False: token embeddings
+    T x D, whose axes are positions and features, not channels over a signal): an MLP. BN + ReLU after every conv;
+    a sigmoid when the data lies in [0, 1].
     """
 
     def __init__(
@@ -180,15 +246,16 @@ class Decoder(nn.Module):
         input_shape: tuple[int, ...],
         unit_range: bool,
         num_classes: int | None = None,
+        positional: bool = True,
     ) -> None:
         super().__init__()
         self.input_shape = tuple(input_shape)
-        self.spatial = len(embedding_shape) == 3 and len(input_shape) == 3
+        self.spatial = positional and has_spatial_axes(input_shape) and len(embedding_shape) == len(input_shape)
         if self.spatial:
-            channels, height, width = embedding_shape
-            self.label = LabelChannel(num_classes, (height, width)) if num_classes else None
+            channels, *size = embedding_shape
+            self.label = LabelChannel(num_classes, tuple(size)) if num_classes else None
             self.body = nn.Sequential(
-                *upsampling_stages(channels + (1 if num_classes else 0), (height, width), input_shape)
+                *upsampling_stages(channels + (1 if num_classes else 0), tuple(size), input_shape)
             )
         else:
             self.label_embedding = nn.Embedding(num_classes, LABEL_EMBEDDING) if num_classes else None
@@ -209,9 +276,10 @@ class Decoder(nn.Module):
 
 
 class LabelChannel(nn.Module):
-    """A class label as one extra H x W channel: 50-unit embedding -> dense -> reshape (Table IX)."""
+    """A class label as one extra channel over the spatial axes: 50-unit embedding -> dense ->
+    reshape (Table IX)."""
 
-    def __init__(self, num_classes: int, size: tuple[int, int]) -> None:
+    def __init__(self, num_classes: int, size: tuple[int, ...]) -> None:
         super().__init__()
         self.size = tuple(size)
         self.net = nn.Sequential(
@@ -224,49 +292,62 @@ class LabelChannel(nn.Module):
 
 LABEL_EMBEDDING = 50  # Table IX: labels -> Embedding(num_classes, 50) -> Dense
 DECODER_BASE_WIDTH = 16  # Table IX: the last stage's transposed convs have 16 filters
-DECODER_MAX_WIDTH = 256
+DECODER_WIDTHS = (4, 256)
 
 
-def upsampling_stages(cin: int, size: tuple[int, int], input_shape: tuple[int, int, int]) -> list[nn.Module]:
-    """Conv layers from a (cin, *size) map to an input-shaped image (Table IX's decoders).
+def stage_sizes(size: tuple[int, ...], target: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The map's size after each upsampling stage: every axis doubles while it is below its
+    target and is never taken past it, so the last stage lands on the target exactly (3x96 ->
+    48x192: 6x192, 12x192, 24x192, 48x192). Empty when no axis needs to grow."""
+    sizes, current = [], tuple(size)
+    while any(s < t for s, t in zip(current, target)):
+        current = tuple(min(t, 2 * s) if s < t else t for s, t in zip(current, target))
+        sizes.append(current)
+    return sizes
 
-    One stage per doubling of the map side, counted from the output: the last stage is
-    Upsample -> Conv 32 -> 3 x ConvT 16; each earlier one Upsample -> Conv 2w -> 2 x ConvT w with
-    w doubling per stage (capped at 256). For 8x8 -> 32x32 (ResNet-20 split level 7) that is
-    Up, Conv 64, ConvT 32 x2, Up, Conv 32, ConvT 16 x3, Conv 3. The last upsampling goes to the
-    input's exact size, so sides that are not the map's times a power of two work too.
+
+def upsampling_stages(cin: int, size: tuple[int, ...], input_shape: tuple[int, ...]) -> list[nn.Module]:
+    """Conv layers from a (cin, *size) map to an input-shaped image or sequence (Table IX's decoders).
+
+    One stage per `stage_sizes` step: the last stage is Upsample -> Conv 2w -> 3 x ConvT w;
+    each earlier one Upsample -> Conv 2w -> 2 x ConvT w, w from `pixel_scaled_width`: 16 at the
+    output (Table IX) for outputs of up to 32x32 pixels, doubling per stage when both axes
+    double (capped at 256), so 8x8 -> 32x32 (ResNet-20 split level 7) is Up, Conv 64, ConvT 32
+    x2, Up, Conv 32, ConvT 16 x3, Conv 3; larger outputs get the width Table IX gives a 32x32 map
+    of the same pixel count (a 48x192 line: 5 at full size), so that no stage costs more than
+    Table IX's last. Axes the map already covers are resized to the input's (nearest) first.
     """
-    channels, height, width = input_shape
-    doublings = max(0, math.ceil(math.log2(max(height / size[0], width / size[1]))))
+    channels, *target = input_shape
+    target = tuple(target)
+    axes = len(target)
+    reference = min(TABLE_PIXELS, math.prod(target))  # where the width is 16
+    width = lambda at: pixel_scaled_width(DECODER_BASE_WIDTH, reference, at, *DECODER_WIDTHS)
+    sizes = stage_sizes(size, target)
     layers: list[nn.Module] = []
-    if doublings == 0:
-        if tuple(size) != (height, width):
-            layers.append(nn.Upsample(size=(height, width), mode="nearest"))
-        layers += _conv_block(cin, 2 * DECODER_BASE_WIDTH)
-        cin = 2 * DECODER_BASE_WIDTH
-    for stage in reversed(range(doublings)):
-        width_out = min(DECODER_BASE_WIDTH * 2**stage, DECODER_MAX_WIDTH)
-        upsample = (
-            nn.Upsample(size=(height, width), mode="nearest")
-            if stage == 0
-            else nn.Upsample(scale_factor=2, mode="nearest")
-        )
-        layers += [upsample, *_conv_block(cin, min(2 * width_out, DECODER_MAX_WIDTH))]
-        cin = min(2 * width_out, DECODER_MAX_WIDTH)
-        for _ in range(3 if stage == 0 else 2):
-            layers += _conv_block(cin, width_out, transpose=True)
+    if not sizes:
+        if tuple(size) != target:
+            layers.append(nn.Upsample(size=target, mode="nearest"))
+        layers += _conv_block(cin, 2 * width(target), axes)
+        cin = 2 * width(target)
+    for stage, stage_size in enumerate(sizes):
+        last = stage == len(sizes) - 1
+        width_out = width(stage_size)
+        wide = min(2 * width_out, DECODER_WIDTHS[1])
+        layers += [nn.Upsample(size=stage_size, mode="nearest"), *_conv_block(cin, wide, axes)]
+        cin = wide
+        for _ in range(3 if last else 2):
+            layers += _conv_block(cin, width_out, axes, transpose=True)
             cin = width_out
-    if doublings == 0:
+    if not sizes:
         for _ in range(3):
-            layers += _conv_block(cin, DECODER_BASE_WIDTH, transpose=True)
-            cin = DECODER_BASE_WIDTH
-    layers.append(nn.Conv2d(cin, channels, 3, padding=1))
+            layers += _conv_block(cin, width(target), axes, transpose=True)
+            cin = width(target)
+    layers.append(conv_class(axes)(cin, channels, 3, padding=1))
     return layers
 
 
-def _conv_block(cin: int, cout: int, transpose: bool = False) -> list[nn.Module]:
-    conv = nn.ConvTranspose2d(cin, cout, 3, padding=1) if transpose else nn.Conv2d(cin, cout, 3, padding=1)
-    return [conv, nn.BatchNorm2d(cout), nn.ReLU()]
+def _conv_block(cin: int, cout: int, axes: int = 2, transpose: bool = False) -> list[nn.Module]:
+    return [conv_class(axes, transpose)(cin, cout, 3, padding=1), batch_norm_class(axes)(cout), nn.ReLU()]
 
 
 def _image_decoder(m: int, input_shape: tuple[int, int, int]) -> nn.Sequential:
@@ -302,4 +383,5 @@ def _image_decoder(m: int, input_shape: tuple[int, int, int]) -> nn.Sequential:
 def decode_batch(input_shape: tuple[int, ...], budget_values: int = 2**25, cap: int = 512) -> int:
     """Samples per inference batch so that a full-resolution 16-channel map stays near
     `budget_values` numbers (128 MiB): 512 for 8x8 digits and 32x32 images, 41 at 3x224x224."""
-    return max(1, min(cap, budget_values // (DECODER_BASE_WIDTH * math.prod(input_shape[-2:]))))
+    positions = math.prod(input_shape[1:] if has_spatial_axes(input_shape) else input_shape)
+    return max(1, min(cap, budget_values // (DECODER_BASE_WIDTH * positions)))

@@ -7,8 +7,9 @@ input that explains it, with Adam on x (He et al. 2019):
 - MAP attack (Attack-b): minimise ||f(x) - z||^2 + 2 sigma^2 (-log pi(x)), the negative log
   posterior up to a factor 2 sigma^2, so the prior weight sigma^2 is the one MAP implies, not
   a tuned constant. The prior pi is a diagonal Gaussian fitted to the aux data (default) or,
-  for images, a total-variation prior pi ~ exp(-TV(x) / b) whose Laplace scale b is fitted to
-  the aux data's pixel differences (option prior = "tv"). As sigma -> 0 the MAP estimate
+  for images and (C, T) sequences, a total-variation prior pi ~ exp(-TV(x) / b) (TV along
+  every spatial axis: 2-D for images, 1-D for sequences) whose Laplace scale b is fitted to the
+  aux data's neighbour differences (option prior = "tv"). As sigma -> 0 the MAP estimate
   tends to argmax pi(x) subject to f(x) = z, which differs from the unbiased attack when f is
   not injective; the weight therefore uses sigma floored at 3% of the embeddings' spread,
   which approximated that limit best within the step budget on the sample models.
@@ -19,12 +20,14 @@ On the digits CNN the Gaussian prior beat TV and their product at sigma in {0.1,
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.nets import has_spatial_axes
 from splitaudit.attacks.reconstruction import (
     data_range,
     mean_guess_baseline,
@@ -53,7 +56,7 @@ class OptimizationOptions:
     samples: int = option(128, "target samples inverted", low=1)
     quick_samples: int = option(64, "target samples inverted under --quick", low=1)
     lr: float = option(0.1, "Adam step in units of the data range (cosine-decayed)", above=0, high=1)
-    prior: str = option("gaussian", "the MAP variant's prior (tv: images only)", choices=PRIORS)
+    prior: str = option("gaussian", "the MAP variant's prior (tv: images and sequences only)", choices=PRIORS)
 
 
 class OptimizationAttack(Attack):
@@ -62,7 +65,8 @@ class OptimizationAttack(Attack):
     Metrics: "mse"/"psnr"/"ssim" of the stronger variant (the audit reports the worst case),
     plus "mse_unbiased" and "mse_map". Options (`[attack.optimization]`): steps (quick_steps
     under --quick), samples (quick_samples): how many target samples are inverted, lr (Adam
-    step in units of the data range, cosine-decayed), prior: "gaussian" or "tv" (images).
+    step in units of the data range, cosine-decayed), prior: "gaussian" or "tv" (images and
+    sequences).
     """
 
     name = "optimization"
@@ -87,10 +91,10 @@ class OptimizationAttack(Attack):
 
     def check_inputs(self, ctx: AuditContext) -> None:
         """Total variation sums differences of neighbouring pixels: tabular rows have none."""
-        if self.options(ctx).prior == "tv" and not ctx.aux.is_image:
+        if self.options(ctx).prior == "tv" and (ctx.tokens is not None or not has_spatial_axes(ctx.aux.sample_shape)):
             raise InputError(
-                "attack option optimization.prior=tv needs image data (total variation runs over pixels) "
-                "and these inputs are not images; use optimization.prior=gaussian"
+                "attack option optimization.prior=tv needs images or sequences (total variation runs along their "
+                "spatial axes) and these inputs are neither; use optimization.prior=gaussian"
             )
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
@@ -211,12 +215,12 @@ def fit_prior(aux_x: torch.Tensor, prior: str):
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
-    """Anisotropic TV per image: the sum of absolute vertical and horizontal differences."""
-    vertical = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).sum(dim=1)
-    horizontal = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).sum(dim=1)
-    return vertical + horizontal
+    """Anisotropic TV per sample: the sum of absolute differences of neighbours along every
+    spatial axis (height and width of (C, H, W) images, time of (C, T) sequences)."""
+    return sum(x.diff(dim=axis).abs().flatten(1).sum(dim=1) for axis in range(2, x.dim()))
 
 
 def _difference_count(shape: tuple[int, ...]) -> int:
-    channels, height, width = shape
-    return channels * ((height - 1) * width + height * (width - 1))
+    """Neighbour differences total_variation sums over one sample of this (C, *size) shape."""
+    channels, *size = shape
+    return channels * sum(math.prod(size) // side * (side - 1) for side in size)

@@ -45,8 +45,11 @@ from splitaudit.attacks.nets import (
     LABEL_EMBEDDING,
     Decoder,
     LabelChannel,
+    batch_norm_class,
     bottom_architecture,
+    conv_class,
     decode_batch,
+    has_spatial_axes,
     mlp,
     seeded,
 )
@@ -755,8 +758,9 @@ def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
 class LabelConditioned(nn.Module):
     """A discriminator body fed its input together with an embedded label (Zhu et al., NDSS 2025, App. B-C).
 
-    The label goes through a 50-unit embedding and a dense layer; for (C, H, W) inputs the
-    result is an extra H x W channel, for flat inputs it is concatenated as 50 more features.
+    The label goes through a 50-unit embedding and a dense layer; for (C, H, W) images and (C, T)
+    sequences the result is one extra channel, for flat inputs it is concatenated as 50 more
+    features.
     Without classes (the U-shaped attack) the body sees the input alone.
     """
 
@@ -764,7 +768,7 @@ class LabelConditioned(nn.Module):
         super().__init__()
         self.body, self.sample_shape = body, tuple(sample_shape)
         self.label = None
-        if num_classes and len(sample_shape) == 3:
+        if num_classes and has_spatial_axes(sample_shape):
             self.label = LabelChannel(num_classes, sample_shape[1:])
         elif num_classes:
             self.label = nn.Sequential(
@@ -772,16 +776,16 @@ class LabelConditioned(nn.Module):
             )
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        if len(self.sample_shape) != 3:
+        if not has_spatial_axes(self.sample_shape):
             x = x.flatten(1)
         joined = x if self.label is None else torch.cat([x, self.label(y)], dim=1)
         return self.body(joined).squeeze(1)
 
 
 def d1_discriminator(embedding_shape: tuple[int, ...], num_classes: int | None) -> LabelConditioned:
-    """Table IX's d1: the level-7 stack on maps smaller than 16 (ResNet-20 level 7: 64x8x8),
-    the stack of levels 4-6 on larger ones; no activation after the last conv."""
-    small = len(embedding_shape) == 3 and min(embedding_shape[1:]) < D1_SIDE
+    """Table IX's d1: the level-7 stack on maps of fewer positions than 16x16 (ResNet-20 level 7:
+    64x8x8), the stack of levels 4-6 on larger ones; no activation after the last conv."""
+    small = has_spatial_axes(embedding_shape) and math.prod(embedding_shape[1:]) < D1_SIDE**2
     convs, side = (D1_CONVS_LEVEL7, D1_SIDE_LEVEL7) if small else (D1_CONVS, D1_SIDE)
     return discriminator(embedding_shape, num_classes, convs, side, last_activation=False)
 
@@ -796,29 +800,37 @@ def discriminator(
     """A discriminator (logit output) for samples of `sample_shape`, label-conditional when
     num_classes is given.
 
-    Images or image-like embeddings: Table IX's 3x3 convs, LeakyReLU after the first, batch
-    norm + LeakyReLU after the middle ones, and after the last nothing (d1) or LeakyReLU alone
-    (d2, `last_activation`); then dropout and a dense logit. On maps smaller than Table IX's
-    (`table_side`) the widths shrink in proportion, at most 4x (8x8 digits get d2 widths 16-64
-    instead of 64-256), so that the discriminator does not dwarf the models it regularises.
+    Images, sequences and embeddings with spatial axes: Table IX's 3-wide convs (Conv1d on
+    (C, T) sequences), LeakyReLU after the first, batch norm + LeakyReLU after the middle ones,
+    and after the last nothing (d1) or LeakyReLU alone (d2, `last_activation`); then dropout and
+    a dense logit. A stride halves only the axes longer than 1 (a 3x96 map: 2x48, 1x24). Widths
+    are Table IX's on maps of its size (`table_side` squared positions) and shrink with the
+    square root of the ratio of positions either way, at most 4x: on smaller maps so that the
+    discriminator does not dwarf the models it regularises (8x8 digits get d2 widths 16-64
+    instead of 64-256), on larger ones so that a layer costs what Table IX's does instead of
+    growing with the positions (a 48x192 line gets d2 widths 21-85).
     Flat samples: a two-layer LeakyReLU MLP.
     """
-    label_features = 1 if len(sample_shape) == 3 else LABEL_EMBEDDING
+    spatial = has_spatial_axes(sample_shape)
+    label_features = 1 if spatial else LABEL_EMBEDDING
     extra = label_features if num_classes else 0
-    if len(sample_shape) == 3:
-        channels, height, width = sample_shape
-        scale = min(1.0, max(MIN_WIDTH_SCALE, min(height, width) / table_side))
+    if spatial:
+        channels, *size = sample_shape
+        ratio = math.sqrt(math.prod(size)) / table_side
+        scale = max(MIN_WIDTH_SCALE, min(ratio, 1 / ratio))
+        conv, batch_norm = conv_class(len(size)), batch_norm_class(len(size))
         layers: list[nn.Module] = []
         cin = channels + extra
         for i, (full_width, stride) in enumerate(convs):
             cout = max(1, round(full_width * scale))
-            layers.append(nn.Conv2d(cin, cout, 3, stride=stride, padding=1))
+            strides = tuple(stride if side > 1 else 1 for side in size)
+            layers.append(conv(cin, cout, 3, stride=strides, padding=1))
             if i == 0 or (i == len(convs) - 1 and last_activation):
                 layers.append(nn.LeakyReLU(LEAKY_SLOPE))
             elif i < len(convs) - 1:
-                layers += [nn.BatchNorm2d(cout), nn.LeakyReLU(LEAKY_SLOPE)]
-            height, width, cin = -(-height // stride), -(-width // stride), cout
-        features = cin * height * width
+                layers += [batch_norm(cout), nn.LeakyReLU(LEAKY_SLOPE)]
+            size, cin = [-(-side // k) for side, k in zip(size, strides)], cout
+        features = cin * math.prod(size)
     else:
         layers = [
             nn.Linear(math.prod(sample_shape) + extra, FLAT_WIDTH),

@@ -408,11 +408,12 @@ class GaussianPlusResidual(nn.Module):
 
 def make_score_net(x: Tensor, train: Tensor, noise: float, seed: int) -> nn.Module:
     """A score network sized to the input (x[train] are its training samples): a small dilated
-    conv net for small images, a multi-scale one for large images (C,H,W), an MLP otherwise."""
+    conv net for small images and for (C, T) sequences, a multi-scale one for large images
+    (C,H,W), an MLP for flat inputs."""
     mean, spread = sample_moments(x, train)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        residual = _conv_residual(tuple(x.shape[1:])) if x.dim() == 4 else _mlp_residual(x.shape[1:])
+        residual = _conv_residual(tuple(x.shape[1:])) if x.dim() in (3, 4) else _mlp_residual(x.shape[1:])
     for last in _output_layers(residual):
         nn.init.zeros_(last.weight)
         nn.init.zeros_(last.bias)
@@ -423,7 +424,7 @@ def _output_layers(residual: nn.Module) -> list[nn.Module]:
     """The layers whose zero init makes the residual start at zero."""
     if isinstance(residual, MultiScaleResidual):
         return [residual.local[-1], residual.coarse[-1]]
-    return [[m for m in residual.modules() if isinstance(m, (nn.Linear, nn.Conv2d))][-1]]
+    return [[m for m in residual.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))][-1]]
 
 
 def _mlp_residual(shape: tuple[int, ...]) -> nn.Module:
@@ -445,21 +446,23 @@ def _mlp_residual(shape: tuple[int, ...]) -> nn.Module:
     )
 
 
-def _conv_residual(shape: tuple[int, int, int]) -> nn.Module:
+def _conv_residual(shape: tuple[int, ...]) -> nn.Module:
     """Dilations 1, 2, 4, 1: a 17x17 receptive field in four cheap layers (images up to
-    FULL_RESOLUTION_SIDE); larger images get the multi-scale network."""
-    channels, height, width_px = shape
-    if max(height, width_px) > FULL_RESOLUTION_SIDE:
-        return MultiScaleResidual(channels, downsamplings(max(height, width_px)))
+    FULL_RESOLUTION_SIDE; (C, T) sequences of any length, with Conv1d: a 17-step window, at a
+    cost linear in T); larger images get the multi-scale network."""
+    channels, *size = shape
+    if len(size) == 2 and max(size) > FULL_RESOLUTION_SIDE:
+        return MultiScaleResidual(channels, downsamplings(max(size)))
+    conv = nn.Conv2d if len(size) == 2 else nn.Conv1d
     width = max(16, 4 * channels)
     return nn.Sequential(
-        nn.Conv2d(channels, width, 3, padding=1),
+        conv(channels, width, 3, padding=1),
         nn.SiLU(),
-        nn.Conv2d(width, width, 3, padding=2, dilation=2),
+        conv(width, width, 3, padding=2, dilation=2),
         nn.SiLU(),
-        nn.Conv2d(width, width, 3, padding=4, dilation=4),
+        conv(width, width, 3, padding=4, dilation=4),
         nn.SiLU(),
-        nn.Conv2d(width, channels, 3, padding=1),
+        conv(width, channels, 3, padding=1),
     )
 
 

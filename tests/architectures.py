@@ -6,7 +6,11 @@ torchvision's wheel may not import beside CPU torch here, so the stems are writt
 - MobileNet-style: conv stem with Hardswish, inverted residuals with depthwise convolutions
   and squeeze-excitation (MobileNetV3's first stages);
 - ViT-style: patch embedding, class token, position embedding, pre-norm attention blocks
-  with LayerNorm and GELU.
+  with LayerNorm and GELU;
+- text-line MobileNetV3 (PaddleOCR's direction classifier at small widths): its inverted
+  residuals halve only the height (stride (2, 1)), so a 3x48x192 line becomes a 16x3x96 map;
+- 1-D conv audio/sensor bottom: strided Conv1d + BatchNorm1d + GELU (a wav2vec-style feature
+  encoder at small widths), C x T -> width x T/8.
 
 Exports: TorchScript (trace and script), ONNX from the dynamo exporter (external data, as
 today's exporters write it) and from the legacy TorchScript-based exporter at a chosen opset,
@@ -69,7 +73,7 @@ class SqueezeExcite(nn.Module):
 class InvertedResidual(nn.Module):
     """MobileNetV3 block: 1x1 expand, depthwise 3x3, squeeze-excitation, 1x1 project, residual."""
 
-    def __init__(self, cin: int, expand: int, cout: int, stride: int) -> None:
+    def __init__(self, cin: int, expand: int, cout: int, stride: int | tuple[int, int]) -> None:
         super().__init__()
         self.expand = nn.Sequential(nn.Conv2d(cin, expand, 1, bias=False), nn.BatchNorm2d(expand), nn.Hardswish())
         self.depthwise = nn.Sequential(
@@ -77,7 +81,7 @@ class InvertedResidual(nn.Module):
         )
         self.se = SqueezeExcite(expand, max(4, expand // 4))
         self.project = nn.Sequential(nn.Conv2d(expand, cout, 1, bias=False), nn.BatchNorm2d(cout))
-        self.residual = stride == 1 and cin == cout
+        self.residual = stride in (1, (1, 1)) and cin == cout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.project(self.se(self.depthwise(self.expand(x))))
@@ -98,6 +102,43 @@ class MobileNetStem(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(self.stem(x))
+
+
+class TextLineMobileNet(nn.Module):
+    """MobileNetV3-small-style text-line bottom: conv 3x3/2 + BN + Hardswish, then inverted
+    residuals with squeeze-excitation (HardSigmoid) of which three halve only the height, as
+    text recognisers' backbones do: 3x48x192 -> out_channels x 3 x 96."""
+
+    def __init__(self, width: int = 8, out_channels: int = 16, in_channels: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width), nn.Hardswish()
+        )
+        self.blocks = nn.Sequential(
+            InvertedResidual(width, 2 * width, width, 1),
+            InvertedResidual(width, 3 * width, width, (2, 1)),
+            InvertedResidual(width, 3 * width, out_channels, (2, 1)),
+            InvertedResidual(out_channels, 3 * out_channels, out_channels, (2, 1)),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.stem(x))
+
+
+class AudioConv1d(nn.Module):
+    """1-D conv bottom for audio or sensor series: three strided Conv1d + BatchNorm1d + GELU
+    stages, C x T -> width x T/8."""
+
+    def __init__(self, width: int = 16, in_channels: int = 1) -> None:
+        super().__init__()
+        stages, cin = [], in_channels
+        for kernel in (9, 5, 5):
+            stages += [nn.Conv1d(cin, width, kernel, 2, kernel // 2, bias=False), nn.BatchNorm1d(width), nn.GELU()]
+            cin = width
+        self.body = nn.Sequential(*stages)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
 
 
 class ViTBlock(nn.Module):
@@ -135,7 +176,13 @@ class ViTStem(nn.Module):
         return self.blocks(torch.cat([cls, tokens], dim=1) + self.pos_embed)
 
 
-ARCHITECTURES = {"resnet": ResNetStem, "mobilenet": MobileNetStem, "vit": ViTStem}
+ARCHITECTURES = {
+    "resnet": ResNetStem,
+    "mobilenet": MobileNetStem,
+    "vit": ViTStem,
+    "textline": TextLineMobileNet,
+    "audio1d": AudioConv1d,
+}
 
 
 def build(name: str, seed: int = 0, image_size: int = 32, **kwargs) -> nn.Module:
@@ -144,7 +191,7 @@ def build(name: str, seed: int = 0, image_size: int = 32, **kwargs) -> nn.Module
     model = ARCHITECTURES[name](image_size=image_size, **kwargs) if name == "vit" else ARCHITECTURES[name](**kwargs)
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, nn.BatchNorm2d):
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 module.running_mean.uniform_(-0.1, 0.1)
                 module.running_var.uniform_(0.5, 1.5)
                 module.weight.uniform_(0.5, 1.5)

@@ -319,7 +319,7 @@ def test_a_tv_prior_on_tabular_data_is_refused_before_any_measurement(tmp_path, 
     monkeypatch.setattr(sweep_module, "measure_leakage", lambda *a, **k: pytest.fail("measured before refusing"))
     args = [command, MLP, "--aux", CANCER, "--attacks", "optimization", "--attack-option", "optimization.prior=tv"]
     args += ["--noise-sigma", "0.5", "--quick"]
-    assert_refused(args, capsys, tmp_path, "optimization.prior=tv needs image data")
+    assert_refused(args, capsys, tmp_path, "optimization.prior=tv needs images or sequences")
 
 
 def test_every_number_an_attack_option_takes_is_bounded_above():

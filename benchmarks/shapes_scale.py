@@ -1,0 +1,155 @@
+"""Anisotropic and 1-D bottoms: the up-front cost estimate against the measured `--quick --attacks all`.
+
+Issue 20's target on 2 CPU cores: a MobileNetV3-style text-line bottom (3x48x192 -> 16x3x96,
+tests/architectures.py `textline`), 400 aux and 200 target lines, `splitaudit run --quick
+--attacks all` under 15 minutes with every attack ok, and the full battery's up-front
+estimate under 2 hours. `--shape audio1d` does the same for the 1-D conv audio-style bottom
+(1x1024 -> 16x128). The data are generated (tests/shaped_data.py), nothing is downloaded; the
+model is exported with torch.onnx.export(dynamo=True).
+
+It prints the estimate of the quick and of the full battery stage by stage, then (unless
+--estimate-only) runs the quick audit and prints each stage's measured seconds beside its
+estimate, and every attack's status and metric against its baseline. On a machine shared
+with other work, wall seconds say little about idle cores: `--cpu-time` times the estimate's
+steps in CPU seconds of this process (all its threads), an upper bound on their wall time on
+idle cores, and the measured run is reported in CPU seconds too.
+
+    python benchmarks/shapes_scale.py [--shape textline|audio1d] [--aux 400] [--target 200] [--estimate-only]
+                                      [--cpu-time]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from architectures import build, export_onnx  # noqa: E402
+from demo_stages import StageClock, instrument  # noqa: E402
+from shaped_data import audio_clips, text_lines  # noqa: E402
+
+from splitaudit import cli, cost, leakage  # noqa: E402
+from splitaudit.attacks import ATTACK_NAMES  # noqa: E402
+from splitaudit.config import AuditOptions  # noqa: E402
+from splitaudit.cost import estimate_cost  # noqa: E402
+from splitaudit.pipeline import prepare_context  # noqa: E402
+
+SHAPES = {"textline": text_lines, "audio1d": audio_clips}
+
+
+def write_inputs(folder: Path, shape: str, n_aux: int, n_target: int) -> tuple[Path, Path, Path]:
+    """The exported bottom model and its aux and target data."""
+    x, y, attr = SHAPES[shape](n_aux + n_target)
+    aux, target = folder / "aux.npz", folder / "target.npz"
+    np.savez(aux, x=x[:n_aux], y=y[:n_aux], attr=attr[:n_aux])
+    np.savez(target, x=x[n_aux:], y=y[n_aux:], attr=attr[n_aux:])
+    model = build(shape, seed=0)
+    onnx = export_onnx(model, torch.from_numpy(x[:2]), folder / f"{shape}.onnx", exporter="dynamo")
+    return onnx, aux, target
+
+
+def estimates(model: Path, aux: Path, target: Path) -> dict[bool, dict[str, float]]:
+    """Seconds per stage the up-front estimate gives, for the quick and the full battery."""
+    found = {}
+    for quick in (True, False):
+        options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0, quick=quick)
+        ctx = prepare_context(options.validate())
+        cost = estimate_cost(ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), list(ATTACK_NAMES))
+        found[quick] = dict(cost.stages, total=cost.total)
+        print(f"{'quick' if quick else 'full'} estimate: {cost.summary()}", flush=True)
+    return found
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far: on a machine shared with other work,
+    an upper bound on the wall time the same run takes on idle cores."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_quick(model: Path, aux: Path, target: Path, out: Path) -> tuple[int, float, float, dict[str, float]]:
+    """(exit code, wall seconds, CPU seconds, measured seconds per attack) of `splitaudit run
+    --quick --attacks all`."""
+    clock, results = StageClock(trace_python=False), []
+    instrument(clock, results)
+    argv = ["run", str(model), "--aux", str(aux), "--target", str(target), "--quick", "--attacks", "all"]
+    argv += ["--out", str(out), "--format", "json"]
+    quiet, exit_code, start, cpu_start = io.StringIO(), 0, time.perf_counter(), cpu_seconds()
+    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        try:
+            cli.main(argv)
+        except SystemExit as stop:
+            exit_code = stop.code or 0
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
+    if exit_code not in (0, 1):
+        print(quiet.getvalue()[-3000:])
+    measured = {s.name.removeprefix("attack ").split(" (seed")[0]: s.seconds for s in clock.stages}
+    measured["dFIL"] = measured.get("Jacobian traces", 0.0)
+    return exit_code, seconds, cpu, measured
+
+
+def cpu_timed(step) -> float:
+    """cost._timed's least-of-repeated-calls timing, in CPU seconds instead of wall seconds."""
+    seconds = []
+    for _ in range(cost.MIN_CALLS + 1):
+        begin = time.process_time()
+        step()
+        seconds.append(time.process_time() - begin)
+    return min(seconds[1:])
+
+
+def main(args) -> None:
+    torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        cost._timed = cpu_timed
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        model, aux, target = write_inputs(folder, args.shape, args.aux, args.target)
+        found = estimates(model, aux, target)
+        print(f"{args.shape}: full battery estimate {found[False]['total'] / 60:.1f} min", flush=True)
+        if args.estimate_only:
+            return
+        exit_code, seconds, cpu, measured = run_quick(model, aux, target, folder / "report")
+        print(
+            f"splitaudit run --quick --attacks all on {args.shape} ({args.aux} aux, {args.target} target): "
+            f"{seconds:.0f} s wall, {cpu:.0f} CPU s, exit code {exit_code}; torch threads "
+            f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}"
+        )
+        print(f"{'stage':14s} {'estimate s':>10s} {'measured s':>10s} {'ratio':>6s}")
+        for stage, estimate in found[True].items():
+            if stage in measured and estimate > 0:
+                print(f"{stage:14s} {estimate:10.1f} {measured[stage]:10.1f} {measured[stage] / estimate:6.2f}")
+        report = json.loads((folder / "report" / "report.json").read_text())
+        for name, entry in report["attacks"].items():
+            metric = entry.get("primary_metric", "")
+            result = entry.get("metrics", {}).get(metric, {})
+            baseline = entry.get("baseline", {}).get(metric, {})
+            print(f"{name:13s} {entry['status']:7s} {metric} {_value(result)} baseline {_value(baseline)}")
+
+
+def _value(entry) -> str:
+    return f"{entry.get('mean', float('nan')):.4g}" if isinstance(entry, dict) else f"{entry}"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="textline")
+    parser.add_argument("--aux", type=int, default=400)
+    parser.add_argument("--target", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--estimate-only", action="store_true")
+    parser.add_argument("--cpu-time", action="store_true", help="time the estimate's steps in CPU seconds")
+    main(parser.parse_args())
