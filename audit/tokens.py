@@ -307,6 +307,12 @@ def _onnx_from_embeddings(path: Path, device: torch.device, output_name) -> tupl
         for n in proto.graph.node
         if n.op_type == "Gather" and n.input[0] in weights and casts.get(n.input[1], n.input[1]) in id_names
     ]
+    if len(inputs) == 2 and len(lookups) == 1:
+        raise InputError(
+            f"{display_path(path)}: an ONNX bottom with a second input ({', '.join(i.name for i in inputs)}: "
+            "token ids and an attention mask) is not supported yet; export it with torch.jit.trace, which "
+            "splitaudit audits with its mask, or export the ONNX graph with the ids as its only input"
+        )
     if len(inputs) != 1 or len(lookups) != 1:
         raise InputError(
             f"{display_path(path)}: no token-embedding lookup found (looked for one Gather of a weight table "

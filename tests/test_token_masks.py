@@ -146,16 +146,41 @@ def test_bad_masks_are_refused(tmp_path, files, capsys):
 
 
 def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys):
-    """`splitaudit run --vocab --attacks token-inversion,kmeans --quick` on padded data: a valid report."""
+    """`splitaudit run --vocab --attacks token-inversion,kmeans --quick` on padded data: a valid report;
+    the inversion beats its baseline on the real tokens, the sentences shown hold real tokens only
+    (no padding id 0: the data pads with 0 and draws real tokens from 1..39), the mask note is in the
+    model's warnings. k-means on this random bottom's noisy states may lose to k-means on the raw
+    embeddings (which show the padding): then the gate says so (exit 1), never a silent pass."""
     models, data, vocab = files
     out = tmp_path / "out"
     args = ["run", models["torchscript"], "--aux", data, "--vocab", vocab, "--quick", "--noise-sigma", "0.5"]
-    code, _, err = run_cli([*args, "--attacks", "token-inversion,kmeans", "--out", str(out), "--workers", "1"], capsys)
-    assert code == 0, err
+    code, shown, err = run_cli(
+        [*args, "--attacks", "token-inversion,kmeans", "--out", str(out), "--workers", "1"], capsys
+    )
     result = json.loads((out / "report.json").read_text())
     assert first_error(result) is None
-    inversion = result["attacks"]["token-inversion"]
-    assert inversion["status"] == "ok" and result["attacks"]["kmeans"]["status"] == "ok"
-    assert inversion["advantage"] > 0
-    sentences = inversion["details"]["tokens"]["sentences"] if "details" in inversion else None
-    assert sentences is None or all(len(s["original"].split()) <= LENGTH for s in sentences)
+    inversion, kmeans = result["attacks"]["token-inversion"], result["attacks"]["kmeans"]
+    assert inversion["status"] == "ok" and inversion["advantage"] > 0
+    assert code == 0 or (code == 1 and kmeans["advantage"] < 0 and "FAILED to train" in shown), err
+    tokens = inversion["details"]["tokens"]
+    assert tokens["sentences"] and all("w0" not in s["original"].split() for s in tokens["sentences"])
+    assert len(tokens["position_accuracy"]) == LENGTH
+    assert any("held fixed per sample" in w for w in result["model"]["warnings"])
+
+
+def test_an_onnx_bottom_with_a_mask_input_is_refused_naming_the_cause(tmp_path, files, bottom, capsys):
+    """Not supported yet for ONNX (legacy exporter, two int64 inputs): exit 2 naming both inputs."""
+    _, data, vocab = files
+    ids, mask = (torch.from_numpy(a) for a in right_padded(3, seed=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            bottom,
+            (ids, mask),
+            str(tmp_path / "masked.onnx"),
+            dynamo=False,
+            input_names=["input_ids", "attention_mask"],
+            dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}},
+        )
+    code, _, err = run_cli(["run", str(tmp_path / "masked.onnx"), "--aux", data, "--vocab", vocab], capsys)
+    assert_one_line_error(code, err, "second input (input_ids, attention_mask")
