@@ -249,7 +249,7 @@ def _torchscript_from_embeddings(scripted, path) -> tuple[FromEmbeddings, torch.
             f"{len(inputs)} inputs)"
         )
     ids = inputs[:1]
-    mask_dtype = _mask_dtype(inputs[1]) if len(inputs) == 2 else None
+    mask_dtype = _mask_dtype(inputs[1], path) if len(inputs) == 2 else None
     lookup = lookups[0]
     table = _graph_constant(scripted, lookup.inputsAt(0), path)
     embeddings = graph.addInput("embeddings")
@@ -270,8 +270,16 @@ def _torchscript_from_embeddings(scripted, path) -> tuple[FromEmbeddings, torch.
     return FromEmbeddings(scripted, graph, mask_dtype), table
 
 
-def _mask_dtype(value) -> torch.dtype:
-    """The dtype a traced mask input was recorded with (int64 where the graph does not say)."""
+def _mask_dtype(value, path) -> torch.dtype:
+    """The dtype a traced mask input was recorded with (int64 where the graph does not say).
+    A second input not named as a mask (token types, positions) is refused: feeding it the
+    attention mask would audit a different function without any error."""
+    name = value.debugName().split(".")[0]
+    if "mask" not in name.lower():
+        raise InputError(
+            f"{display_path(path)}: the model's second input {name!r} is not an attention mask; splitaudit "
+            "passes the data's 'mask' to a second input whose name contains 'mask' (export others fixed)"
+        )
     dtype = getattr(value.type(), "dtype", lambda: None)()
     return dtype if dtype is not None else torch.long
 

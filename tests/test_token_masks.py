@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 from test_cli import assert_one_line_error, run_cli
 from token_models import DIM, LENGTH, VOCAB, TokenBottom
 
@@ -184,3 +185,23 @@ def test_an_onnx_bottom_with_a_mask_input_is_refused_naming_the_cause(tmp_path, 
         )
     code, _, err = run_cli(["run", str(tmp_path / "masked.onnx"), "--aux", data, "--vocab", vocab], capsys)
     assert_one_line_error(code, err, "second input (input_ids, attention_mask")
+
+
+def test_a_second_input_that_is_not_a_mask_is_refused(tmp_path, files, bottom, capsys):
+    """forward(ids, token_types): feeding it the attention mask would audit another function silently."""
+    _, data, vocab = files
+
+    class TypedBottom(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = bottom
+
+        def forward(self, ids: torch.Tensor, token_types: torch.Tensor) -> torch.Tensor:
+            return self.inner.from_embeddings(self.inner.tok(ids) + token_types[..., None], token_types)
+
+    ids, mask = (torch.from_numpy(a) for a in right_padded(3, seed=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(TypedBottom().eval(), (ids, mask), check_trace=False).save(str(tmp_path / "typed.pt"))
+    code, _, err = run_cli(["run", str(tmp_path / "typed.pt"), "--aux", data, "--vocab", vocab], capsys)
+    assert_one_line_error(code, err, "second input 'token_types' is not an attention mask")
