@@ -407,7 +407,7 @@ def table_geometry(tokens: TokenSpace, seed: int = 0) -> dict:
     return {"diameter_bound": diameter, "distances": distances}
 
 
-def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: int = 0) -> dict:
+def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: int = 0, real_share: float = 1.0) -> dict:
     """The token-level reading of the per-dimension bounds b (van Trees; Cramér-Rao for unbiased attackers).
 
     Any attacker that outputs token ids h_hat reconstructs the embeddings table[h_hat]; at a wrong
@@ -416,13 +416,18 @@ def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: in
     tau the triangle inequality adds tau per dimension (RMS): sqrt(b) <= sqrt((1 - p) Delta^2 / D) + tau.
     Hence p <= 1 - D (sqrt(b) - tau)_+^2 / Delta^2: the ceiling on the expected token accuracy of
     any attacker. The radius sqrt(D b) is the RMS error per position the bound forces; the report
-    also counts how many tokens lie within it of a token (what nearest-token decoding cannot separate)."""
+    also counts how many tokens lie within it of a token (what nearest-token decoding cannot separate).
+
+    Padding: the bound covers every position, the measured accuracy only the real ones (a share r of
+    them); accuracy over all positions is at least r times that over the real ones, so the ceiling
+    for real positions is the all-position ceiling / r (at most 1)."""
     dim = tokens.table.shape[1]
     geometry = table_geometry(tokens, seed)
     diameter = geometry["diameter_bound"]
 
     def ceiling(b: float) -> float:
-        return max(0.0, 1.0 - dim * max(0.0, math.sqrt(b) - smoothing) ** 2 / diameter**2)
+        all_positions = max(0.0, 1.0 - dim * max(0.0, math.sqrt(b) - smoothing) ** 2 / diameter**2)
+        return min(1.0, all_positions / real_share)
 
     radius = math.sqrt(dim * bounds["van_trees_mse"])
     distances = geometry["distances"]
@@ -446,9 +451,24 @@ def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: in
             "it is a ceiling on the expected token accuracy over sentences like the audited data; a measured "
             "accuracy carries sampling error",
             *_vacuous_note(bounds["van_trees_mse"], smoothing),
+            *_padding_note(real_share),
         ],
         "violated_by": [],
     }
+
+
+def _padding_note(real_share: float) -> list[str]:
+    if real_share >= 1:
+        return []
+    return [
+        f"padding: the bound covers all positions, the token accuracy counts the real ones ({real_share:.1%} of "
+        "the target's positions), so the ceilings are the all-position ceilings divided by that share (at most 1)"
+    ]
+
+
+def real_share(data: Dataset) -> float:
+    """The share of a data part's positions that hold real tokens (1 without a mask)."""
+    return 1.0 if data.mask is None else float(data.mask.float().mean())
 
 
 def _vacuous_note(van_trees: float, smoothing: float) -> list[str]:
