@@ -41,6 +41,7 @@ from splitaudit.errors import InputError
 from splitaudit.memory import batch_within, per_sample_bytes
 from splitaudit.models import Encoder
 from splitaudit.threads import threads_for
+from splitaudit.tokens import per_mask_pattern
 
 PRIORS = ("gaussian", "tv")
 MAP_SIGMA_FLOOR = 0.03  # times the aux embeddings' std: the MAP weight's noise level at sigma = 0
@@ -108,7 +109,14 @@ class OptimizationAttack(Attack):
         steps = settings["quick_steps"] if ctx.quick else settings["steps"]
         weight = map_weight(ctx)
         with threads_for(ctx.aux.x.numel(), ctx.device):
-            x_unbiased, x_map = invert_both(ctx, z, settings["prior"], weight, steps, settings["lr"])
+            mask = None if ctx.target.mask is None else ctx.target.mask[index]
+            both = per_mask_pattern(  # token inputs: each target inverted under its own attention mask
+                ctx.tokens,
+                mask,
+                z,
+                lambda part: torch.stack(invert_both(ctx, part, settings["prior"], weight, steps, settings["lr"]), 1),
+            )
+            x_unbiased, x_map = both[:, 0], both[:, 1]
         unbiased = reconstruction_metrics(x_true, x_unbiased, is_image)
         posterior = reconstruction_metrics(x_true, x_map, is_image)
         best, x_best = (posterior, x_map) if posterior["mse"] < unbiased["mse"] else (unbiased, x_unbiased)

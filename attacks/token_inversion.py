@@ -30,6 +30,7 @@ from splitaudit.attacks.text_metrics import token_outcome
 from splitaudit.context import AuditContext
 from splitaudit.threads import threads_for
 
+IGNORED = -100  # cross_entropy's ignore_index: the label of a padded position
 MAX_BATCH_LOGITS = 2**25  # logits held at once (128 MiB): a GPT-2 vocabulary at T = 128 takes 5 sentences a batch
 
 
@@ -115,6 +116,8 @@ def sequence_states(z: torch.Tensor) -> torch.Tensor:
 def train_inverter(ctx: AuditContext, seed: int, gen: torch.Generator, settings: dict) -> tuple[nn.Module, dict]:
     """Adam on the per-position cross-entropy, fresh noise every epoch, early stopping on held-out aux."""
     ids = ctx.aux.token_ids
+    if ctx.aux.mask is not None:  # padded positions carry no private token: no loss there
+        ids = ids.masked_fill(~ctx.aux.mask, IGNORED)
     n = len(ids)
     order = torch.randperm(n, generator=gen, device=gen.device)
     n_holdout = max(1, math.ceil(settings["holdout_fraction"] * n))
@@ -125,7 +128,7 @@ def train_inverter(ctx: AuditContext, seed: int, gen: torch.Generator, settings:
     optimizer = torch.optim.Adam(net.parameters(), lr=settings["lr"])
     epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
     batch_size = max(1, min(settings["batch_size"], MAX_BATCH_LOGITS // (ids.shape[1] * ctx.tokens.size)))
-    holdout_positions = ids[holdout].numel()
+    holdout_positions = int((ids[holdout] != IGNORED).sum())
     best_loss, best_epoch, best_state = math.inf, 0, None
     for epoch in range(1, epochs + 1):
         z = sequence_states(ctx.observed_embeddings("aux", gen))

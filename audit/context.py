@@ -16,6 +16,7 @@ from splitaudit.data import Dataset
 from splitaudit.errors import InputError
 from splitaudit.estimators.jacobian import seeded_draws
 from splitaudit.models import Encoder
+from splitaudit.tokens import per_mask_pattern
 
 if TYPE_CHECKING:
     from splitaudit.tokens import TokenSpace
@@ -87,9 +88,11 @@ class AuditContext:
 
     def _embed(self, part: str) -> torch.Tensor:
         """f(x) of a data part, with a progress bar (large images take minutes on a CPU)."""
-        x = self.part(part).x
-        with self.progress(total=len(x), desc=f"embedding {part}", unit="sample") as bar:
-            return self.encoder.embed(x, on_samples=bar.update)
+        data = self.part(part)
+        with self.progress(total=len(data), desc=f"embedding {part}", unit="sample") as bar:
+            return per_mask_pattern(
+                self.tokens, data.mask, data.x, lambda x: self.encoder.embed(x, on_samples=bar.update)
+            )
 
     def add_noise(self, z: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """z + N(0, sigma^2 I): what the client actually sends under --noise-sigma."""
@@ -117,8 +120,9 @@ class AuditContext:
         if not self.encoder.stochastic:
             return self.clean_embeddings(part)
         seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        data = self.part(part)
         with seeded_draws(seed, self.device):
-            return _finite_embeddings(self.encoder.embed(self.part(part).x), part)
+            return _finite_embeddings(per_mask_pattern(self.tokens, data.mask, data.x, self.encoder.embed), part)
 
     def at_sigma(self, noise_sigma: float, seed: int | None = None) -> "AuditContext":
         """A copy for one audit point of a sweep: its own noise sigma (and seed), the same model,

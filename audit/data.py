@@ -33,6 +33,7 @@ class Dataset:
     class_names: list[str] | None = None
     source: str = ""
     token_ids: torch.Tensor | None = None  # token inputs (--vocab): the ids [N, T] whose embeddings x holds
+    mask: torch.Tensor | None = None  # token inputs: the attention mask [N, T] (bool, True = real token)
 
     def __len__(self) -> int:
         return len(self.x)
@@ -59,11 +60,25 @@ class Dataset:
 
     def subset(self, index: torch.Tensor) -> "Dataset":
         pick = lambda t: None if t is None else t[index]
-        return replace(self, x=self.x[index], y=pick(self.y), attr=pick(self.attr), token_ids=pick(self.token_ids))
+        return replace(
+            self,
+            x=self.x[index],
+            y=pick(self.y),
+            attr=pick(self.attr),
+            token_ids=pick(self.token_ids),
+            mask=pick(self.mask),
+        )
 
     def to(self, device) -> "Dataset":
         move = lambda t: None if t is None else t.to(device)
-        return replace(self, x=self.x.to(device), y=move(self.y), attr=move(self.attr), token_ids=move(self.token_ids))
+        return replace(
+            self,
+            x=self.x.to(device),
+            y=move(self.y),
+            attr=move(self.attr),
+            token_ids=move(self.token_ids),
+            mask=move(self.mask),
+        )
 
 
 def in_unit_range(x: torch.Tensor) -> bool:

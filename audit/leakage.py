@@ -32,6 +32,7 @@ from splitaudit.estimators.prior import (
     within_work_cap,
 )
 from splitaudit.stochastic import naming_randomness
+from splitaudit.tokens import mean_trace_per_mask_pattern
 
 IMAGE_SMOOTHING = 0.25  # Maeng et al. (NeurIPS 2023), A.1: the randomized-smoothing noise that works for [0,1] images
 DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES = 2048, 256
@@ -94,7 +95,13 @@ def measure(
     tau = resolve_smoothing(ctx, smoothing)
     candidates = _dfil_sample_index(ctx, dfil_samples)
     with naming_randomness():  # a random operator the Jacobian products cannot follow: named, exit 2
-        mean_trace = _jacobian_traces(ctx, ctx.target.x[candidates], tau, dfil_rtol, runner)
+        mask = None if ctx.target.mask is None else ctx.target.mask[candidates]
+        mean_trace = mean_trace_per_mask_pattern(  # workers hold no mask binding: masked data runs here
+            ctx.tokens,
+            mask,
+            _smoothed(ctx, ctx.target.x[candidates], tau),
+            lambda x: _jacobian_traces(ctx, x, dfil_rtol, runner if mask is None else None),
+        )
     return Measurement(
         smoothing=tau,
         index=candidates[mean_trace.index],
@@ -116,16 +123,19 @@ def _dfil_sample_index(ctx: AuditContext, cap: int | None = None) -> torch.Tenso
     return torch.randperm(n, generator=generator)[:cap].sort().values.to(ctx.target.x.device)
 
 
-def _jacobian_traces(
-    ctx: AuditContext, x: torch.Tensor, tau: float, rtol: float, runner: JobRunner | None = None
-) -> MeanTrace:
-    """||J||_F^2 at x + N(0, tau^2 I) (the smoothed input the bound concerns) and its mean.
+def _smoothed(ctx: AuditContext, x: torch.Tensor, tau: float) -> torch.Tensor:
+    """x + N(0, tau^2 I): the smoothed input the bound concerns (seeded)."""
+    if tau == 0:
+        return x
+    return x + tau * torch.randn(x.shape, generator=ctx.generator(ctx.seed), device=x.device, dtype=x.dtype)
+
+
+def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, rtol: float, runner: JobRunner | None = None) -> MeanTrace:
+    """||J||_F^2 at the (smoothed) samples x and its mean.
 
     Autograd models: exact when affordable, else Hutchinson probes to the mean's rtol
     (estimators/mean_trace.py), cross-checked at run time; black-box models central differences.
     """
-    if tau > 0:
-        x = x + tau * torch.randn(x.shape, generator=ctx.generator(ctx.seed), device=x.device, dtype=x.dtype)
     method = "auto" if ctx.encoder.differentiable else "finite-difference"
     options = MeanOptions(
         rtol=rtol,

@@ -229,10 +229,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def open_model(
-    path: str | Path | nn.Module, device: torch.device, output_name: str | None = None, mode: str = "saved"
+    path: str | Path | nn.Module,
+    device: torch.device,
+    output_name: str | None = None,
+    mode: str = "saved",
+    mask_input: bool = False,
 ) -> RawModel:
     """Open a model file (or take an in-memory module) in `mode` (audit/stochastic.py: saved, eval
-    or train); raise InputError with a one-line reason when it cannot be used."""
+    or train); raise InputError with a one-line reason when it cannot be used. mask_input: a
+    TorchScript model may take a second (attention mask) input, which audit/tokens.py binds."""
     if isinstance(path, nn.Module):
         if output_name is not None:
             raise InputError("--output-name selects an output of an ONNX model, not of a torch module")
@@ -241,7 +246,7 @@ def open_model(
     if detect_format(path) == "torchscript":
         if output_name is not None:
             raise InputError("--output-name selects an output of an ONNX model; TorchScript models have one")
-        return _open_torchscript(path, device, mode)
+        return _open_torchscript(path, device, mode, mask_input)
     if mode == "train":
         raise InputError("--model-mode train applies to TorchScript and torch modules; an ONNX graph runs as exported")
     return _open_onnx(path, device, output_name)
@@ -274,7 +279,7 @@ def detect_format(path: Path) -> str:
     return "onnx"
 
 
-def _open_torchscript(path: Path, device: torch.device, mode: str = "saved") -> RawModel:
+def _open_torchscript(path: Path, device: torch.device, mode: str = "saved", mask_input: bool = False) -> RawModel:
     try:
         with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; users still ship it
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -286,7 +291,7 @@ def _open_torchscript(path: Path, device: torch.device, mode: str = "saved") -> 
         ) from exc
     training = apply_model_mode(module, mode)  # TorchScript keeps each module's .training as saved
     required = [a.name for a in module.forward.schema.arguments[1:] if not a.has_default_value()]
-    check_single_input(required, path)
+    check_single_input(required[:1] if mask_input and len(required) == 2 else required, path)
     for p in module.parameters():
         p.requires_grad_(False)
     ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}

@@ -39,7 +39,13 @@ from splitaudit.models import (
     within_time_limit,
 )
 from splitaudit.result import SCHEMA_VERSION
-from splitaudit.tokens import flag_token_violations, load_audited_data, open_audited_model, token_statement
+from splitaudit.tokens import (
+    flag_token_violations,
+    load_audited_data,
+    open_audited_model,
+    real_share,
+    token_statement,
+)
 
 if TYPE_CHECKING:
     from splitaudit.leakage import Measurement
@@ -174,7 +180,9 @@ def run_audit(
         measurement, shards = measure_leakage(ctx, options, executor)
         result.update(leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse))
         if ctx.tokens is not None:
-            result["tokens"] = token_statement(ctx.tokens, result["bounds"], measurement.smoothing, ctx.seed)
+            result["tokens"] = token_statement(
+                ctx.tokens, result["bounds"], measurement.smoothing, ctx.seed, real_share(ctx.target)
+            )
         stages.update()
         stages.set_postfix_str("attacks")
         grid = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, result["run"], shards)

@@ -7,6 +7,13 @@ there: the audited function maps the input embeddings E (T x D) to the hidden st
 data's `x` becomes E = table[ids]. dFIL, the prior, the bounds and the reconstruction attacks
 then work in that continuous space; the table lets attacks decode embeddings to the nearest
 tokens and the vocabulary turns ids into text.
+
+Padding: the data may hold an attention `mask` [N, T] (1 = real token, 0 = padding) and a
+TorchScript model a second (mask) input. The mask is not part of the private input being
+bounded: it is held fixed per sample, so the audited function is f(E; mask) and its Jacobian is
+over E only. The cut model takes the mask bound for a call (`bound_mask`); samples are run in
+groups that share one mask pattern (right-padding gives at most T + 1 of them), so every batch,
+shard and probe the estimators make of a group sees that group's mask.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import json
 import math
 import tempfile
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,10 +34,21 @@ import torch.nn as nn
 
 from splitaudit.data import Dataset, load_dataset
 from splitaudit.errors import InputError
+from splitaudit.estimators.jacobian import concatenated
+from splitaudit.estimators.mean_trace import MeanTrace, summarised
 from splitaudit.estimators.prior import PriorEstimate
 from splitaudit.models import RawModel, detect_format, open_model
 from splitaudit.safety import display_path, require_regular_file
 
+ALL_ONES_NOTE = (
+    "the model takes an attention mask but the data has none ('mask' in the npz): it ran with an all-ones "
+    "mask (every position a real token)"
+)
+MASK_NOTE = (
+    "attention mask: held fixed per sample and not part of the private input being bounded; dFIL, the "
+    "bounds and the attacks concern the token embeddings under each sample's own mask, and the token "
+    "metrics count real (unpadded) positions only"
+)
 ONNX_INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # uint8, int8, uint16, int16, int32, int64, uint32, uint64
 NEAREST_CHUNK = 4096  # embeddings decoded to tokens at a time (distances to every row of the table)
 # Default smoothing tau for token embeddings, as a fraction of the table's per-dimension spread:
@@ -42,6 +62,7 @@ class TokenSpace:
 
     table: torch.Tensor
     vocab: list[str]
+    masked: FromEmbeddings | None = None  # the cut model when it takes an attention mask input
 
     def to(self, device) -> "TokenSpace":
         return replace(self, table=self.table.to(device))
@@ -160,7 +181,11 @@ def open_audited_model(model, device: torch.device, output_name: str | None, voc
 def load_audited_data(path, input_shape, raw: RawModel, label_column=None, attr_column=None) -> Dataset:
     """The data in the audited model's input space: token ids as their embeddings for a token model."""
     if raw.tokens is not None:
-        return load_token_data(path, raw.tokens)
+        data = load_token_data(path, raw.tokens)
+        note = MASK_NOTE if data.mask is not None else ALL_ONES_NOTE if raw.tokens.masked is not None else None
+        if note is not None and note not in raw.notes:
+            raw.notes.append(note)
+        return data
     return load_dataset(path, input_shape, label_column=label_column, attr_column=attr_column)
 
 
@@ -172,25 +197,29 @@ def open_token_model(
     cannot be located."""
     vocab = load_vocab(vocab_path)
     path = require_regular_file(path, "model file")
+    masked = None
     if detect_format(path) == "torchscript":
-        raw = open_model(path, device, output_name, mode)
+        raw = open_model(path, device, output_name, mode, mask_input=True)
         module, table = _torchscript_from_embeddings(raw.torch_module.scripted, path)
-        raw = replace(raw, torch_module=module)
+        raw = replace(raw, torch_module=module, notes=list(raw.notes))
+        masked = module if module.mask_dtype is not None else None
     else:
         raw, table = _onnx_from_embeddings(path, device, output_name)
     if len(vocab) > len(table):
         raise InputError(f"--vocab names {len(vocab)} tokens but the model's embedding table has {len(table)} rows")
-    return replace(raw, tokens=TokenSpace(table.float().to(device), vocab))
+    return replace(raw, tokens=TokenSpace(table.float().to(device), vocab, masked))
 
 
 class FromEmbeddings(nn.Module):
     """A TorchScript bottom model run from its input embeddings: its inlined graph with the
     `aten::embedding` output replaced by a graph input."""
 
-    def __init__(self, scripted: torch.jit.ScriptModule, graph) -> None:
+    def __init__(self, scripted: torch.jit.ScriptModule, graph, mask_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.scripted = scripted
         self.graph = graph
+        self.mask_dtype = mask_dtype  # None: the model has no mask input
+        self.mask_row: torch.Tensor | None = None  # the mask [T] bound for the current calls (None: all ones)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.function = torch._C._create_function_from_graph("from_embeddings", graph)
@@ -198,22 +227,29 @@ class FromEmbeddings(nn.Module):
     def __deepcopy__(self, memo) -> "FromEmbeddings":
         """A copy with its own weights (attacks re-initialise copies); the graph is shared, as
         it takes the module as its first input."""
-        return FromEmbeddings(copy.deepcopy(self.scripted, memo), self.graph)
+        return FromEmbeddings(copy.deepcopy(self.scripted, memo), self.graph, self.mask_dtype)
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        inputs = [embeddings]
+        if self.mask_dtype is not None:
+            row = self.mask_row if self.mask_row is not None else torch.ones(embeddings.shape[-2], dtype=torch.bool)
+            inputs.append(row.to(embeddings.device, self.mask_dtype).expand(len(embeddings), -1))
         with torch.jit.optimized_execution(False):  # see models.Unoptimized
-            return self.function(self.scripted._c, embeddings)
+            return self.function(self.scripted._c, *inputs)
 
 
-def _torchscript_from_embeddings(scripted, path) -> tuple[nn.Module, torch.Tensor]:
+def _torchscript_from_embeddings(scripted, path) -> tuple[FromEmbeddings, torch.Tensor]:
     graph = scripted.inlined_graph.copy()
-    ids = list(graph.inputs())[1:]
-    lookups = [n for n in graph.nodes() if n.kind() == "aten::embedding" and n.inputsAt(1) in ids]
-    if len(ids) != 1 or len(lookups) != 1:
+    inputs = list(graph.inputs())[1:]
+    lookups = [n for n in graph.nodes() if n.kind() == "aten::embedding" and n.inputsAt(1) is inputs[0]]
+    if len(inputs) not in (1, 2) or len(lookups) != 1:
         raise InputError(
             f"{display_path(path)}: no token-embedding lookup found (looked for one aten::embedding on the "
-            f"model's single ids input; found {len(lookups)} on {len(ids)} inputs)"
+            f"model's ids input, its first of at most two with an attention mask; found {len(lookups)} on "
+            f"{len(inputs)} inputs)"
         )
+    ids = inputs[:1]
+    mask_dtype = _mask_dtype(inputs[1], path) if len(inputs) == 2 else None
     lookup = lookups[0]
     table = _graph_constant(scripted, lookup.inputsAt(0), path)
     embeddings = graph.addInput("embeddings")
@@ -226,8 +262,26 @@ def _torchscript_from_embeddings(scripted, path) -> tuple[nn.Module, torch.Tenso
             "positions or a padding mask); splitaudit audits models whose ids enter only through it"
         )
     graph.eraseInput(1)
+    if mask_dtype is not None:  # the function's inputs: (self, embeddings, mask)
+        graph.addInput("mask").setType(list(graph.inputs())[1].type())
+        list(graph.inputs())[1].replaceAllUsesWith(list(graph.inputs())[-1])
+        graph.eraseInput(1)
     torch._C._jit_pass_dce(graph)
-    return FromEmbeddings(scripted, graph), table
+    return FromEmbeddings(scripted, graph, mask_dtype), table
+
+
+def _mask_dtype(value, path) -> torch.dtype:
+    """The dtype a traced mask input was recorded with (int64 where the graph does not say).
+    A second input not named as a mask (token types, positions) is refused: feeding it the
+    attention mask would audit a different function without any error."""
+    name = value.debugName().split(".")[0]
+    if "mask" not in name.lower():
+        raise InputError(
+            f"{display_path(path)}: the model's second input {name!r} is not an attention mask; splitaudit "
+            "passes the data's 'mask' to a second input whose name contains 'mask' (export others fixed)"
+        )
+    dtype = getattr(value.type(), "dtype", lambda: None)()
+    return dtype if dtype is not None else torch.long
 
 
 def _graph_constant(scripted, value, path) -> torch.Tensor:
@@ -261,6 +315,12 @@ def _onnx_from_embeddings(path: Path, device: torch.device, output_name) -> tupl
         for n in proto.graph.node
         if n.op_type == "Gather" and n.input[0] in weights and casts.get(n.input[1], n.input[1]) in id_names
     ]
+    if len(inputs) == 2 and len(lookups) == 1:
+        raise InputError(
+            f"{display_path(path)}: an ONNX bottom with a second input ({', '.join(i.name for i in inputs)}: "
+            "token ids and an attention mask) is not supported yet; export it with torch.jit.trace, which "
+            "splitaudit audits with its mask, or export the ONNX graph with the ids as its only input"
+        )
     if len(inputs) != 1 or len(lookups) != 1:
         raise InputError(
             f"{display_path(path)}: no token-embedding lookup found (looked for one Gather of a weight table "
@@ -284,7 +344,8 @@ def _onnx_from_embeddings(path: Path, device: torch.device, output_name) -> tupl
 
 def load_token_data(path, tokens: TokenSpace) -> Dataset:
     """An .npz whose `x` holds token ids [N, T] as a Dataset of their embeddings [N, T, D] with
-    the ids kept in `token_ids`; ids outside the table, or a padding mask, are refused."""
+    the ids kept in `token_ids` and its attention `mask` (if any) in `mask`; ids outside the
+    table, or a mask that is not 0/1 of x's shape with a real token in every row, are refused."""
     data = load_dataset(path)
     ids = data.x
     if ids.dim() != 2 or not bool((ids == ids.round()).all()):
@@ -295,21 +356,39 @@ def load_token_data(path, tokens: TokenSpace) -> Dataset:
             f"{data.source}: token ids must lie in [0, {tokens.size}) (the model's embedding table), "
             f"found {int(ids.min())}..{int(ids.max())}"
         )
-    _check_mask(path)
-    return replace(data, x=tokens.embed(ids).cpu(), token_ids=ids)
-
-
-def _check_mask(path) -> None:
-    """A `mask` that pads some positions is refused (not audited yet); an all-ones mask is no mask."""
-    if not isinstance(path, (str, Path)) or Path(path).suffix.lower() != ".npz":
-        return  # arrays from the Python API and CSV files carry no mask
-    source = Path(path)
-    with np.load(source, allow_pickle=False) as npz:
-        if "mask" in npz.files and not bool(np.all(npz["mask"] == 1)):
+    mask = _load_mask(path, tuple(ids.shape), data.source)
+    if mask is not None and tokens.masked is None:
+        if not bool(mask.all()):
             raise InputError(
-                f"{display_path(source)}: a padding 'mask' with zeros is not supported yet; audit "
-                "sequences of one length (all-ones mask)"
+                f"{data.source}: its 'mask' pads some positions but the model has no attention-mask input "
+                "(it takes the ids only); export the bottom with forward(input_ids, attention_mask)"
             )
+        mask = None  # an all-ones mask pads nothing: the single-input model sees the same sentences
+    return replace(data, x=tokens.embed(ids).cpu(), token_ids=ids, mask=mask)
+
+
+def _load_mask(path, shape: tuple[int, ...], source: str) -> torch.Tensor | None:
+    """The npz's `mask` as bool [N, T] (True = real token), or None; InputError when it is not 0/1
+    (bool or integer) of x's shape with at least one real token per row."""
+    if not isinstance(path, (str, Path)) or Path(path).suffix.lower() != ".npz":
+        return None  # arrays from the Python API and CSV files carry no mask
+    with np.load(Path(path), allow_pickle=False) as npz:
+        if "mask" not in npz.files:
+            return None
+        mask = npz["mask"]
+    if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.integer):
+        raise InputError(f"{source}: 'mask' must be bool or integer 0/1, found dtype {mask.dtype}")
+    if mask.shape != shape:
+        raise InputError(f"{source}: 'mask' has shape {list(mask.shape)}, 'x' has {list(shape)}; they must match")
+    if not np.isin(mask, (0, 1)).all():
+        raise InputError(f"{source}: 'mask' must hold 0 (padding) and 1 (real token) only")
+    empty = np.flatnonzero(~mask.astype(bool).any(axis=1))
+    if len(empty):
+        raise InputError(
+            f"{source}: {len(empty)} rows of 'mask' have no real token (first: row {int(empty[0])}); "
+            "every sentence needs at least one position with mask 1"
+        )
+    return torch.from_numpy(mask.astype(bool))
 
 
 # --- what the embedding-space bound means for tokens -------------------------------------------
@@ -328,7 +407,7 @@ def table_geometry(tokens: TokenSpace, seed: int = 0) -> dict:
     return {"diameter_bound": diameter, "distances": distances}
 
 
-def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: int = 0) -> dict:
+def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: int = 0, real_share: float = 1.0) -> dict:
     """The token-level reading of the per-dimension bounds b (van Trees; Cramér-Rao for unbiased attackers).
 
     Any attacker that outputs token ids h_hat reconstructs the embeddings table[h_hat]; at a wrong
@@ -337,13 +416,18 @@ def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: in
     tau the triangle inequality adds tau per dimension (RMS): sqrt(b) <= sqrt((1 - p) Delta^2 / D) + tau.
     Hence p <= 1 - D (sqrt(b) - tau)_+^2 / Delta^2: the ceiling on the expected token accuracy of
     any attacker. The radius sqrt(D b) is the RMS error per position the bound forces; the report
-    also counts how many tokens lie within it of a token (what nearest-token decoding cannot separate)."""
+    also counts how many tokens lie within it of a token (what nearest-token decoding cannot separate).
+
+    Padding: the bound covers every position, the measured accuracy only the real ones (a share r of
+    them); accuracy over all positions is at least r times that over the real ones, so the ceiling
+    for real positions is the all-position ceiling / r (at most 1)."""
     dim = tokens.table.shape[1]
     geometry = table_geometry(tokens, seed)
     diameter = geometry["diameter_bound"]
 
     def ceiling(b: float) -> float:
-        return max(0.0, 1.0 - dim * max(0.0, math.sqrt(b) - smoothing) ** 2 / diameter**2)
+        all_positions = max(0.0, 1.0 - dim * max(0.0, math.sqrt(b) - smoothing) ** 2 / diameter**2)
+        return min(1.0, all_positions / real_share)
 
     radius = math.sqrt(dim * bounds["van_trees_mse"])
     distances = geometry["distances"]
@@ -367,9 +451,24 @@ def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: in
             "it is a ceiling on the expected token accuracy over sentences like the audited data; a measured "
             "accuracy carries sampling error",
             *_vacuous_note(bounds["van_trees_mse"], smoothing),
+            *_padding_note(real_share),
         ],
         "violated_by": [],
     }
+
+
+def _padding_note(real_share: float) -> list[str]:
+    if real_share >= 1:
+        return []
+    return [
+        f"padding: the bound covers all positions, the token accuracy counts the real ones ({real_share:.1%} of "
+        "the target's positions), so the ceilings are the all-position ceilings divided by that share (at most 1)"
+    ]
+
+
+def real_share(data: Dataset) -> float:
+    """The share of a data part's positions that hold real tokens (1 without a mask)."""
+    return 1.0 if data.mask is None else float(data.mask.float().mean())
 
 
 def _vacuous_note(van_trees: float, smoothing: float) -> list[str]:
@@ -402,3 +501,69 @@ def flag_token_violations(result: dict) -> None:
             f"{', '.join(violated)} recovered more tokens than the token statement allows "
             f"({statement['token_accuracy_ceiling']:.4g}): the bound is not a guarantee for these inputs"
         )
+
+
+def mask_groups(mask: torch.Tensor | None, n: int) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
+    """(mask row [T], sample positions) for each distinct mask pattern of n samples; one group of
+    every sample with row None (all ones) when there is no mask."""
+    if mask is None:
+        return [(None, torch.arange(n))]
+    patterns, which = torch.unique(mask.cpu(), dim=0, return_inverse=True)
+    return [(row, (which == k).nonzero().flatten()) for k, row in enumerate(patterns)]
+
+
+@contextmanager
+def bound_mask(tokens: TokenSpace | None, row: torch.Tensor | None) -> Iterator[None]:
+    """Every call of the cut model in this block runs with attention mask `row` [T] (all ones for None)."""
+    module = tokens.masked if tokens is not None else None
+    if module is None:
+        yield
+        return
+    previous, module.mask_row = module.mask_row, row
+    try:
+        yield
+    finally:
+        module.mask_row = previous
+
+
+def per_mask_pattern(
+    tokens: TokenSpace | None, mask: torch.Tensor | None, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """fn(x) computed group by group of samples sharing a mask pattern, each under its mask, in x's order."""
+    if mask is None or tokens is None or tokens.masked is None:
+        return fn(x)
+    out = None
+    for row, positions in mask_groups(mask, len(x)):
+        positions = positions.to(x.device)
+        with bound_mask(tokens, row):
+            part = fn(x[positions])
+        out = part.new_empty((len(x), *part.shape[1:])) if out is None else out
+        out[positions] = part
+    return out
+
+
+def mean_trace_per_mask_pattern(
+    tokens: TokenSpace | None, mask: torch.Tensor | None, x: torch.Tensor, estimate: Callable[[torch.Tensor], MeanTrace]
+) -> MeanTrace:
+    """estimate(x) (a mean Jacobian trace) on each group of samples sharing a mask pattern under its
+    mask, merged into one over all samples: per-sample traces side by side (index into x), the
+    mean and its standard error recomputed over them, products summed, the largest group's self-check."""
+    groups = mask_groups(mask, len(x)) if tokens is not None and tokens.masked is not None else []
+    if len(groups) <= 1:
+        with bound_mask(tokens, groups[0][0] if groups else None):
+            return estimate(x)
+    parts = []
+    for row, positions in groups:
+        positions = positions.to(x.device)
+        with bound_mask(tokens, row):
+            parts.append((positions, estimate(x[positions])))
+    merged = summarised(
+        concatenated([part.traces for _, part in parts]),
+        torch.cat([positions[part.index] for positions, part in parts]),
+        parts[0][1].rtol,
+        sum(part.total_products for _, part in parts),
+    )
+    largest = max(parts, key=lambda p: len(p[0]))[1]
+    merged.check = largest.check
+    merged.fd_choice = largest.fd_choice
+    return merged

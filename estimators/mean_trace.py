@@ -289,7 +289,7 @@ def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples)
     runner = options.runner or run_here(f)
     traces = concatenated([part.to(x.device) for part in runner(jobs, on_samples)])
     index = torch.arange(len(x), device=x.device)
-    result = _summarised(traces, index, options.rtol, traces.products * len(x))
+    result = summarised(traces, index, options.rtol, traces.products * len(x))
     result.fd_choice = choice
     side = {"forward": "inputs", "structured": "inputs", "finite-difference": "differences"}.get(method, "outputs")
     result.check = cross_check(f, x, result, side, options)
@@ -301,7 +301,7 @@ def exact_draws(f: BatchFn) -> int:
     return STOCHASTIC_DRAWS if is_stochastic(f) else 1
 
 
-def _summarised(traces: TraceEstimate, index: Tensor, rtol: float, total_products: int) -> MeanTrace:
+def summarised(traces: TraceEstimate, index: Tensor, rtol: float, total_products: int) -> MeanTrace:
     """Mean over samples; its standard error is the spread of the per-sample values / sqrt(n),
     which holds sampling spread and probe noise together."""
     values = traces.values.double()
@@ -422,7 +422,7 @@ class ProbeSampler:
             exact=False,
             products=int(count.median()),
         )
-        result = _summarised(traces, index, self.options.rtol, int(self.sums[0].sum()))
+        result = summarised(traces, index, self.options.rtol, int(self.sums[0].sum()))
         result.check = cross_check(self.f, self.x, result, self.side, self.options)
         return result
 

@@ -133,7 +133,11 @@ def test_bad_token_data_is_refused(tmp_path, files, capsys):
     for name, arrays, fragment in [
         ("range", {"x": np.arange(20 * LENGTH).reshape(20, LENGTH) % 41}, "token ids must lie in [0, 40)"),
         ("float", {"x": np.random.rand(20, LENGTH)}, "integer token ids of shape [N, T]"),
-        ("mask", {"x": np.arange(20 * LENGTH).reshape(20, LENGTH) % 40, "mask": np.eye(20, LENGTH)}, "padding 'mask'"),
+        (
+            "mask",
+            {"x": np.arange(20 * LENGTH).reshape(20, LENGTH) % 40, "mask": np.tri(20, LENGTH, 2, dtype=int)},
+            "'mask' pads some positions but the model has no attention-mask input",
+        ),
     ]:
         np.savez(tmp_path / f"{name}.npz", **arrays)
         code, _, err = run_cli(
