@@ -10,7 +10,6 @@ Reshape/Transpose/Slice. Shared by tests/test_exporters.py and benchmarks/conver
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,7 +18,7 @@ import onnx
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from architectures import MobileNetStem, build
+from architectures import MobileNetStem, build, export_onnx
 from onnx import helper, numpy_helper
 
 TEXT_LINE = (3, 48, 192)
@@ -117,7 +116,7 @@ def write_style(style: Style, folder: Path, seed: int = 0) -> tuple[Path, nn.Mod
     """Export the style's module and rewrite the graph as that exporter would; (path, module)."""
     module = seeded(style.make, seed)
     path = folder / (style.name.split(" (")[0].replace(" ", "_").replace("/", "_") + f"_op{style.opset}.onnx")
-    legacy_export(module, torch.rand(2, *style.shape), path, style.opset)
+    export_onnx(module, torch.rand(2, *style.shape), path, exporter="legacy", opset=style.opset)
     proto = onnx.load(str(path))
     if style.constant_weights:
         weights_to_constants(proto)
@@ -127,22 +126,6 @@ def write_style(style: Style, folder: Path, seed: int = 0) -> tuple[Path, nn.Mod
         declare_batch(proto, style.batch_dim)
     onnx.save(proto, str(path))
     return path, module
-
-
-def legacy_export(module: nn.Module, x: torch.Tensor, path: Path, opset: int) -> None:
-    """torch's TorchScript-based exporter, batch dynamic ("batch"), input "x", output "z"."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            (x,),
-            str(path),
-            dynamo=False,
-            opset_version=opset,
-            input_names=["x"],
-            output_names=["z"],
-            dynamic_axes={"x": {0: "batch"}, "z": {0: "batch"}},
-        )
 
 
 def weights_to_constants(proto: onnx.ModelProto) -> None:

@@ -14,8 +14,9 @@ import onnx
 import pytest
 import torch
 import torch.nn as nn
+from architectures import export_onnx
 from conftest import make_context, sample
-from exporter_graphs import STYLES, TEXT_LINE, legacy_export, write_style
+from exporter_graphs import STYLES, TEXT_LINE, write_style
 from onnx import TensorProto, helper, numpy_helper
 
 import splitaudit.models as models
@@ -257,7 +258,7 @@ def onnx_top_with_scaler(tmp_path):
     passes through onnxruntime give the same logits as the TorchScript top model."""
     path = tmp_path / "top.onnx"
     top = torch.jit.load(sample("digits_cnn_top.pt"))
-    legacy_export(top, torch.rand(2, 128), path, opset=17)
+    export_onnx(top, torch.rand(2, 128), path, exporter="legacy", opset=17)
     proto = onnx.load(str(path))
     proto.graph.output[0].name = "logits"
     proto.graph.node[-1].output[0] = "logits"  # Scaler(logits) -> z, the identity scaling
