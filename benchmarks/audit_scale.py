@@ -17,8 +17,6 @@ and whose brightness gradient depends on a binary sensitive attribute.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import sys
 import tempfile
@@ -33,9 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from architectures import build, export_onnx  # noqa: E402
-from demo_stages import StageClock, instrument, print_stages  # noqa: E402
-
-from splitaudit import cli  # noqa: E402
+from demo_stages import StageClock, instrument, print_stages, quiet_cli_run  # noqa: E402
 
 CLASSES = 10
 
@@ -85,17 +81,8 @@ def audit(args) -> None:
             "json",
             "--debug",
         ]
-        exit_code = 0
-        with clock.stage("splitaudit run (total)"):
-            quiet = io.StringIO()
-            with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                try:
-                    cli.main(argv)
-                except SystemExit as stop:
-                    exit_code = stop.code or 0
-        if exit_code not in (0, 1):
-            print(quiet.getvalue()[-3000:])
-        estimates = [line for line in quiet.getvalue().splitlines() if "this audit may take" in line]
+        exit_code, output = quiet_cli_run(clock, argv)
+        estimates = [line for line in output.splitlines() if "this audit may take" in line]
         print("\n".join(estimates) or "no up-front cost estimate was printed (estimated under 3 minutes)")
     print(
         f"splitaudit run --quick --attacks all: ResNet stem width {args.width} at 3x{args.size}x{args.size}, "

@@ -125,6 +125,22 @@ def instrument(clock: StageClock, results: list[dict]) -> None:
     pipeline.run_audit = keep_result
 
 
+def quiet_cli_run(clock: StageClock, argv: list[str]) -> tuple[int, str]:
+    """`splitaudit ARGV` in this process, timed as one stage with its output captured; the output's
+    tail is printed when the run broke (exit code other than 0 or 1). Returns (exit code, output)."""
+    exit_code = 0
+    with clock.stage("splitaudit run (total)"):
+        quiet = io.StringIO()
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            try:
+                cli.main(argv)
+            except SystemExit as stop:
+                exit_code = stop.code or 0
+    if exit_code not in (0, 1):
+        print(quiet.getvalue()[-3000:])
+    return exit_code, quiet.getvalue()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the demo's smoke settings (default: full)")

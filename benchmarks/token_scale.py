@@ -12,8 +12,6 @@ measured wall time and peak resident memory of every stage (load, dFIL, prior, e
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import sys
@@ -27,9 +25,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_stages import StageClock, instrument, print_stages  # noqa: E402
-
-from splitaudit import cli  # noqa: E402
+from demo_stages import StageClock, instrument, print_stages, quiet_cli_run  # noqa: E402
 
 
 class GPT2Bottom(nn.Module):
@@ -85,16 +81,7 @@ def audit(args) -> None:
         argv = ["run", str(model), "--aux", str(data), "--vocab", str(vocab), "--quick", "--attacks", "all"]
         argv += ["--prior", args.prior]
         argv += ["--out", str(folder / "report"), "--format", "json", "--workers", "1", "--debug"]
-        exit_code = 0
-        with clock.stage("splitaudit run (total)"):
-            quiet = io.StringIO()
-            with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                try:
-                    cli.main(argv)
-                except SystemExit as stop:
-                    exit_code = stop.code or 0
-        if exit_code not in (0, 1):
-            print(quiet.getvalue()[-3000:])
+        exit_code, _ = quiet_cli_run(clock, argv)
     print(
         f"splitaudit run --quick --attacks all: GPT-2-sized bottom (embedding {args.vocab} x {args.dim}, 2 blocks), "
         f"T = {args.length}, {args.samples} sentences, legacy ONNX; torch threads {torch.get_num_threads()}, "
