@@ -7,8 +7,12 @@ Threat model: the attacker observes the embeddings the client sends (noisy under
 knows. It trains an inference model (a probe) on the auxiliary embeddings and applies it to the
 target samples' embeddings. Two probes are tried, logistic regression and a small MLP; the one
 with the better accuracy on a held-out part of the attacker's own data is reported (the target's
-attribute is never used to choose). Baselines: guessing the majority attribute, and the same
-probes trained on the raw inputs; the stronger of the two is the reported baseline. Features
+attribute is never used to choose). Baseline: guessing the aux data's majority attribute, what an
+attacker achieves without the embeddings (the advantage of Zheng et al., IJCAI 2024, Def. 1). The
+same probes trained on the private inputs themselves are reported beside it as a reference
+(details["raw_input_probe"]), never as the bar: a probe on embeddings that reads the attribute
+less well than one on the inputs still leaks it, and calling that a failed attack would hide the
+leak. Features
 with more than 4096 dimensions are projected on their 256 leading principal components, fitted
 on the attacker's aux data (attacks/features.py); details["features"] says so.
 
@@ -50,15 +54,15 @@ class AttributeAttack(Attack):
     kind = "label"
     primary_metric = "accuracy"
     title = "Sensitive-attribute inference"
-    baseline_name = "the better of guessing the majority value and the same probe on raw inputs"
+    baseline_name = "guessing the majority value"
     metrics = ("accuracy", "auc")
     needs = frozenset({"attribute"})
     assumptions = (
         "The attacker observes the embeddings and holds auxiliary samples with a known sensitive "
         "attribute; it trains a probe (logistic regression or a small MLP, chosen on its own "
         "validation data) on their embeddings and predicts the attribute of the target samples "
-        "(property inference, Mao et al., 2023). Baseline: the stronger of the majority guess and the "
-        "same probes on raw inputs."
+        "(property inference, Mao et al., 2023). Baseline: the majority guess; the same probes on the "
+        "private inputs are shown as a reference."
     )
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
@@ -75,14 +79,13 @@ class AttributeAttack(Attack):
         )
         raw = probe_attack(ctx.aux.x, aux_attr, ctx.target.x, target_attr, seed, epochs)
         majority = majority_guess(aux_attr, target_attr)
-        baseline = max((raw, majority), key=lambda result: result["scores"]["accuracy"])
         return SeedOutcome(
             metrics=attack["scores"],
-            baseline=baseline["scores"],
+            baseline=majority["scores"],
             details={
                 "probe": attack["probe"],
                 "validation_accuracy": attack["validation_accuracy"],
-                "baseline": baseline["probe"],
+                "baseline": majority["probe"],
                 "raw_input_probe": raw,
                 "majority": majority,
             },

@@ -102,8 +102,8 @@ def test_attribute_probe_reads_the_attribute_from_embeddings(undefended):
     assert result["metrics"]["accuracy"] >= 0.95 and result["metrics"]["auc"] >= 0.97  # measured 0.99, 0.998
     assert details["majority"]["scores"]["accuracy"] <= 0.6  # digit >= 5 is balanced
     assert details["probe"] == max(details["validation_accuracy"], key=details["validation_accuracy"].get)
-    stronger = max(details["majority"]["scores"]["accuracy"], details["raw_input_probe"]["scores"]["accuracy"])
-    assert result["baseline"]["accuracy"] == pytest.approx(stronger)
+    assert result["baseline"] == details["majority"]["scores"]  # the raw-input probe is a reference, not the bar
+    assert details["raw_input_probe"]["scores"]["accuracy"] >= 0.9  # the inputs carry the attribute
 
 
 @pytest.mark.parametrize("name", LABEL_ATTACKS)
@@ -111,7 +111,10 @@ def test_large_noise_drives_each_attack_to_its_baseline(digits_ctx, undefended, 
     clean = undefended[name]
     noisy = ok(get_attack(name).run(dataclasses.replace(digits_ctx, noise_sigma=DROWNING_SIGMA)))
     assert noisy["baseline"] == clean["baseline"]  # baselines never see the embeddings
-    assert noisy["advantage"] <= 0.02  # no better than without the bottom model
+    # No better than without the bottom model. The attribute's baseline is the majority guess, so
+    # its advantage at drowning noise is sampling error: 3 standard errors of an accuracy near 0.5.
+    tolerance = 3 * (0.25 / len(digits_ctx.target)) ** 0.5 if name == "attribute" else 0.02
+    assert noisy["advantage"] <= tolerance  # measured attribute 0.032 against 0.050 (n = 898)
     assert noisy["advantage"] <= clean["advantage"] - 0.1  # measured drops: 0.8 / 0.8 / 0.5
     chance = 0.5 if name == "attribute" else 0.1
     assert noisy["metrics"]["accuracy"] <= chance + 0.07  # measured 0.52 / 0.11 / 0.15
