@@ -33,7 +33,7 @@ class AuditResult:
 
     def to_json(self) -> str:
         """report.json's text: strict JSON, non-finite numbers as "inf"/"-inf"/"nan"."""
-        from splitaudit.reports.writer import to_strict_json
+        from splitaudit.reports.files import to_strict_json
 
         return json.dumps(to_strict_json(self.data), indent=2, allow_nan=False)
 

@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from splitaudit import __version__
 from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options
 from splitaudit.config import AuditOptions
-from splitaudit.context import AuditContext, silent_progress
+from splitaudit.context import AuditContext, build_context, silent_progress
 from splitaudit.data import Dataset, split_dataset
 from splitaudit.errors import InputError
 from splitaudit.executor import (
@@ -30,14 +29,7 @@ from splitaudit.executor import (
     trace_runner,
 )
 from splitaudit.gate import evaluate_gate
-from splitaudit.models import (
-    RawModel,
-    open_model,
-    prepare_encoder,
-    prepare_top_model,
-    resolve_device,
-    within_time_limit,
-)
+from splitaudit.models import RawModel, resolve_device, within_time_limit
 from splitaudit.result import SCHEMA_VERSION
 from splitaudit.tokens import (
     flag_token_violations,
@@ -46,11 +38,10 @@ from splitaudit.tokens import (
     real_share,
     token_statement,
 )
+from splitaudit.version import __version__
 
 if TYPE_CHECKING:
     from splitaudit.leakage import Measurement
-
-PARITY_BATCH = 64
 
 
 def select_attacks(names: list[str]) -> list[str]:
@@ -96,44 +87,6 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> Au
     else:
         aux, target = split_dataset(loaded, options.target_fraction, options.seed)
     return build_context(options, raw, aux, target, device, progress)
-
-
-def build_context(
-    options: AuditOptions,
-    raw: RawModel,
-    aux: Dataset,
-    target: Dataset,
-    device: torch.device,
-    progress: Callable[..., tqdm] = silent_progress,
-) -> AuditContext:
-    """The context from an opened model and the split data (also how a Ray worker rebuilds it)."""
-    aux, target = aux.to(device), target.to(device)
-    encoder = within_time_limit(prepare_encoder, raw, aux.x[:PARITY_BATCH], options.normalize)
-    top, top_forward = None, None
-    if options.top_model:
-        raw_top = within_time_limit(
-            lambda: open_model(options.top_model, device, mode="eval"), what="loading --top-model"
-        )
-        embeddings = encoder.embed(aux.x[:PARITY_BATCH])
-        top, top_forward, notes = within_time_limit(prepare_top_model, raw_top, embeddings, what="checking --top-model")
-        encoder.warnings.extend(notes)
-    ctx = AuditContext(
-        encoder=encoder,
-        aux=aux,
-        target=target,
-        noise_sigma=options.noise_sigma,
-        seed=options.seed,
-        quick=options.quick,
-        top_model=top,
-        top_model_forward=top_forward,
-        attack_options=options.attack_options,
-        progress=progress,
-        queries=options.queries,
-        tokens=raw.tokens,
-    )
-    for part in ("aux", "target"):  # every embedding, not just the parity batch: NaN must stop here
-        ctx.clean_embeddings(part)
-    return ctx
 
 
 def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:

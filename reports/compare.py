@@ -9,9 +9,10 @@ from pathlib import Path
 from splitaudit.attacks import attack_title
 from splitaudit.errors import InputError
 from splitaudit.reports import charts
+from splitaudit.reports.files import write_json
 from splitaudit.reports.formatting import is_finite, is_number, number, signed
 from splitaudit.reports.view import METRIC_LABELS, Figure, Figures, Table, headline, subtitle
-from splitaudit.reports.writer import render_pages, write_json
+from splitaudit.reports.writer import render_pages
 
 # What makes two audits comparable: the same model (file and shapes) and the same data. A defence
 # usually changes the model file, so a difference is stated, never refused.

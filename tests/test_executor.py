@@ -14,8 +14,9 @@ from conftest import sample
 from splitaudit.attacks import get_attack
 from splitaudit.cli import main
 from splitaudit.config import AuditOptions
-from splitaudit.executor import LocalExecutor, SeedTask, open_executor, run_attack_grid
+from splitaudit.executor import LocalExecutor, open_executor, run_attack_grid
 from splitaudit.pipeline import run_audit
+from splitaudit.tasks import SeedTask
 
 QUICK_RUN = dict(
     model=sample("breast_cancer_mlp.onnx"),

@@ -25,7 +25,8 @@ from splitaudit.cli import main
 from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
 from splitaudit.reports import writer
-from splitaudit.reports.writer import load_result, output_lock, write_atomic
+from splitaudit.reports.files import write_atomic
+from splitaudit.reports.writer import load_result, output_lock
 
 MLP, MLP_TS, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer_mlp.pt"), sample("breast_cancer.npz")
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -14,8 +14,8 @@ from test_reports import empty_html_sections, empty_markdown_sections
 from splitaudit import cli
 from splitaudit.gate import evaluate_gate
 from splitaudit.reports import load_result, write_reports
+from splitaudit.reports.files import to_strict_json
 from splitaudit.reports.view import CAUSE_WORDS, build_view
-from splitaudit.reports.writer import to_strict_json
 from splitaudit.result import SCHEMA_VERSION, first_error, json_schema, shipped_schema
 
 

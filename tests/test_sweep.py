@@ -16,8 +16,8 @@ from splitaudit.cli import main
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 from splitaudit.reports import load_result
+from splitaudit.reports.files import to_strict_json
 from splitaudit.reports.sweep import build_sweep_view, sweep_summary
-from splitaudit.reports.writer import to_strict_json
 from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
 from splitaudit.sweep import AUTO_FACTORS, recommend, run_sweep, sweep_sigmas
 
