@@ -34,7 +34,7 @@ from splitaudit.config import NUMERIC_RANGES, AuditOptions
 from splitaudit.errors import InputError
 from splitaudit.estimators.bounds import dfil, van_trees_stderr
 from splitaudit.executor import open_executor, run_attack_grid
-from splitaudit.sweep import recommend
+from splitaudit.recommend import recommend
 from splitaudit.tasks import SeedTask
 
 MLP, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer.npz")

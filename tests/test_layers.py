@@ -2,10 +2,18 @@
 layer or lower ones, and no imports form a cycle. Read from the source (tests/import_graph.py),
 imports inside functions included, so a lazy import cannot hide an upward dependency.
 
+Reports read only the result: they import the core (errors, the result's schema, safe paths),
+the verdicts recomputed from a result's own numbers (gate, recommend) and each other, never an
+attack or the engine, so `splitaudit render` and `compare` load no torch.
+
 A new module must be placed in LAYERS below; the test names it until it is.
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from import_graph import Edge, cycles, import_graph, package_modules
@@ -59,7 +67,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "attacks.token_inversion",
         },
     ),
-    ("stages", {"leakage", "utility", "cost", "gate"}),
+    ("stages", {"leakage", "utility", "cost", "gate", "recommend"}),
     ("execution", {"tasks", "executor", "process_pool", "ray_executor", "recipe"}),
     ("engine", {"pipeline", "sweep"}),
     (
@@ -88,6 +96,9 @@ def _qualified(short: str) -> str:
     return "splitaudit" + (f".{short}" if short else "")
 
 
+# What a report may import besides the core and other reports: pure functions of a result's numbers.
+RESULT_FUNCTIONS = {"splitaudit.gate", "splitaudit.recommend"}
+
 LAYER_OF = {_qualified(m): index for index, (_, members) in enumerate(LAYERS) for m in members}
 
 
@@ -115,6 +126,17 @@ def test_no_import_points_up_a_layer(edges):
         if LAYER_OF.get(e.target, -1) > LAYER_OF.get(e.source, len(LAYERS))  # unplaced: the test above
     ]
     assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
+
+
+def _members(layer: str) -> set[str]:
+    return {_qualified(m) for name, members in LAYERS if name == layer for m in members}
+
+
+def test_reports_read_only_the_result(edges):
+    readable = _members("core") | _members("reports") | RESULT_FUNCTIONS
+    reaching = [_where(e) for e in edges if e.source in _members("reports") and e.target not in readable]
+    assert not reaching, "reports reaching past the result:\n" + "\n".join(reaching)
+    assert RESULT_FUNCTIONS <= set(LAYER_OF)
 
 
 def test_no_import_cycles(edges):
@@ -153,3 +175,37 @@ def test_cycles_are_found_over_run_time_edges_only():
     ring = [Edge("a", "b", 1, False), Edge("b", "c", 1, False), Edge("c", "a", 1, False), Edge("c", "d", 1, False)]
     assert cycles(ring) == [["a", "b", "c"]]
     assert cycles([Edge("a", "b", 1, False), Edge("b", "a", 1, True)]) == []
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# `splitaudit render` and `compare` in a fresh interpreter, then whether torch was ever imported.
+RENDER_WITHOUT_TORCH = """
+import sys
+from splitaudit import cli
+for argv in (["render", sys.argv[1], "--out", sys.argv[3]], ["compare", sys.argv[1], sys.argv[2], "--out", sys.argv[3]]):
+    try:
+        cli.main(argv)
+    except SystemExit as exc:
+        assert exc.code == 0, (argv, exc.code)
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+def test_render_and_compare_import_no_torch(tmp_path):
+    """Re-rendering a saved report reads the result only: no attack, no estimator, no torch."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RENDER_WITHOUT_TORCH,
+            str(FIXTURES / "image_audit.json"),
+            str(FIXTURES / "sigma0_audit.json"),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torch imported: False" in done.stdout
+    assert (tmp_path / "report.html").is_file() and (tmp_path / "comparison.html").is_file()
