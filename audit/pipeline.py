@@ -111,12 +111,10 @@ def run_audit(
     check_attack_inputs(ctx, names)
     from splitaudit import leakage
 
-    result = describe_run(ctx, options, started)
+    header = describe_run(ctx, options, started)
     from splitaudit.utility import utility_section
 
-    result["utility"] = utility_section(
-        ctx
-    )  # before the slow stages: a top model that rejects the embeddings is bad input
+    utility = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
     from splitaudit.cost import estimate_cost, worth_estimating
 
     if on_cost is not None and worth_estimating(ctx):
@@ -131,27 +129,35 @@ def run_audit(
     ):
         stages.set_postfix_str("dFIL and bounds")
         measurement, shards = measure_leakage(ctx, options, executor)
-        result.update(leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse))
+        sections = leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse)
         if ctx.tokens is not None:
-            result["tokens"] = token_statement(
-                ctx.tokens, result["bounds"], measurement.smoothing, ctx.seed, real_share(ctx.target)
+            sections["tokens"] = token_statement(
+                ctx.tokens, sections["bounds"], measurement.smoothing, ctx.seed, real_share(ctx.target)
             )
         stages.update()
         stages.set_postfix_str("attacks")
-        grid = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, result["run"], shards)
-        result["attacks"] = grid[ctx.noise_sigma]
+        grid, executed = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, shards)
         stages.update(len(names))
-    leakage.flag_violations(result)
+    attacks, bounds = leakage.check_against_bound(
+        sections["bounds"], grid[ctx.noise_sigma], sections["prior"]["smoothing"]
+    )
+    result = {
+        **header,
+        "run": {**header["run"], **executed},
+        "utility": utility,
+        **sections,
+        "bounds": bounds,
+        "attacks": attacks,
+    }
     if ctx.tokens is not None:
-        flag_token_violations(result)
-    result["gate"] = evaluate_gate(
+        flag_token_violations(result)  # the token statement's ceiling, into its own and the bounds' sections
+    gate = evaluate_gate(
         result,
         fail_under_mse=options.fail_under_mse,
         fail_under_attack_mse=options.fail_under_attack_mse,
         max_advantage=options.max_advantage,
     )
-    result["run"]["seconds"] = time.perf_counter() - clock
-    return result
+    return {**result, "gate": gate, "run": {**result["run"], "seconds": time.perf_counter() - clock}}
 
 
 def check_executor(options: AuditOptions) -> None:
@@ -191,14 +197,13 @@ def attack_grid(
     names: list[str],
     sigmas: list[float],
     progress: Callable[..., tqdm],
-    run: dict,
     shards: ShardRunner | None = None,
-) -> dict[float, dict]:
-    """Every selected attack at every sigma on the executor, as {sigma: {attack: entry}}; the run
-    section gets the executor, its workers, each task's wall time and the dFIL shards' summary."""
+) -> tuple[dict[float, dict], dict]:
+    """Every selected attack at every sigma on the executor, as {sigma: {attack: entry}}, and the
+    run section's keys for it: the executor, its workers, each task's wall time and the dFIL
+    shards' summary."""
     grid, results = run_attack_grid(ctx, names, sigmas, executor, progress)
-    run.update(describe_executor(executor, results, shards))
-    return grid
+    return grid, describe_executor(executor, results, shards)
 
 
 def describe_run(ctx: AuditContext, options: AuditOptions, started: datetime) -> dict:

@@ -56,15 +56,16 @@ def audit_point(
     baseline, the bound check, and utility (its loss against clean_utility, measured if None)."""
     point_ctx = ctx.at_sigma(sigma, seed)
     sections = leakage.assess_measurement(point_ctx, measurement, target_mse)
-    point = {
+    checked, bounds = leakage.check_against_bound(
+        sections["bounds"], attacks(point_ctx, attack_names), sections["prior"]["smoothing"]
+    )
+    return {
         "noise_sigma": sigma,
         "dfil": sections["dfil"],
-        "bounds": sections["bounds"],
-        "attacks": attacks(point_ctx, attack_names),
+        "bounds": bounds,
+        "attacks": checked,
         "utility": utility.utility_section(point_ctx, clean_utility),
     }
-    leakage.flag_violations({**point, "prior": sections["prior"]})  # marks point's bounds and attacks
-    return point
 
 
 def sweep_sigmas(grid: list[float], calibrated: float | None) -> list[tuple[float, str]]:
@@ -94,7 +95,7 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     ctx = prepare_context(options, progress)
     check_attack_inputs(ctx, names)
     clean_utility = utility.measure_utility(ctx.at_sigma(0.0))
-    sweep = describe_sweep(ctx, options, started)
+    header = describe_sweep(ctx, options, started)
     with opened_executor(options, ctx) as executor:
         measurement, shards = measure_leakage(ctx, options, executor)
         target = options.target_mse if options.target_mse is not None else options.fail_under_mse
@@ -107,7 +108,7 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
                 f"--auto-sigma found no sigma for the target MSE {calibration['target_mse']:.4g} "
                 f"({calibration['reason']}) and no --noise-sigma was given: nothing to audit"
             )
-        grid = attack_grid(ctx, executor, names, [sigma for sigma, _ in sigmas], progress, sweep["run"], shards)
+        grid, executed = attack_grid(ctx, executor, names, [sigma for sigma, _ in sigmas], progress, shards)
     points = []
     with progress(total=len(sigmas), desc="sweep", unit="sigma") as bar:
         for sigma, origin in sigmas:
@@ -124,40 +125,42 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
             )
             points.append({**point, "origin": origin})
             bar.update()
-    sweep.update(
-        {
-            "noise_sigmas": [p["noise_sigma"] for p in points],
-            "auto_sigma": {
-                "requested": options.auto_sigma,
-                "sigma": auto,
-                "factors": list(AUTO_FACTORS),
-                "reason": calibration["reason"],
-            },
-            "target_mse": calibration["target_mse"],
-            "target_source": _target_source(options, calibration),
-            "max_utility_loss": options.max_utility_loss,
-            "prior": shared["prior"],
-            "calibration": calibration,
-            "utility_clean": clean_utility,
-            "points": points,
-        }
-    )
+    body = {
+        **header,
+        "run": {**header["run"], **executed},
+        "noise_sigmas": [p["noise_sigma"] for p in points],
+        "auto_sigma": {
+            "requested": options.auto_sigma,
+            "sigma": auto,
+            "factors": list(AUTO_FACTORS),
+            "reason": calibration["reason"],
+        },
+        "target_mse": calibration["target_mse"],
+        "target_source": _target_source(options, calibration),
+        "max_utility_loss": options.max_utility_loss,
+        "prior": shared["prior"],
+        "calibration": calibration,
+        "utility_clean": clean_utility,
+        "points": points,
+    }
     auto_reason = calibration["reason"] if options.auto_sigma else None
-    sweep["recommendation"] = recommend(points, calibration["target_mse"], options.max_utility_loss, auto_reason)
-    sweep["gate"] = sweep_gate(
+    sweep = {
+        **body,
+        "recommendation": recommend(points, calibration["target_mse"], options.max_utility_loss, auto_reason),
+    }
+    gate = sweep_gate(
         sweep,
         fail_under_mse=options.fail_under_mse,
         fail_under_attack_mse=options.fail_under_attack_mse,
         max_advantage=options.max_advantage,
         max_utility_loss=options.max_utility_loss,
     )
-    sweep["run"]["seconds"] = time.perf_counter() - clock
-    return sweep
+    return {**sweep, "gate": gate, "run": {**sweep["run"], "seconds": time.perf_counter() - clock}}
 
 
 def describe_sweep(ctx: AuditContext, options: AuditOptions, started: datetime) -> dict:
-    """run's header without its single noise_sigma, marked as a sweep (the executor's keys are
-    added when the attacks have run)."""
+    """run's header without its single noise_sigma, marked as a sweep (run_sweep adds the
+    executor's keys to its run section once the attacks have run)."""
     header = describe_run(ctx, options, started)
     del header["noise_sigma"]
     header["kind"] = KIND

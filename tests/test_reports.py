@@ -326,12 +326,12 @@ def test_a_complete_audit_without_thresholds_is_not_called_passed():
 def test_smoothed_bounds_state_their_condition_wherever_they_promise_something():
     """With randomized smoothing the bound covers smoothed inputs only (Maeng et al., NeurIPS 2023, A.1): the
     recommendation must say so, and a violation must name that cause before blaming the prior."""
-    from splitaudit.leakage import flag_violations
+    from splitaudit.leakage import check_against_bound
     from splitaudit.reports.view import build_view
 
     result = fixture("blackbox_audit")
     result["prior"]["smoothing"] = result["calibration"]["smoothing"] = 0.25
-    flag_violations(result)
+    result["attacks"], result["bounds"] = check_against_bound(result["bounds"], result["attacks"], 0.25)
     view = build_view(result, with_figures=False)
     noise = next(item.text for item in view.summary if item.label == "Recommended noise")
     assert "for inputs smoothed with noise τ = 0.25" in noise
