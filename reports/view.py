@@ -25,7 +25,6 @@ from splitaudit.reports.formatting import (
 from splitaudit.reports.tokens import position_words, sentence_rows, token_statement_words
 from splitaudit.result import default_baseline_name
 
-# An attack without query access -> the attack with query access it is compared with (issue 5).
 METRIC_LABELS = {
     "accuracy": "accuracy",
     "nmi": "NMI",

@@ -62,7 +62,7 @@ def attack_numbers(entry: dict) -> tuple:
 
 
 def test_local_grid_equals_attack_run_at_every_sigma(full_seed_ctx):
-    """The executor's seed tasks aggregate to exactly what Attack.run gives (today's loop), at each sigma."""
+    """The executor's seed tasks aggregate to exactly what Attack.run gives (every seed in one process), at each sigma."""
     names = ["kmeans", "attribute"]
     grid, results = run_attack_grid(full_seed_ctx, names, [0.0, 0.5], LocalExecutor())
     assert len(results) == 2 * 2 * 3 and all(r.error is None for r in results)

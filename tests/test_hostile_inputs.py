@@ -1,4 +1,4 @@
-"""Hostile and careless inputs (issue 12): each class ends in exit 2 with one line on stderr before
+"""Hostile and careless inputs: each class ends in exit 2 with one line on stderr before
 any report exists, writes nothing outside --out, and never leaves a report that claims success.
 
 Every fixture is tiny and made here; the sample models and data stand in for a real audit.

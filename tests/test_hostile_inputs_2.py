@@ -1,4 +1,4 @@
-"""Hostile and odd inputs, round 2 (issue 24): sweeps, render of sweep.json, config files, task
+"""Hostile and odd inputs: sweeps, render of sweep.json, config files, task
 time-outs and the Python API. Each case ends in exit 2 with one line on stderr before anything is
 computed (or in a correct report), and nothing is left behind outside --out.
 
