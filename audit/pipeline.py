@@ -93,6 +93,20 @@ def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:
     return load_audited_data(path, shape, raw, label_column=options.label_column, attr_column=options.attr_column)
 
 
+def prepare_audit(options: AuditOptions, progress: Callable[..., tqdm]) -> tuple[AuditContext, list[str]]:
+    """What an audit and a sweep do before their first slow stage: check the options, the attacks
+    and their options and the executor, seed torch, load the context, and check the attacks'
+    options against the loaded data. Returns the context and the selected attack names."""
+    options.validate()
+    names = select_attacks(options.attacks)
+    check_attack_options(options.attack_options)
+    check_executor(options)
+    torch.manual_seed(options.seed)
+    ctx = prepare_context(options, progress)
+    check_attack_inputs(ctx, names)
+    return ctx, names
+
+
 def run_audit(
     options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, on_cost: Callable[..., None] | None = None
 ) -> dict:
@@ -102,13 +116,7 @@ def run_audit(
     before the long stages start."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    options.validate()
-    names = select_attacks(options.attacks)
-    check_attack_options(options.attack_options)
-    check_executor(options)
-    torch.manual_seed(options.seed)
-    ctx = prepare_context(options, progress)
-    check_attack_inputs(ctx, names)
+    ctx, names = prepare_audit(options, progress)
     from splitaudit import leakage
 
     header = describe_run(ctx, options, started)

@@ -14,22 +14,19 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Callable
 
-import torch
 from tqdm import tqdm
 
 from splitaudit import leakage, utility
-from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options, get_attack
+from splitaudit.attacks import ATTACK_NAMES, get_attack
 from splitaudit.config import AuditOptions, sigma_key
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
 from splitaudit.pipeline import (
     attack_grid,
-    check_executor,
     describe_run,
     measure_leakage,
     opened_executor,
-    prepare_context,
-    select_attacks,
+    prepare_audit,
 )
 from splitaudit.recommend import recommend, sweep_gate
 
@@ -85,15 +82,10 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     """The whole sweep: sweep.json's content (points, recommendation, gate)."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    options.validate()
+    options.validate()  # before the sigma check below, whose message assumes valid options
     if not options.noise_sigmas and not options.auto_sigma:
         raise InputError("no noise sigmas to sweep: pass --noise-sigma S1,S2,... and/or --auto-sigma")
-    names = select_attacks(options.attacks)
-    check_attack_options(options.attack_options)
-    check_executor(options)
-    torch.manual_seed(options.seed)
-    ctx = prepare_context(options, progress)
-    check_attack_inputs(ctx, names)
+    ctx, names = prepare_audit(options, progress)
     clean_utility = utility.measure_utility(ctx.at_sigma(0.0))
     header = describe_sweep(ctx, options, started)
     with opened_executor(options, ctx) as executor:

@@ -252,7 +252,6 @@ EDGE_CASES = {
 def test_numbers_at_the_edges_are_refused_before_loading(tmp_path, capsys, monkeypatch, case):
     (command, *flags), fragment = EDGE_CASES[case]
     monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("loaded before validating"))
-    monkeypatch.setattr(sweep_module, "prepare_context", lambda *a, **k: pytest.fail("loaded before validating"))
     assert_refused([command, MLP, "--aux", CANCER, *flags], capsys, tmp_path, fragment)
 
 
