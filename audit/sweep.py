@@ -1,10 +1,10 @@
 """`splitaudit sweep`: the privacy-utility frontier over a grid of noise sigmas.
 
 One loaded context and one measurement (Jacobian traces and prior term: they do not depend on
-sigma, and dFIL scales as 1/sigma^2) are shared by every audit point. Each point is a plain call,
-`audit_point(ctx, measurement, sigma, attack_names, seed)` -> a JSON-ready dict, so the points (and
-their attacks, through `run_attacks`) can be run elsewhere. The recommendation and the sweep's
-gate (splitaudit.recommend) read only the points.
+sigma, and dFIL scales as 1/sigma^2) are shared by every audit point; the attacks at every sigma
+run first, as one grid of tasks on the executor. Each point is then a plain call,
+`audit_point(ctx, measurement, sigma, attacks, seed)` -> a JSON-ready dict. The recommendation and
+the sweep's gate (splitaudit.recommend) read only the points.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Callable
 from tqdm import tqdm
 
 from splitaudit import leakage, utility
-from splitaudit.attacks import ATTACK_NAMES, get_attack
+from splitaudit.attacks import ATTACK_NAMES
 from splitaudit.config import AuditOptions, sigma_key
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
@@ -34,28 +34,20 @@ KIND = "sweep"
 AUTO_FACTORS = (0.5, 1.0, 2.0)  # around the calibrated sigma, on a log scale (each point costs every attack)
 
 
-def run_attacks(ctx: AuditContext, names: list[str]) -> dict:
-    """Every selected attack at the context's sigma; the loop an executor can replace."""
-    return {name: get_attack(name).run(ctx) for name in names}
-
-
 def audit_point(
     ctx: AuditContext,
     measurement: leakage.Measurement,
     sigma: float,
-    attack_names: list[str],
+    attacks: dict[str, dict],
     seed: int,
     target_mse: float | None = None,
     clean_utility: dict | None = None,
-    attacks: Callable[[AuditContext, list[str]], dict] = run_attacks,
 ) -> dict:
-    """One audit point: dFIL and bounds from the shared measurement, every attack with its
-    baseline, the bound check, and utility (its loss against clean_utility, measured if None)."""
+    """One audit point: dFIL and bounds from the shared measurement, the attacks' entries at this
+    sigma checked against the bound, and utility (its loss against clean_utility, measured if None)."""
     point_ctx = ctx.at_sigma(sigma, seed)
     sections = leakage.assess_measurement(point_ctx, measurement, target_mse)
-    checked, bounds = leakage.check_against_bound(
-        sections["bounds"], attacks(point_ctx, attack_names), sections["prior"]["smoothing"]
-    )
+    checked, bounds = leakage.check_against_bound(sections["bounds"], attacks, sections["prior"]["smoothing"])
     return {
         "noise_sigma": sigma,
         "dfil": sections["dfil"],
@@ -106,14 +98,7 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
         for sigma, origin in sigmas:
             bar.set_postfix_str(f"sigma {sigma:.4g}")
             point = audit_point(
-                ctx,
-                measurement,
-                sigma,
-                names,
-                options.seed,
-                calibration["target_mse"],
-                clean_utility,
-                attacks=lambda point_ctx, _names: grid[point_ctx.noise_sigma],
+                ctx, measurement, sigma, grid[sigma], options.seed, calibration["target_mse"], clean_utility
             )
             points.append({**point, "origin": origin})
             bar.update()
