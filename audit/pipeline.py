@@ -168,6 +168,22 @@ def run_audit(
     return {**result, "gate": gate, "run": {**result["run"], "seconds": time.perf_counter() - clock}}
 
 
+def run_calibration(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
+    """`splitaudit calibrate`: the measurement alone (no attack), and the noise sigma that makes its
+    van Trees bound reach options.target_mse (splitaudit.leakage.calibrate's answer)."""
+    from splitaudit import leakage
+
+    ctx = prepare_context(options, progress)
+    return leakage.calibrate(
+        ctx,
+        options.target_mse,
+        prior=options.prior,
+        smoothing=options.smoothing,
+        dfil_rtol=options.dfil_rtol,
+        dfil_samples=options.dfil_samples,
+    )
+
+
 def check_executor(options: AuditOptions) -> None:
     """Before any slow stage: --executor ray without Ray installed is bad input (exit 2)."""
     if options.executor == "ray":
