@@ -6,7 +6,7 @@ Adding an attack: write one module here with one `Attack` subclass (see attacks/
 sets `name`, `kind`, `primary_metric`, `title`, `baseline_name`, `metrics`, `needs`,
 `assumptions`, an `Options` dataclass of `option(...)` fields when it takes options, and
 implements `run_seed`; then add one line to REGISTRY below. The CLI (--attacks), option
-checking, the report's titles and baseline names and the conformance suite
+checking, the report's words (each result entry carries them) and the conformance suite
 (tests/test_attack_contract.py) all read the registry.
 """
 
@@ -45,17 +45,6 @@ def get_attack(name: str) -> "Attack":
     return attack_class(name)()
 
 
-def attack_title(name: str) -> str:
-    """The report's heading for an attack (the name itself for one not registered)."""
-    return attack_class(name).title if name in REGISTRY else name
-
-
-def baseline_name(name: str, kind: str) -> str:
-    """What an attack's baseline is, in words; the mean guess for reconstruction by default."""
-    declared = attack_class(name).baseline_name if name in REGISTRY else ""
-    return declared or ("guessing the average input" if kind == "reconstruction" else "baseline")
-
-
 def check_attack_options(options: dict[str, dict]) -> None:
     """Raise InputError for an option naming no attack, a key its attack does not take (a
     misspelt option would otherwise be ignored) or a value outside its declared type and range,
@@ -77,8 +66,6 @@ __all__ = [
     "ATTACK_NAMES",
     "REGISTRY",
     "attack_class",
-    "attack_title",
-    "baseline_name",
     "check_attack_inputs",
     "check_attack_options",
     "get_attack",

@@ -5,8 +5,9 @@ and the matching baseline (what an attacker achieves without the bottom model). 
 turns that into the result entry: skipped with a reason, failed with a reason, or ok with the
 mean and std over seeds and the advantage over the baseline (Zheng et al., IJCAI 2024, Def. 1).
 
-An attack describes itself on its class: `title` and `baseline_name` (the report's words),
-`metrics` (the metric names every ok run fills) and `Options`, a frozen dataclass whose fields
+An attack describes itself on its class: `title`, `baseline_name`, `query_access_reference` and
+`series` (the report's words, copied into every result entry so that reports render from the
+result alone, without importing an attack), `metrics` (the metric names every ok run fills) and `Options`, a frozen dataclass whose fields
 are the keys its `[attack.NAME]` table takes, each declared with `option(...)` (default, help,
 range or choices). `parse_options` checks a user's table against it before anything runs.
 """
@@ -26,6 +27,7 @@ import numpy as np
 
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
+from splitaudit.result import default_baseline_name
 
 MAX_OPTION_INT = 2**31 - 1  # the implicit upper limit of an integer option (see _limits)
 
@@ -166,6 +168,10 @@ class Attack(ABC):
     advantage_basis: ClassVar[str] = ""  # how `advantage` is taken, when not at the headline metric
     title: ClassVar[str]  # the report's heading
     baseline_name: ClassVar[str] = ""  # what the baseline is, in the report's words ("" for the mean guess)
+    # The attack with query access on the same data whose result the report sets beside this one's.
+    query_access_reference: ClassVar[str] = ""
+    # The report's words for a dict-valued metric METRIC_by_KEY: {metric: {"title", "key", "axis", "value"}}.
+    series: ClassVar[dict[str, dict[str, str]]] = {}
     metrics: ClassVar[tuple[str, ...]]  # the metric names every ok run fills (IMAGE_ONLY_METRICS on images)
     # A seed's typical run time against other attacks' (a scheduling hint: workers start the
     # heaviest tasks first, so the last ones to start are short and the workers finish together).
@@ -244,11 +250,17 @@ class Attack(ABC):
         """The entry's fields that do not depend on a run."""
         entry: dict[str, Any] = {
             "kind": self.kind,
+            "title": self.title,
+            "baseline_name": self.baseline_name or default_baseline_name(self.kind),
             "assumptions": self.assumptions,
             "primary_metric": self.primary_metric,
         }
         if self.advantage_basis:
             entry["advantage_basis"] = self.advantage_basis
+        if self.query_access_reference:
+            entry["query_access_reference"] = self.query_access_reference
+        if self.series:
+            entry["series"] = {metric: dict(words) for metric, words in self.series.items()}
         return entry
 
     def skipped(self, reason: str) -> dict:

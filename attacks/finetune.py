@@ -80,6 +80,14 @@ class FineTuneAttack(Attack):
     title = "Model completion (fine-tune)"
     baseline_name = "a model trained from scratch on the same labelled samples"
     metrics = ("accuracy", "accuracy_by_k")
+    series = {
+        "accuracy_by_k": {
+            "title": "Accuracy against labelled samples per class",
+            "key": "k per class",
+            "axis": "labelled samples per class (k)",
+            "value": "accuracy on target data",
+        }
+    }
     Options = FineTuneOptions
     assumptions = (
         "The attacker holds the trained bottom model (frozen) and k labelled samples per class from "

@@ -246,6 +246,7 @@ class SDARAttack(Attack):
         "for text, the decoder and token-inversion attacks (query access) are run instead"
     )
     title = "SDAR inversion (no query access)"
+    query_access_reference = "decoder"
     metrics = ("mse", "psnr", "ssim")
     Options = SDAROptions
     assumptions = (

@@ -1,11 +1,8 @@
 """splitaudit: audit what a split-learning bottom model's embeddings leak."""
 
-from importlib.metadata import PackageNotFoundError, version
+from splitaudit.version import __version__
 
-try:
-    __version__ = version("splitaudit")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+source"
+__all__ = ["__version__", "audit", "AuditResult"]
 
 
 def __getattr__(name: str):

@@ -33,7 +33,7 @@ class AuditResult:
 
     def to_json(self) -> str:
         """report.json's text: strict JSON, non-finite numbers as "inf"/"-inf"/"nan"."""
-        from splitaudit.reports.writer import to_strict_json
+        from splitaudit.reports.files import to_strict_json
 
         return json.dumps(to_strict_json(self.data), indent=2, allow_nan=False)
 
@@ -85,6 +85,12 @@ def audit(
     device: str = "auto",
     quick: bool = False,
     workers: int | None = 1,
+    executor: str = "local",
+    ray_address: str | None = None,
+    task_timeout: float | None = None,
+    output_name: str | None = None,
+    dfil_rtol: float = 0.02,
+    dfil_samples: int | None = None,
     model_mode: str = "saved",
     queries: int = 1,
     progress: bool = False,
@@ -95,11 +101,15 @@ def audit(
     aux, target: an array or tensor of samples, a tuple (x, y) or (x, y, attr), a dict with
     keys x, y, attr, or a path (.npz, .csv, image folder). Without target, aux is split 50/50.
     attacks: "all", "none", a comma string or a list of names. workers: processes for the attacks
-    (None: one per CPU core). model_mode: "saved" (as the module is now), "eval" or "train";
+    (None: one per CPU core); executor "ray" runs them on Ray (ray_address: an existing cluster);
+    task_timeout: seconds one attack seed may run. output_name: which output of a multi-output
+    ONNX model is the embedding. dfil_rtol, dfil_samples: the dFIL estimate's target relative
+    error and its sample cap. model_mode: "saved" (as the module is now), "eval" or "train";
     queries: how many queries of one input a query-access attacker averages (stochastic models).
     vocab: a vocabulary file declaring that x holds token ids [N, T] of a model file over ids
-    (split LLMs). The keywords are `splitaudit run`'s options. Bad input raises
-    splitaudit.errors.InputError.
+    (split LLMs). The keywords are `splitaudit run`'s options but those that say how reports are
+    written (out, formats, junit: see AuditResult.write), with the same defaults (tests/test_options.py).
+    Bad input raises splitaudit.errors.InputError.
     """
     options = AuditOptions(
         model=_model_source(model),
@@ -123,6 +133,12 @@ def audit(
         seed=seed,
         device=device,
         workers=workers,
+        executor=executor,
+        ray_address=ray_address,
+        task_timeout=task_timeout,
+        output_name=output_name,
+        dfil_rtol=dfil_rtol,
+        dfil_samples=dfil_samples,
         quick=quick,
         model_mode=model_mode,
         queries=queries,

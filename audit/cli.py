@@ -19,11 +19,11 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from splitaudit import __version__
 from splitaudit.attacks import ATTACK_NAMES, attack_class
 from splitaudit.config import DEVICES, EXECUTORS, FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
 from splitaudit.errors import InputError
 from splitaudit.safety import display_path, display_text, displayable
+from splitaudit.version import __version__
 
 EXIT_GATE_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 3, 130, 143
 COST_NOTICE_SECONDS = 180  # the up-front cost estimate is printed when the audit may take longer
@@ -304,19 +304,11 @@ def print_long_cost(estimate) -> None:
 def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> None:
     """The noise sigma that makes MODEL's provable bound reach --target-mse."""
     from splitaudit import leakage
-    from splitaudit.pipeline import prepare_context
-    from splitaudit.reports.writer import to_strict_json
+    from splitaudit.pipeline import run_calibration
+    from splitaudit.reports.files import to_strict_json
 
     options = build_options(model, {**given_flags(flags), "attacks": ["none"], "target_mse": target_mse})
-    ctx = prepare_context(options, progress=cli_progress)
-    answer = leakage.calibrate(
-        ctx,
-        options.target_mse,
-        prior=options.prior,
-        smoothing=options.smoothing,
-        dfil_rtol=options.dfil_rtol,
-        dfil_samples=options.dfil_samples,
-    )
+    answer = run_calibration(options, progress=cli_progress)
     if as_json:
         click.echo(json.dumps(to_strict_json(answer), indent=2, allow_nan=False))
     else:

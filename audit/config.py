@@ -34,6 +34,16 @@ MODEL_MODES = ("saved", "eval", "train")  # --model-mode (audit/stochastic.py ap
 MAX_QUERIES = 1000  # --queries: repeated queries of one input a query-access attacker averages
 
 
+# Where the options are set: every field of AuditOptions is a flag (or the MODEL argument) of
+# `splitaudit run` and `sweep`, a key of the TOML file and a keyword of splitaudit.audit(), except
+# as these say; tests/test_options.py holds the click commands and audit() to it.
+SWEEP_ONLY = ("noise_sigmas", "auto_sigma", "target_mse", "max_utility_loss")
+RUN_ONLY = ("noise_sigma",)  # a sweep takes a list (noise_sigmas)
+NOT_ON_CLI = ("target_fraction", "attack_options")  # the file's; the CLI adds attack options one by one
+NOT_IN_API = ("out", "formats", "junit", *SWEEP_ONLY)  # how reports are written: AuditResult.write
+CLI_CONTROLS = ("attack_option", "config_file", "debug")  # flags that are not options of the audit
+
+
 @dataclass
 class AuditOptions:
     """Everything `splitaudit run` can be told. Field names match the TOML keys."""

@@ -15,14 +15,16 @@ from tqdm import tqdm
 from splitaudit.data import Dataset
 from splitaudit.errors import InputError
 from splitaudit.estimators.jacobian import seeded_draws
-from splitaudit.models import Encoder
+from splitaudit.models import Encoder, RawModel, open_model, prepare_encoder, prepare_top_model, within_time_limit
 from splitaudit.tokens import per_mask_pattern
 
 if TYPE_CHECKING:
+    from splitaudit.config import AuditOptions
     from splitaudit.tokens import TokenSpace
 
 FULL_SEEDS = 3
 QUICK_SEEDS = 1
+PARITY_BATCH = 64  # samples the model's conversions are checked on against the original
 
 
 def silent_progress(**kwargs) -> tqdm:
@@ -139,3 +141,41 @@ def _finite_embeddings(z: torch.Tensor, part: str) -> torch.Tensor:
             f"{part} samples (first: sample {int(bad.nonzero()[0])} of the {part} part)"
         )
     return z
+
+
+def build_context(
+    options: AuditOptions,
+    raw: RawModel,
+    aux: Dataset,
+    target: Dataset,
+    device: torch.device,
+    progress: Callable[..., tqdm] = silent_progress,
+) -> AuditContext:
+    """The context from an opened model and the split data (also how a Ray worker rebuilds it)."""
+    aux, target = aux.to(device), target.to(device)
+    encoder = within_time_limit(prepare_encoder, raw, aux.x[:PARITY_BATCH], options.normalize)
+    top, top_forward = None, None
+    if options.top_model:
+        raw_top = within_time_limit(
+            lambda: open_model(options.top_model, device, mode="eval"), what="loading --top-model"
+        )
+        embeddings = encoder.embed(aux.x[:PARITY_BATCH])
+        top, top_forward, notes = within_time_limit(prepare_top_model, raw_top, embeddings, what="checking --top-model")
+        encoder.warnings.extend(notes)
+    ctx = AuditContext(
+        encoder=encoder,
+        aux=aux,
+        target=target,
+        noise_sigma=options.noise_sigma,
+        seed=options.seed,
+        quick=options.quick,
+        top_model=top,
+        top_model_forward=top_forward,
+        attack_options=options.attack_options,
+        progress=progress,
+        queries=options.queries,
+        tokens=raw.tokens,
+    )
+    for part in ("aux", "target"):  # every embedding, not just the parity batch: NaN must stop here
+        ctx.clean_embeddings(part)
+    return ctx

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from splitaudit.context import AuditContext
-from splitaudit.estimators.jacobian import exact_costs, measure_plan
+from splitaudit.estimators.jacobian import measure_plan
 from splitaudit.estimators.mean_trace import (
     CHECK_PROBES,
     CHECK_SAMPLES,
@@ -29,6 +29,7 @@ from splitaudit.estimators.mean_trace import (
     MeanOptions,
     exact_draws,
 )
+from splitaudit.estimators.methods import exact_costs
 from splitaudit.estimators.prior import QUICK_SCORE_SETTINGS, ScoreSettings, score_training_step, within_work_cap
 from splitaudit.threads import threads_for
 

@@ -424,29 +424,36 @@ def _calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | 
 # --- after the attacks --------------------------------------------------------------------------
 
 
-def flag_violations(result: dict) -> None:
-    """List (and mark) every reconstruction attack whose MSE is below the van Trees bound by more
-    than VIOLATION_Z standard errors (attack spread over seeds and the bound's own error)."""
-    bounds = result["bounds"]
+def check_against_bound(bounds: dict, attacks: dict[str, dict], smoothing: float) -> tuple[dict, dict]:
+    """(attacks, bounds) as new sections: each ok reconstruction attack with its bound_check, and
+    the bounds listing (with the likely causes) every one whose MSE is below the van Trees bound
+    by more than VIOLATION_Z standard errors (attack spread over seeds and the bound's own error).
+    The sections given are left as they are, so a result is assembled once, already checked."""
     bound, bound_se = bounds["van_trees_mse"], bounds.get("van_trees_stderr", 0.0)
-    violated = []
-    for name, attack in result.get("attacks", {}).items():
+    checked, violated = {}, []
+    for name, attack in attacks.items():
         if attack.get("status") != "ok" or attack.get("kind") != "reconstruction":
+            checked[name] = attack
             continue
         mse = attack["metrics"]["mse"]
         spread = attack.get("metrics_std", {}).get("mse", 0.0)
         margin = VIOLATION_Z * math.hypot(spread if math.isfinite(spread) else 0.0, bound_se)
-        attack["bound_check"] = {"van_trees_mse": bound, "margin": margin, "violated": mse < bound - margin}
+        checked[name] = {
+            **attack,
+            "bound_check": {"van_trees_mse": bound, "margin": margin, "violated": mse < bound - margin},
+        }
         if mse < bound - margin:
             violated.append(name)
-    bounds["violated_by"] = violated
+    flagged = {**bounds, "violated_by": violated}
     if violated:
-        causes = violation_causes(result["prior"]["smoothing"])
-        bounds["violation_causes"] = causes
-        bounds.setdefault("notes", []).append(
+        causes = violation_causes(smoothing)
+        flagged["violation_causes"] = causes
+        flagged["notes"] = [
+            *bounds.get("notes", []),
             f"{', '.join(violated)} reconstructed below the van Trees bound: the bound's assumptions failed "
-            f"({'; '.join(causes)}), so it is not a guarantee here"
-        )
+            f"({'; '.join(causes)}), so it is not a guarantee here",
+        ]
+    return checked, flagged
 
 
 def violation_causes(smoothing: float) -> list[str]:

@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from splitaudit import __version__
 from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options
 from splitaudit.config import AuditOptions
-from splitaudit.context import AuditContext, silent_progress
+from splitaudit.context import AuditContext, build_context, silent_progress
 from splitaudit.data import Dataset, split_dataset
 from splitaudit.errors import InputError
 from splitaudit.executor import (
@@ -30,14 +29,7 @@ from splitaudit.executor import (
     trace_runner,
 )
 from splitaudit.gate import evaluate_gate
-from splitaudit.models import (
-    RawModel,
-    open_model,
-    prepare_encoder,
-    prepare_top_model,
-    resolve_device,
-    within_time_limit,
-)
+from splitaudit.models import RawModel, resolve_device, within_time_limit
 from splitaudit.result import SCHEMA_VERSION
 from splitaudit.tokens import (
     flag_token_violations,
@@ -46,11 +38,10 @@ from splitaudit.tokens import (
     real_share,
     token_statement,
 )
+from splitaudit.version import __version__
 
 if TYPE_CHECKING:
     from splitaudit.leakage import Measurement
-
-PARITY_BATCH = 64
 
 
 def select_attacks(names: list[str]) -> list[str]:
@@ -98,46 +89,22 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> Au
     return build_context(options, raw, aux, target, device, progress)
 
 
-def build_context(
-    options: AuditOptions,
-    raw: RawModel,
-    aux: Dataset,
-    target: Dataset,
-    device: torch.device,
-    progress: Callable[..., tqdm] = silent_progress,
-) -> AuditContext:
-    """The context from an opened model and the split data (also how a Ray worker rebuilds it)."""
-    aux, target = aux.to(device), target.to(device)
-    encoder = within_time_limit(prepare_encoder, raw, aux.x[:PARITY_BATCH], options.normalize)
-    top, top_forward = None, None
-    if options.top_model:
-        raw_top = within_time_limit(
-            lambda: open_model(options.top_model, device, mode="eval"), what="loading --top-model"
-        )
-        embeddings = encoder.embed(aux.x[:PARITY_BATCH])
-        top, top_forward, notes = within_time_limit(prepare_top_model, raw_top, embeddings, what="checking --top-model")
-        encoder.warnings.extend(notes)
-    ctx = AuditContext(
-        encoder=encoder,
-        aux=aux,
-        target=target,
-        noise_sigma=options.noise_sigma,
-        seed=options.seed,
-        quick=options.quick,
-        top_model=top,
-        top_model_forward=top_forward,
-        attack_options=options.attack_options,
-        progress=progress,
-        queries=options.queries,
-        tokens=raw.tokens,
-    )
-    for part in ("aux", "target"):  # every embedding, not just the parity batch: NaN must stop here
-        ctx.clean_embeddings(part)
-    return ctx
-
-
 def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:
     return load_audited_data(path, shape, raw, label_column=options.label_column, attr_column=options.attr_column)
+
+
+def prepare_audit(options: AuditOptions, progress: Callable[..., tqdm]) -> tuple[AuditContext, list[str]]:
+    """What an audit and a sweep do before their first slow stage: check the options, the attacks
+    and their options and the executor, seed torch, load the context, and check the attacks'
+    options against the loaded data. Returns the context and the selected attack names."""
+    options.validate()
+    names = select_attacks(options.attacks)
+    check_attack_options(options.attack_options)
+    check_executor(options)
+    torch.manual_seed(options.seed)
+    ctx = prepare_context(options, progress)
+    check_attack_inputs(ctx, names)
+    return ctx, names
 
 
 def run_audit(
@@ -149,21 +116,13 @@ def run_audit(
     before the long stages start."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    options.validate()
-    names = select_attacks(options.attacks)
-    check_attack_options(options.attack_options)
-    check_executor(options)
-    torch.manual_seed(options.seed)
-    ctx = prepare_context(options, progress)
-    check_attack_inputs(ctx, names)
+    ctx, names = prepare_audit(options, progress)
     from splitaudit import leakage
 
-    result = describe_run(ctx, options, started)
+    header = describe_run(ctx, options, started)
     from splitaudit.utility import utility_section
 
-    result["utility"] = utility_section(
-        ctx
-    )  # before the slow stages: a top model that rejects the embeddings is bad input
+    utility = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
     from splitaudit.cost import estimate_cost, worth_estimating
 
     if on_cost is not None and worth_estimating(ctx):
@@ -178,27 +137,51 @@ def run_audit(
     ):
         stages.set_postfix_str("dFIL and bounds")
         measurement, shards = measure_leakage(ctx, options, executor)
-        result.update(leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse))
+        sections = leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse)
         if ctx.tokens is not None:
-            result["tokens"] = token_statement(
-                ctx.tokens, result["bounds"], measurement.smoothing, ctx.seed, real_share(ctx.target)
+            sections["tokens"] = token_statement(
+                ctx.tokens, sections["bounds"], measurement.smoothing, ctx.seed, real_share(ctx.target)
             )
         stages.update()
         stages.set_postfix_str("attacks")
-        grid = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, result["run"], shards)
-        result["attacks"] = grid[ctx.noise_sigma]
+        grid, executed = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, shards)
         stages.update(len(names))
-    leakage.flag_violations(result)
+    attacks, bounds = leakage.check_against_bound(
+        sections["bounds"], grid[ctx.noise_sigma], sections["prior"]["smoothing"]
+    )
+    result = {
+        **header,
+        "run": {**header["run"], **executed},
+        "utility": utility,
+        **sections,
+        "bounds": bounds,
+        "attacks": attacks,
+    }
     if ctx.tokens is not None:
-        flag_token_violations(result)
-    result["gate"] = evaluate_gate(
+        flag_token_violations(result)  # the token statement's ceiling, into its own and the bounds' sections
+    gate = evaluate_gate(
         result,
         fail_under_mse=options.fail_under_mse,
         fail_under_attack_mse=options.fail_under_attack_mse,
         max_advantage=options.max_advantage,
     )
-    result["run"]["seconds"] = time.perf_counter() - clock
-    return result
+    return {**result, "gate": gate, "run": {**result["run"], "seconds": time.perf_counter() - clock}}
+
+
+def run_calibration(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
+    """`splitaudit calibrate`: the measurement alone (no attack), and the noise sigma that makes its
+    van Trees bound reach options.target_mse (splitaudit.leakage.calibrate's answer)."""
+    from splitaudit import leakage
+
+    ctx = prepare_context(options, progress)
+    return leakage.calibrate(
+        ctx,
+        options.target_mse,
+        prior=options.prior,
+        smoothing=options.smoothing,
+        dfil_rtol=options.dfil_rtol,
+        dfil_samples=options.dfil_samples,
+    )
 
 
 def check_executor(options: AuditOptions) -> None:
@@ -238,14 +221,13 @@ def attack_grid(
     names: list[str],
     sigmas: list[float],
     progress: Callable[..., tqdm],
-    run: dict,
     shards: ShardRunner | None = None,
-) -> dict[float, dict]:
-    """Every selected attack at every sigma on the executor, as {sigma: {attack: entry}}; the run
-    section gets the executor, its workers, each task's wall time and the dFIL shards' summary."""
+) -> tuple[dict[float, dict], dict]:
+    """Every selected attack at every sigma on the executor, as {sigma: {attack: entry}}, and the
+    run section's keys for it: the executor, its workers, each task's wall time and the dFIL
+    shards' summary."""
     grid, results = run_attack_grid(ctx, names, sigmas, executor, progress)
-    run.update(describe_executor(executor, results, shards))
-    return grid
+    return grid, describe_executor(executor, results, shards)
 
 
 def describe_run(ctx: AuditContext, options: AuditOptions, started: datetime) -> dict:

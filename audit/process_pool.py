@@ -5,7 +5,7 @@ Each worker is a fresh (spawned) Python process that rebuilds the audit context 
 parent's recipe (splitaudit.recipe) and then runs the tasks it is sent, one at a time, each
 through the same `timed_task` as the in-process loop, on its share of the parent's threads.
 Every worker talks over its own pipe: a worker stopped for its time-out, or one that dies, takes
-nothing down with it; its task is retried once on a fresh worker (executor.schedule), then
+nothing down with it; its task is retried once on a fresh worker (tasks.schedule), then
 reported as that attack's failure. Workers ignore Ctrl-C; the parent stops them. A stopped
 worker exits through its `finally` blocks (SIGTERM raises SystemExit), so its model copy and its
 semaphores are released; the pool's scratch folder, which holds every worker's model copy, is
@@ -30,8 +30,8 @@ from tqdm import tqdm
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
-from splitaudit.executor import Finished, Task, TaskResult, schedule, timed_task
 from splitaudit.recipe import ContextRecipe, make_recipe, rebuild_context
+from splitaudit.tasks import Finished, Task, TaskResult, schedule, timed_task
 
 STOP_SECONDS = 5.0  # how long a worker may take to exit when asked, before it is terminated
 

@@ -19,8 +19,8 @@ from tqdm import tqdm
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
-from splitaudit.executor import Finished, Task, TaskResult, schedule, timed_task
 from splitaudit.recipe import ContextRecipe, make_recipe, rebuild_context
+from splitaudit.tasks import Finished, Task, TaskResult, schedule, timed_task
 
 _CONTEXTS: dict[str, AuditContext] = {}  # per worker process: recipe key -> rebuilt context
 

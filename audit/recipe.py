@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from splitaudit.config import AuditOptions
-from splitaudit.context import AuditContext
+from splitaudit.context import AuditContext, build_context
 from splitaudit.data import Dataset
 
 
@@ -71,7 +71,6 @@ def rebuild_context(recipe: ContextRecipe, device: str) -> AuditContext:
 def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditContext:
     """Write the recipe's model files into `folder` and build the context from those copies."""
     from splitaudit.models import resolve_device
-    from splitaudit.pipeline import build_context
     from splitaudit.tokens import open_audited_model
 
     for files in (recipe.model_files, recipe.top_model_files):

@@ -253,10 +253,25 @@ class BoundCheck(TypedDict):
 Metrics = dict[str, Union[float, dict[str, float]]]
 
 
+class Series(TypedDict):
+    """The report's words for a metric measured against a parameter (a dict-valued metric)."""
+
+    title: str  # the section's heading and the chart's title
+    key: str  # the table's first column: the parameter
+    axis: str  # the chart's x axis: the parameter
+    value: str  # the chart's y axis: the metric
+
+
 class Attack(TypedDict):
-    """One attack's entry: skipped or failed with a reason, or ok with its numbers over seeds."""
+    """One attack's entry: skipped or failed with a reason, or ok with its numbers over seeds.
+    Its words (title, baseline_name, series) travel with it so that a report renders from the
+    result alone; reports written before they did fall back to the attack's name."""
 
     kind: Literal["label", "reconstruction"]
+    title: NotRequired[str]
+    baseline_name: NotRequired[str]  # what the baseline is, in words
+    query_access_reference: NotRequired[str]  # the attack with query access on the same data, to set beside
+    series: NotRequired[dict[str, Series]]  # words for its dict-valued metrics, by metric name
     assumptions: str
     primary_metric: str
     advantage_basis: NotRequired[str]
@@ -277,6 +292,11 @@ class Attack(TypedDict):
     failed_to_train: NotRequired[str]
     # When the seeds' spread is as wide as the distance to the baseline.
     spread_warning: NotRequired[str]
+
+
+def default_baseline_name(kind: str) -> str:
+    """An attack's baseline in words when it declares none: the mean guess for reconstruction."""
+    return "guessing the average input" if kind == "reconstruction" else "baseline"
 
 
 CheckCause = Literal[

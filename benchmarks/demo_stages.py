@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from splitaudit import cli, executor, pipeline, reports
+from splitaudit import cli, pipeline, reports, tasks
 
 HWM = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -111,7 +111,7 @@ def instrument(clock: StageClock, results: list[dict]) -> None:
     clock.wrap(leakage, "_jacobian_traces", "Jacobian traces")
     clock.wrap(leakage, "_prior", "prior J(pi)")
     clock.wrap(reports, "write_reports", "reports (write)")
-    run_task, run_audit = executor.run_seed_task, pipeline.run_audit
+    run_task, run_audit = tasks.run_seed_task, pipeline.run_audit
 
     def timed_task(ctx, task):
         with clock.stage(f"attack {task.attack} (seed {task.seed})"):
@@ -121,7 +121,7 @@ def instrument(clock: StageClock, results: list[dict]) -> None:
         results.append(run_audit(*args, **kwargs))
         return results[-1]
 
-    executor.run_seed_task = timed_task
+    tasks.run_seed_task = timed_task
     pipeline.run_audit = keep_result
 
 

@@ -35,10 +35,9 @@ from test_finite_difference import KinkedBlock, black_box  # noqa: E402
 from splitaudit.estimators.jacobian import (  # noqa: E402
     TraceOptions,
     finite_difference_step,
-    jacobian_sq_norm,
-    jacobian_trace,
 )
 from splitaudit.estimators.mean_trace import Z_95, MeanOptions, estimate_mean_trace  # noqa: E402
+from splitaudit.estimators.methods import jacobian_sq_norm, jacobian_trace  # noqa: E402
 
 
 def interval(values: torch.Tensor) -> tuple[float, float, float]:

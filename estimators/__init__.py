@@ -3,14 +3,9 @@
 Pure tensor functions: no I/O, no printing; the audit wiring lives in splitaudit.leakage.
 """
 
-from splitaudit.estimators.jacobian import (
-    METHODS,
-    TraceEstimate,
-    TraceOptions,
-    jacobian_sq_norm,
-    jacobian_trace,
-)
+from splitaudit.estimators.jacobian import TraceEstimate, TraceOptions
 from splitaudit.estimators.mean_trace import MeanOptions, MeanTrace, TraceCheckError, estimate_mean_trace
+from splitaudit.estimators.methods import METHODS, jacobian_sq_norm, jacobian_trace
 
 __all__ = [
     "METHODS",

@@ -107,41 +107,6 @@ class Plan:
         return max(1, budget // (self.bytes_per_product * max(1, n_samples)))
 
 
-def jacobian_sq_norm(f: BatchFn, x: Tensor, method: str = "auto", **options) -> Tensor:
-    """Per-sample ||J_f(x_i)||_F^2 for a batch function f (exact unless a random method is asked for).
-
-    method: "auto" (the exact method with the fewest products: forward, reverse, or structured
-    where the model has local structure; forward mode is skipped for models with an operator that
-    has none), "forward", "reverse", "hutchinson" or "finite-difference"; options: fields of
-    TraceOptions. Per-sample "auto" stays exact, so its cost grows with min(d, m): for the mean
-    over many samples at a given relative error, use estimators.mean_trace.estimate_mean_trace.
-    """
-    return jacobian_trace(f, x, method, TraceOptions(**options)).values
-
-
-@torch.no_grad()
-def jacobian_trace(
-    f: BatchFn, x: Tensor, method: str = "auto", options: TraceOptions = TraceOptions()
-) -> TraceEstimate:
-    """Like jacobian_sq_norm, with per-sample standard errors and the method actually used.
-
-    Runs under torch.no_grad(): the torch.func transforms still differentiate, but the caller's
-    autograd level records nothing, so a module whose parameters require grad does not keep every
-    chunk's graph alive (memory stays within options.memory_bytes whatever the caller passes).
-    """
-    if method != "auto" and method not in METHODS:
-        raise ValueError(f"unknown Jacobian method {method!r}; choose auto or {', '.join(METHODS)}")
-    plan = measure_plan(f, x, differentiable=method != "finite-difference")
-    name = choose_method(f, x, plan) if method == "auto" else method
-    choice = None
-    if name == "finite-difference" and options.fd_step is None:  # one step for every chunk of samples
-        choice = choose_fd_step(f, x, options, plan)
-        options = dataclasses.replace(options, fd_step=choice.step)
-    samples = max(1, options.memory_bytes // (plan.bytes_per_product * MIN_DIRECTIONS_PER_CHUNK))
-    traces = concatenated([METHODS[name].compute(f, chunk, options, plan) for chunk in x.split(samples)])
-    return dataclasses.replace(traces, fd_choice=choice) if choice is not None else traces
-
-
 def concatenated(parts: list[TraceEstimate]) -> TraceEstimate:
     """One estimate from estimates on consecutive batches of samples (same method)."""
     return TraceEstimate(
@@ -155,18 +120,6 @@ def concatenated(parts: list[TraceEstimate]) -> TraceEstimate:
         fd_choice=parts[0].fd_choice,
         draws=parts[0].draws,
     )
-
-
-def choose_method(f: BatchFn, x: Tensor, plan: Plan) -> str:
-    """The exact method needing the fewest Jacobian products per sample."""
-    costs = exact_costs(f, x, plan)
-    return min(costs, key=costs.get)
-
-
-def exact_costs(f: BatchFn, x: Tensor, plan: Plan) -> dict[str, int]:
-    """Products per sample of each exact method that applies to (f, x)."""
-    costs = {name: m.products(f, x, plan) for name, m in METHODS.items()}
-    return {name: c for name, c in costs.items() if c is not None}
 
 
 def measure_plan(f: BatchFn, x: Tensor, differentiable: bool = True) -> Plan:
@@ -500,18 +453,3 @@ def _jvp_products(f: BatchFn, x: Tensor, directions: Tensor) -> Tensor:
 def _squared_norms(products: Tensor) -> Tensor:
     """[k, N, ...] -> [k, N]: squared norm of each product."""
     return products.pow(2).flatten(2).sum(2)
-
-
-# Name -> method. "auto" picks the registered exact method with the fewest products per sample.
-# An exact method that exploits model structure (output colouring, estimators/structured.py)
-# registers here with its own products(f, x, plan), returning None where it does not apply.
-METHODS: dict[str, Method] = {
-    "forward": Method(forward_trace, lambda f, x, plan: plan.d if forward_mode_works(f, x) else None),
-    "reverse": Method(reverse_trace, lambda f, x, plan: plan.m),
-    "hutchinson": Method(hutchinson_trace, lambda f, x, plan: None),
-    "finite-difference": Method(finite_difference_trace, lambda f, x, plan: None),
-}
-
-from splitaudit.estimators.structured import STRUCTURED  # noqa: E402  (it builds on the names above)
-
-METHODS["structured"] = STRUCTURED

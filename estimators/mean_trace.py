@@ -49,16 +49,15 @@ from splitaudit.estimators.jacobian import (
     _squared_norms,
     choose_fd_step,
     concatenated,
-    exact_costs,
     fd_error_bounded,
     forward_mode_works,
     is_stochastic,
-    jacobian_trace,
     measure_plan,
     product_fn,
     rademacher,
     seeded_draws,
 )
+from splitaudit.estimators.methods import exact_costs, jacobian_trace
 
 EXACT_PRODUCTS = 128  # exact whenever it needs at most this many products per sample
 EXACT_PREFERENCE = 2.0  # ... or at most this many times the randomised estimate's products

@@ -15,7 +15,7 @@ passes (blocks of inputs, then inputs whose block supports are disjoint, attribu
 the colouring is checked with a sign test on a real sample, and the result is cached per model
 and input shape, so an audit detects once and reuses it for every batch.
 
-Registered in the method table of estimators/jacobian.py as "structured"; "auto" picks it when
+Registered in the method table of estimators/methods.py as "structured"; "auto" picks it when
 it needs fewer products than plain forward or reverse mode.
 """
 

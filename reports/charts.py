@@ -90,15 +90,18 @@ def bounds_chart(bars: list[MseBar], van_trees: float | None, cramer_rao: float 
         return _png(fig)
 
 
-def accuracy_by_k_chart(
+def series_chart(
     ks: list[str],
     attack: list[float],
     attack_std: list[float],
     baseline: list[float],
     baseline_std: list[float],
     baseline_label: str,
+    x_label: str,
+    y_label: str,
 ) -> bytes:
-    """Fine-tune accuracy against the number of labelled samples per class, with its baseline."""
+    """An attack's metric against a numeric parameter (fine-tune's accuracy against the labelled
+    samples per class), with its baseline; the y axis spans [0, 1] for a metric that lives there."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(5, 2.8))
         x = [float(k) for k in ks]
@@ -125,9 +128,10 @@ def accuracy_by_k_chart(
             ax.set_xscale("log")
         ax.set_xticks(x, ks)
         ax.minorticks_off()
-        ax.set_xlabel("labelled samples per class (k)")
-        ax.set_ylabel("accuracy on target data")
-        ax.set_ylim(0, 1.02)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(y_label)
+        if all(0 <= v <= 1 for v in attack + baseline):
+            ax.set_ylim(0, 1.02)
         ax.legend(frameon=False, fontsize=8)
         return _png(fig)
 

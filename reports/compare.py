@@ -6,12 +6,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from splitaudit.attacks import attack_title
 from splitaudit.errors import InputError
 from splitaudit.reports import charts
+from splitaudit.reports.files import write_json
 from splitaudit.reports.formatting import is_finite, is_number, number, signed
-from splitaudit.reports.view import METRIC_LABELS, Figure, Figures, Table, headline, subtitle
-from splitaudit.reports.writer import render_pages, write_json
+from splitaudit.reports.view import METRIC_LABELS, Figure, Figures, Table, attack_title, headline, subtitle
+from splitaudit.reports.writer import render_pages
 
 # What makes two audits comparable: the same model (file and shapes) and the same data. A defence
 # usually changes the model file, so a difference is stated, never refused.
@@ -140,7 +140,7 @@ def build_comparison(before: dict, after: dict, with_figures: bool = True) -> Co
             "advantage",
             "Each attack's advantage before and after",
             charts.advantage_comparison_chart,
-            [attack_title(r[0]) for r in ok],
+            [attack_title(r[0], _get(after, "attacks", r[0]) or _get(before, "attacks", r[0]) or {}) for r in ok],
             [_get(before, "attacks", r[0], "advantage") for r in ok],
             [_get(after, "attacks", r[0], "advantage") for r in ok],
         )

@@ -10,6 +10,7 @@ import math
 
 from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
+from splitaudit.recommend import recommend, sweep_gate
 
 RUN_THRESHOLDS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage")
 SWEEP_THRESHOLDS = (*RUN_THRESHOLDS, "max_utility_loss")
@@ -36,8 +37,6 @@ def _report_problem(report: dict) -> str | None:
 
 
 def _sweep_problem(sweep: dict) -> str | None:
-    from splitaudit.sweep import recommend, sweep_gate
-
     points = sweep["points"]
     if not points:
         return "it has no points (no noise sigma was audited)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from splitaudit.reports.writer import write_atomic
+from splitaudit.reports.files import write_atomic
 
 
 def write_junit(result: dict, path: Path) -> Path:

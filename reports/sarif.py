@@ -12,8 +12,8 @@ import json
 from pathlib import Path, PurePath
 from urllib.parse import quote
 
+from splitaudit.reports.files import to_strict_json, write_atomic
 from splitaudit.reports.view import CAUSE_WORDS
-from splitaudit.reports.writer import to_strict_json, write_atomic
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 INFORMATION_URI = "https://github.com/splitaudit/splitaudit"

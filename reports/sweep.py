@@ -12,7 +12,6 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from splitaudit.attacks import attack_title
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
 from splitaudit.reports.terminal import _wrap
@@ -28,6 +27,7 @@ from splitaudit.reports.view import (
     _facts,
     _gate_table,
     _overview,
+    attack_title,
     headline,
     subtitle,
     utility_words,
@@ -154,7 +154,7 @@ def recommendation_words(sweep: dict) -> Item:
         f"{condition}, meeting the target {number(rec.get('target_mse'))}."
     )
     checked = [
-        attack_title(n)
+        attack_title(n, a)
         for n, a in (point.get("attacks") or {}).items()
         if a.get("kind") == "reconstruction" and a.get("status") == "ok"
     ]

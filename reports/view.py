@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from splitaudit.attacks import attack_title, baseline_name
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import (
     advantage_words,
@@ -24,9 +23,8 @@ from splitaudit.reports.formatting import (
     text,
 )
 from splitaudit.reports.tokens import position_words, sentence_rows, token_statement_words
+from splitaudit.result import default_baseline_name
 
-# An attack without query access -> the attack with query access it is compared with (issue 5).
-QUERY_ACCESS_REFERENCE = {"sdar": "decoder"}
 METRIC_LABELS = {
     "accuracy": "accuracy",
     "nmi": "NMI",
@@ -126,8 +124,9 @@ class AttackView:
     metrics: Table | None = None
     advantage: str = ""
     runs: str = ""
-    by_k: Table | None = None
-    by_k_chart: Figure | None = None
+    series: Table | None = None  # a dict-valued metric against its parameter (fine-tune's accuracy by k)
+    series_chart: Figure | None = None
+    series_title: str = ""
     reconstructions: Figure | None = None
     examples: Table | None = None
     details: Table | None = None
@@ -462,7 +461,7 @@ def _strongest(attacks: dict[str, dict]) -> Item:
     value = (attack.get("metrics") or {}).get(metric)
     base = (attack.get("baseline") or {}).get(metric)
     words = (
-        f"{attack_title(name)}: {METRIC_LABELS.get(metric, metric)} {number(value)} "
+        f"{attack_title(name, attack)}: {METRIC_LABELS.get(metric, metric)} {number(value)} "
         f"against {number(base)} for its baseline; "
         f"{advantage_words(attack.get('kind', ''), attack['advantage'])}."
     )
@@ -643,7 +642,7 @@ def _bounds_chart(result: dict, figures: Figures) -> Figure | None:
 def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> AttackView:
     view = AttackView(
         name=name,
-        title=attack_title(name),
+        title=attack_title(name, attack),
         kind=str(attack.get("kind", "")),
         status=str(attack.get("status", "unknown")),
         reason=str(attack.get("reason") or ""),
@@ -669,7 +668,7 @@ def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Att
     view.runs = {0: "", 1: "one seed, so no spread"}.get(len(seeds), f"mean ± std over {len(seeds)} seeds")
     if is_finite(attack.get("seconds")):
         view.runs += ("; " if view.runs else "") + f"took {attack['seconds']:.1f} s"
-    view.by_k, view.by_k_chart = _by_k(name, attack, figures)
+    view.series_title, view.series, view.series_chart = _series(name, attack, figures)
     examples = [e for e in attack.get("examples") or [] if isinstance(e, dict) and "original" in e]
     if examples:
         view.reconstructions = figures.add(
@@ -689,7 +688,7 @@ def _attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Att
 
 def _query_access_note(name: str, attack: dict, result: dict) -> str:
     """For an attack without query access, what the query-access attack on the same data gets."""
-    reference = QUERY_ACCESS_REFERENCE.get(name)
+    reference = attack.get("query_access_reference")
     other = _attacks(result).get(reference) if reference else None
     if not (other and _ok(other)):
         return ""
@@ -722,38 +721,55 @@ def _metrics_table(name: str, attack: dict) -> Table | None:
             [f"{METRIC_LABELS.get(k, k)}, mean of {queries} queries", mean_std(v, averaged_std.get(k)), "—"]
             for k, v in averaged.items()
         ]
-    described = baseline_name(name, str(attack.get("kind", "")))
-    return Table(["metric", "attack", f"baseline: {described}"], rows) if rows else None
+    return Table(["metric", "attack", f"baseline: {baseline_words(attack)}"], rows) if rows else None
 
 
-def _by_k(name: str, attack: dict, figures: Figures) -> tuple[Table | None, Figure | None]:
-    """Accuracy against k labelled samples per class (fine-tune's sweep)."""
-    by_k = (attack.get("metrics") or {}).get("accuracy_by_k")
-    if not isinstance(by_k, dict) or not by_k:
-        return None, None
-    ks = sorted(by_k, key=lambda k: float(k) if str(k).replace(".", "", 1).isdigit() else math.inf)
-    std = (attack.get("metrics_std") or {}).get("accuracy_by_k") or {}
-    base = (attack.get("baseline") or {}).get("accuracy_by_k") or {}
-    base_std = (attack.get("baseline_std") or {}).get("accuracy_by_k") or {}
+def attack_title(name: str, attack: dict) -> str:
+    """The report's heading for an attack: the title its entry carries (its name in older reports)."""
+    return str(attack.get("title") or name)
+
+
+def baseline_words(attack: dict) -> str:
+    """What an attack's baseline is, in the words its entry carries (older reports: by its kind)."""
+    return str(attack.get("baseline_name") or default_baseline_name(str(attack.get("kind", ""))))
+
+
+def _series(name: str, attack: dict, figures: Figures) -> tuple[str, Table | None, Figure | None]:
+    """(heading, table, chart) of the attack's dict-valued metric METRIC_by_KEY (fine-tune's
+    accuracy by k), in the words its entry's `series` gives (older reports: the metric's name)."""
+    metrics = attack.get("metrics") or {}
+    metric = next((m for m, v in metrics.items() if "_by_" in m and isinstance(v, dict) and v), None)
+    if metric is None:
+        return "", None, None
+    measured, key = metric.split("_by_", 1)
+    words = {"title": f"{measured} against {key}", "key": key, "axis": key, "value": measured}
+    words.update(((attack.get("series") or {}).get(metric)) or {})
+    values = metrics[metric]
+    keys = sorted(values, key=lambda k: float(k) if str(k).replace(".", "", 1).isdigit() else math.inf)
+    std = (attack.get("metrics_std") or {}).get(metric) or {}
+    base = (attack.get("baseline") or {}).get(metric) or {}
+    base_std = (attack.get("baseline_std") or {}).get(metric) or {}
     table = Table(
-        ["k per class", "attack accuracy", "baseline accuracy"],
-        [[str(k), mean_std(by_k[k], std.get(k)), mean_std(base.get(k), base_std.get(k))] for k in ks],
+        [words["key"], f"attack {measured}", f"baseline {measured}"],
+        [[str(k), mean_std(values[k], std.get(k)), mean_std(base.get(k), base_std.get(k))] for k in keys],
     )
-    if not all(str(k).replace(".", "", 1).isdigit() and is_finite(by_k[k]) for k in ks):
-        return table, None
-    has_base = all(is_finite(base.get(k)) for k in ks)
+    if not all(str(k).replace(".", "", 1).isdigit() and is_finite(values[k]) for k in keys):
+        return words["title"], table, None
+    has_base = all(is_finite(base.get(k)) for k in keys)
     chart = figures.add(
-        f"{name}-accuracy-by-k",
-        "Accuracy against labelled samples per class",
-        charts.accuracy_by_k_chart,
-        ks,
-        [by_k[k] for k in ks],
-        [_num(std.get(k)) for k in ks],
-        [base[k] for k in ks] if has_base else [],
-        [_num(base_std.get(k)) for k in ks],
-        "baseline: " + baseline_name(name, "label"),
+        f"{name}-{metric.replace('_', '-')}",
+        words["title"],
+        charts.series_chart,
+        keys,
+        [values[k] for k in keys],
+        [_num(std.get(k)) for k in keys],
+        [base[k] for k in keys] if has_base else [],
+        [_num(base_std.get(k)) for k in keys],
+        "baseline: " + baseline_words(attack),
+        words["axis"],
+        words["value"],
     )
-    return table, chart
+    return words["title"], table, chart
 
 
 def _num(value: Any) -> float:

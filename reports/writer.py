@@ -7,10 +7,8 @@ import contextlib
 import errno
 import fcntl
 import json
-import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
@@ -20,38 +18,16 @@ from tabulate import tabulate
 
 from splitaudit.errors import InputError
 from splitaudit.reports.consistency import check_consistency
+from splitaudit.reports.files import from_strict_json, to_strict_json, write_atomic, write_json
 from splitaudit.reports.view import Figure, Table, build_view
 from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
 from splitaudit.safety import display_path, displayable, nested_deeper_than, require_regular_file
 
-NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 MAX_REPORT_BYTES = 256 * 1024**2  # a report.json is a few MB at most; larger is not one of ours
 MAX_JSON_DEPTH = 64  # a report nests about 8 levels; deeper input is hostile
 LOCK_NAME = ".splitaudit.lock"
 UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
-
-
-def to_strict_json(value):
-    """Replace inf/nan by the strings "inf"/"-inf"/"nan" so that any JSON parser reads the file."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): to_strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_strict_json(v) for v in value]
-    return value
-
-
-def from_strict_json(value):
-    """Inverse of to_strict_json."""
-    if isinstance(value, str) and value in NON_FINITE:
-        return NON_FINITE[value]
-    if isinstance(value, dict):
-        return {k: from_strict_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_strict_json(v) for v in value]
-    return value
 
 
 def read_json_file(path: Path, what: str = "report"):
@@ -172,31 +148,6 @@ def figure_file_name(index: int, name: str) -> str:
     return f"{index:02d}-{slug or 'figure'}.png"
 
 
-def write_atomic(out_dir: Path, relative: Path | str, data: bytes) -> Path:
-    """Write out_dir/relative through a temporary file in the same folder and an atomic rename, so
-    that a crash or a full disk leaves either the old file or the whole new one, never a cut one.
-    Refuses any path that would land outside out_dir."""
-    root = out_dir.resolve()
-    path = (root / relative).resolve()
-    if path.parent != root and root not in path.parents:
-        raise InputError(
-            f"refusing to write {display_path(path)}: it is outside the output folder {display_path(root)}"
-        )
-    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
-    try:
-        with handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(handle.name, 0o644)
-        os.replace(handle.name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(handle.name)
-        raise
-    return path
-
-
 def render_pages(view, out_dir: Path, formats: list[str], stem: str) -> list[Path]:
     """Render `view` with templates STEM.html.j2 / STEM.md.j2 into out_dir (figures as needed)."""
     written = []
@@ -221,11 +172,6 @@ def render_html(result: dict) -> str:
 def render_summary_html(result: dict) -> str:
     """A short HTML fragment (verdict, summary, attacks table) for notebooks; no figures."""
     return html_environment().get_template("summary.html.j2").render(v=build_view(result, with_figures=False))
-
-
-def write_json(data: dict, path: Path) -> Path:
-    text = json.dumps(to_strict_json(displayable(data)), indent=2, allow_nan=False) + "\n"
-    return write_atomic(path.parent, path.name, text.encode("utf-8"))
 
 
 def write_result_json(result: dict, path: Path, schema: dict | None = None) -> Path:

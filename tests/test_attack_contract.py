@@ -25,6 +25,7 @@ from splitaudit.context import AuditContext
 from splitaudit.data import Dataset
 from splitaudit.errors import InputError
 from splitaudit.models import prepare_encoder, wrap_module
+from splitaudit.result import default_baseline_name
 from splitaudit.tokens import TokenSpace
 
 # Each attack turned down to seconds on the tiny context (keys must be its declared options).
@@ -97,6 +98,15 @@ def test_attack_describes_itself(name):
     assert len(attack.title) > 5 and len(attack.assumptions) > 20, "the report shows both"
     assert attack.kind == "reconstruction" or attack.baseline_name, "a label attack names its baseline"
     assert attack.__doc__, "the class says what the attack does"
+    # The report renders from the result alone: the words travel in every entry, skipped ones too.
+    entry = attack().skipped("not asked for")
+    assert entry["title"] == attack.title and entry["baseline_name"] == (
+        attack.baseline_name or default_baseline_name(attack.kind)
+    )
+    assert entry.get("query_access_reference", "") in ("", *ATTACK_NAMES)
+    assert entry.get("query_access_reference") != name, "an attack is not its own reference"
+    for metric, words in attack.series.items():
+        assert metric in attack.metrics and "_by_" in metric and set(words) == {"title", "key", "axis", "value"}
 
 
 def test_tiny_options_name_declared_options():

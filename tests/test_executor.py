@@ -14,8 +14,9 @@ from conftest import sample
 from splitaudit.attacks import get_attack
 from splitaudit.cli import main
 from splitaudit.config import AuditOptions
-from splitaudit.executor import LocalExecutor, SeedTask, open_executor, run_attack_grid
+from splitaudit.executor import LocalExecutor, open_executor, run_attack_grid
 from splitaudit.pipeline import run_audit
+from splitaudit.tasks import SeedTask
 
 QUICK_RUN = dict(
     model=sample("breast_cancer_mlp.onnx"),
@@ -61,7 +62,7 @@ def attack_numbers(entry: dict) -> tuple:
 
 
 def test_local_grid_equals_attack_run_at_every_sigma(full_seed_ctx):
-    """The executor's seed tasks aggregate to exactly what Attack.run gives (today's loop), at each sigma."""
+    """The executor's seed tasks aggregate to exactly what Attack.run gives (every seed in one process), at each sigma."""
     names = ["kmeans", "attribute"]
     grid, results = run_attack_grid(full_seed_ctx, names, [0.0, 0.5], LocalExecutor())
     assert len(results) == 2 * 2 * 3 and all(r.error is None for r in results)

@@ -22,10 +22,9 @@ from splitaudit.estimators.jacobian import (
     TraceEstimate,
     TraceOptions,
     finite_difference_step,
-    jacobian_sq_norm,
-    jacobian_trace,
 )
 from splitaudit.estimators.mean_trace import Z_95, MeanOptions, MeanTrace, estimate_mean_trace
+from splitaudit.estimators.methods import jacobian_sq_norm, jacobian_trace
 from splitaudit.result import first_error
 
 

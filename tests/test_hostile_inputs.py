@@ -1,4 +1,4 @@
-"""Hostile and careless inputs (issue 12): each class ends in exit 2 with one line on stderr before
+"""Hostile and careless inputs: each class ends in exit 2 with one line on stderr before
 any report exists, writes nothing outside --out, and never leaves a report that claims success.
 
 Every fixture is tiny and made here; the sample models and data stand in for a real audit.
@@ -25,7 +25,8 @@ from splitaudit.cli import main
 from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
 from splitaudit.reports import writer
-from splitaudit.reports.writer import load_result, output_lock, write_atomic
+from splitaudit.reports.files import write_atomic
+from splitaudit.reports.writer import load_result, output_lock
 
 MLP, MLP_TS, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer_mlp.pt"), sample("breast_cancer.npz")
 FIXTURES = Path(__file__).parent / "fixtures"

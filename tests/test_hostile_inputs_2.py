@@ -1,4 +1,4 @@
-"""Hostile and odd inputs, round 2 (issue 24): sweeps, render of sweep.json, config files, task
+"""Hostile and odd inputs: sweeps, render of sweep.json, config files, task
 time-outs and the Python API. Each case ends in exit 2 with one line on stderr before anything is
 computed (or in a correct report), and nothing is left behind outside --out.
 
@@ -33,8 +33,9 @@ from splitaudit.attacks.base import option_rule
 from splitaudit.config import NUMERIC_RANGES, AuditOptions
 from splitaudit.errors import InputError
 from splitaudit.estimators.bounds import dfil, van_trees_stderr
-from splitaudit.executor import SeedTask, open_executor, run_attack_grid
-from splitaudit.sweep import recommend
+from splitaudit.executor import open_executor, run_attack_grid
+from splitaudit.recommend import recommend
+from splitaudit.tasks import SeedTask
 
 MLP, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer.npz")
 
@@ -251,7 +252,6 @@ EDGE_CASES = {
 def test_numbers_at_the_edges_are_refused_before_loading(tmp_path, capsys, monkeypatch, case):
     (command, *flags), fragment = EDGE_CASES[case]
     monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("loaded before validating"))
-    monkeypatch.setattr(sweep_module, "prepare_context", lambda *a, **k: pytest.fail("loaded before validating"))
     assert_refused([command, MLP, "--aux", CANCER, *flags], capsys, tmp_path, fragment)
 
 

@@ -326,12 +326,12 @@ def test_a_complete_audit_without_thresholds_is_not_called_passed():
 def test_smoothed_bounds_state_their_condition_wherever_they_promise_something():
     """With randomized smoothing the bound covers smoothed inputs only (Maeng et al., NeurIPS 2023, A.1): the
     recommendation must say so, and a violation must name that cause before blaming the prior."""
-    from splitaudit.leakage import flag_violations
+    from splitaudit.leakage import check_against_bound
     from splitaudit.reports.view import build_view
 
     result = fixture("blackbox_audit")
     result["prior"]["smoothing"] = result["calibration"]["smoothing"] = 0.25
-    flag_violations(result)
+    result["attacks"], result["bounds"] = check_against_bound(result["bounds"], result["attacks"], 0.25)
     view = build_view(result, with_figures=False)
     noise = next(item.text for item in view.summary if item.label == "Recommended noise")
     assert "for inputs smoothed with noise τ = 0.25" in noise
@@ -355,8 +355,8 @@ def test_a_bound_beaten_by_an_attack_is_called_untrustworthy_not_too_low():
 
 
 def test_sdar_section_says_what_query_access_is_worth(render):
-    """Issue 5: SDAR's MSE beside the query-access decoder's (image_audit: decoder 0.0747,
-    sdar 0.0963, so 1.3x); no comparison when the decoder did not run (blackbox_audit)."""
+    """SDAR's MSE beside the query-access decoder's, which its entry names (image_audit: decoder
+    0.0747, sdar 0.0963, so 1.3x); no comparison when the decoder did not run."""
     html, md = render("image_audit")
     sentence = (
         "What query access is worth: the decoder attack, which can run the bottom model, "
@@ -369,3 +369,18 @@ def test_sdar_section_says_what_query_access_is_worth(render):
     result["attacks"]["decoder"] = {"kind": "reconstruction", "status": "skipped", "reason": "not asked for"}
     html, _ = render(None, result)
     assert "What query access is worth" not in html
+
+
+def test_a_report_written_before_entries_carried_their_words_still_renders(render):
+    """Older report.json files have no title, baseline_name, query_access_reference or series in
+    their attack entries: the attack's name, the baseline by kind and the metric's name stand in,
+    and nothing is looked up in the attack modules."""
+    result = fixture("tabular_audit")
+    for entry in result["attacks"].values():
+        for key in ("title", "baseline_name", "query_access_reference", "series"):
+            entry.pop(key, None)
+    html, md = render(None, result)
+    assert "Model completion (fine-tune)" not in html
+    fine_tune = html.split('id="attack-fine-tune"')[1].split("</section>")[0]
+    assert "<h4>accuracy against k</h4>" in fine_tune and "baseline: guessing the average input" in html
+    assert "Clustering (k-means)" in render("tabular_audit")[0], "the words a new report carries are shown"

@@ -14,8 +14,8 @@ from test_reports import empty_html_sections, empty_markdown_sections
 from splitaudit import cli
 from splitaudit.gate import evaluate_gate
 from splitaudit.reports import load_result, write_reports
+from splitaudit.reports.files import to_strict_json
 from splitaudit.reports.view import CAUSE_WORDS, build_view
-from splitaudit.reports.writer import to_strict_json
 from splitaudit.result import SCHEMA_VERSION, first_error, json_schema, shipped_schema
 
 
@@ -124,8 +124,9 @@ def test_every_failed_check_has_a_recorded_cause_the_headline_reads(real):
 
 
 def test_bound_beaten_and_twice_too_low_is_untrusted_in_gate_and_headline(real):
-    """The case of issue 14: the bound is beaten by an attack and below the threshold. The gate says it
-    is untrustworthy; the report used to re-decide and call it merely too low."""
+    """The bound is beaten by an attack and below the threshold: the gate says it is untrustworthy,
+    and the report shows the gate's verdict rather than deciding again (which would call it merely
+    too low)."""
     bound = real["bounds"]["van_trees_mse"]
     assert real["bounds"]["violated_by"], "the real audit is expected to beat its smoothed bound"
     real["gate"] = evaluate_gate(real, fail_under_mse=2 * bound)

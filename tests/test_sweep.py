@@ -15,11 +15,12 @@ from splitaudit import leakage
 from splitaudit.cli import main
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
+from splitaudit.recommend import recommend
 from splitaudit.reports import load_result
+from splitaudit.reports.files import to_strict_json
 from splitaudit.reports.sweep import build_sweep_view, sweep_summary
-from splitaudit.reports.writer import to_strict_json
 from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
-from splitaudit.sweep import AUTO_FACTORS, recommend, run_sweep, sweep_sigmas
+from splitaudit.sweep import AUTO_FACTORS, run_sweep, sweep_sigmas
 
 DIGITS = dict(model=sample("digits_cnn.onnx"), aux=sample("digits.npz"))
 real_measure = leakage.measure

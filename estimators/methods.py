@@ -1,0 +1,91 @@
+"""The Jacobian-trace methods by name, and the entry points that pick one: `jacobian_sq_norm` and
+`jacobian_trace` (method "auto": the exact method with the fewest products for this model).
+
+The methods themselves are in estimators/jacobian.py (forward, reverse, Hutchinson, finite
+differences) and estimators/structured.py (output colouring); this table imports both, so neither
+imports the other's dispatcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from splitaudit.estimators.jacobian import (
+    MIN_DIRECTIONS_PER_CHUNK,
+    BatchFn,
+    Method,
+    Plan,
+    TraceEstimate,
+    TraceOptions,
+    choose_fd_step,
+    concatenated,
+    finite_difference_trace,
+    forward_mode_works,
+    forward_trace,
+    hutchinson_trace,
+    measure_plan,
+    reverse_trace,
+)
+from splitaudit.estimators.structured import STRUCTURED
+
+DEFAULT_OPTIONS = TraceOptions()
+
+# Name -> method, in the order "auto" breaks ties in. Each exact method says how many products
+# per sample it needs on (f, x), or None where it does not apply; "auto" picks the fewest.
+METHODS: dict[str, Method] = {
+    "forward": Method(forward_trace, lambda f, x, plan: plan.d if forward_mode_works(f, x) else None),
+    "reverse": Method(reverse_trace, lambda f, x, plan: plan.m),
+    "hutchinson": Method(hutchinson_trace, lambda f, x, plan: None),
+    "finite-difference": Method(finite_difference_trace, lambda f, x, plan: None),
+    "structured": STRUCTURED,
+}
+
+
+def jacobian_sq_norm(f: BatchFn, x: Tensor, method: str = "auto", **options) -> Tensor:
+    """Per-sample ||J_f(x_i)||_F^2 for a batch function f (exact unless a random method is asked for).
+
+    method: "auto" (the exact method with the fewest products: forward, reverse, or structured
+    where the model has local structure; forward mode is skipped for models with an operator that
+    has none), "forward", "reverse", "hutchinson" or "finite-difference"; options: fields of
+    TraceOptions. Per-sample "auto" stays exact, so its cost grows with min(d, m): for the mean
+    over many samples at a given relative error, use estimators.mean_trace.estimate_mean_trace.
+    """
+    return jacobian_trace(f, x, method, TraceOptions(**options)).values
+
+
+@torch.no_grad()
+def jacobian_trace(
+    f: BatchFn, x: Tensor, method: str = "auto", options: TraceOptions = DEFAULT_OPTIONS
+) -> TraceEstimate:
+    """Like jacobian_sq_norm, with per-sample standard errors and the method actually used.
+
+    Runs under torch.no_grad(): the torch.func transforms still differentiate, but the caller's
+    autograd level records nothing, so a module whose parameters require grad does not keep every
+    chunk's graph alive (memory stays within options.memory_bytes whatever the caller passes).
+    """
+    if method != "auto" and method not in METHODS:
+        raise ValueError(f"unknown Jacobian method {method!r}; choose auto or {', '.join(METHODS)}")
+    plan = measure_plan(f, x, differentiable=method != "finite-difference")
+    name = choose_method(f, x, plan) if method == "auto" else method
+    choice = None
+    if name == "finite-difference" and options.fd_step is None:  # one step for every chunk of samples
+        choice = choose_fd_step(f, x, options, plan)
+        options = dataclasses.replace(options, fd_step=choice.step)
+    samples = max(1, options.memory_bytes // (plan.bytes_per_product * MIN_DIRECTIONS_PER_CHUNK))
+    traces = concatenated([METHODS[name].compute(f, chunk, options, plan) for chunk in x.split(samples)])
+    return dataclasses.replace(traces, fd_choice=choice) if choice is not None else traces
+
+
+def choose_method(f: BatchFn, x: Tensor, plan: Plan) -> str:
+    """The exact method needing the fewest Jacobian products per sample."""
+    costs = exact_costs(f, x, plan)
+    return min(costs, key=costs.get)
+
+
+def exact_costs(f: BatchFn, x: Tensor, plan: Plan) -> dict[str, int]:
+    """Products per sample of each exact method that applies to (f, x)."""
+    costs = {name: m.products(f, x, plan) for name, m in METHODS.items()}
+    return {name: c for name, c in costs.items() if c is not None}
