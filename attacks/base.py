@@ -4,6 +4,9 @@ An attack declares what it needs from the inputs, runs once per seed, and return
 and the matching baseline (what an attacker achieves without the bottom model). `Attack.run`
 turns that into the result entry: skipped with a reason, failed with a reason, or ok with the
 mean and std over seeds and the advantage over the baseline (Zheng et al., IJCAI 2024, Def. 1).
+Seeds are added by their spread (`Attack.next_seed`): at least MIN_SEEDS of the context's seeds
+run, and another while the mean advantage's 95% interval is wider than SEED_TOLERANCE of its
+distance from the baseline; the entry's `seeds` lists those that ran.
 
 An attack describes itself on its class: `title`, `baseline_name`, `query_access_reference` and
 `series` (the report's words, copied into every result entry so that reports render from the
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
+from scipy import stats
 
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
@@ -33,6 +37,8 @@ MAX_OPTION_INT = 2**31 - 1  # the implicit upper limit of an integer option (see
 
 NEEDS = {"labels", "attribute", "gradients", "tokens"}
 IMAGE_ONLY_METRICS = frozenset({"ssim"})  # declared in `metrics`, filled only for image data
+MIN_SEEDS = 2  # the fewest seeds a spread can be measured from (or all there are, under --quick)
+SEED_TOLERANCE = 0.1  # enough seeds once the 95% interval's half-width is within 10% of |mean advantage|
 
 
 @dataclass
@@ -240,11 +246,24 @@ class Attack(ABC):
         if reason:
             return self.skipped(reason)
         start = time.perf_counter()
+        outcomes: list[SeedOutcome] = []
         try:
-            outcomes = [self.run_seed(ctx, seed) for seed in ctx.seeds]
+            while (seed := self.next_seed(ctx.seeds, outcomes)) is not None:
+                outcomes.append(self.run_seed(ctx, seed))
         except Exception as exc:  # an attack's failure is reported, not fatal to the audit
             return self.failed(f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
-        return self.summarize(ctx.seeds, outcomes, time.perf_counter() - start)
+        return self.summarize(ctx.seeds[: len(outcomes)], outcomes, time.perf_counter() - start)
+
+    def next_seed(self, seeds: list[int], outcomes: list[SeedOutcome]) -> int | None:
+        """The next of `seeds` to run after `outcomes` (the first ones', in order), or None when
+        enough ran: MIN_SEEDS always, more only while their spread leaves the mean uncertain."""
+        done = len(outcomes)
+        if done >= len(seeds):
+            return None
+        if done < MIN_SEEDS:
+            return seeds[done]
+        advantages = [self.advantage(o.metrics, o.baseline) for o in outcomes]
+        return seeds[done] if mean_is_uncertain(advantages) else None
 
     def header(self) -> dict[str, Any]:
         """The entry's fields that do not depend on a run."""
@@ -306,6 +325,16 @@ class Attack(ABC):
         if entry["advantage"] < 0:
             reasons.insert(0, f"it did worse than its baseline ({metric} {attack:.4g} against {base:.4g})")
         return "; ".join(reasons)
+
+
+def mean_is_uncertain(values: list[float], tolerance: float = SEED_TOLERANCE) -> bool:
+    """Whether the 95% Student-t interval of the values' mean is wider than `tolerance` times the
+    mean's distance from zero (for advantages: from the baseline); non-finite values are uncertain."""
+    arr = np.asarray(values, dtype=float)
+    if len(arr) < 2 or not np.all(np.isfinite(arr)):
+        return True
+    half_width = stats.t.ppf(0.975, len(arr) - 1) * arr.std(ddof=1) / math.sqrt(len(arr))
+    return not half_width <= tolerance * abs(arr.mean())
 
 
 def spread_warning(entry: dict) -> str:

@@ -12,6 +12,7 @@ from typing import Callable
 from tqdm import tqdm
 
 from splitaudit.attacks import get_attack
+from splitaudit.attacks.base import MIN_SEEDS
 from splitaudit.config import EXECUTORS
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
@@ -106,31 +107,47 @@ def run_attack_grid(
     report entry}} (skipped, failed or ok as `Attack.run` gives them) and every task's result."""
     attacks = {name: get_attack(name) for name in names}
     runnable = [name for name, attack in attacks.items() if attack.missing(ctx) is None]
-    tasks = [SeedTask(name, seed, sigma) for sigma in sigmas for name in runnable for seed in ctx.seeds]
-    with progress(total=len(tasks), desc=f"attacks ({executor.name})", unit="task") as bar:
-        results = executor.map(ctx, tasks, bar) if tasks else []
-    by_key = {(r.task.noise_sigma, r.task.attack): [] for r in results}
-    for r in results:
-        by_key[(r.task.noise_sigma, r.task.attack)].append(r)
+    by_key: dict[tuple[float, str], list[TaskResult]] = {(sigma, name): [] for sigma in sigmas for name in runnable}
+    results: list[TaskResult] = []
+    with progress(total=0, desc=f"attacks ({executor.name})", unit="task") as bar:
+        while tasks := next_seed_tasks(attacks, by_key, ctx.seeds):
+            bar.total += len(tasks)
+            bar.refresh()
+            for result in executor.map(ctx, tasks, bar):
+                by_key[(result.task.noise_sigma, result.task.attack)].append(result)
+                results.append(result)
     grid = {}
     for sigma in sigmas:
         grid[sigma] = {}
         for name, attack in attacks.items():
             reason = attack.missing(ctx)
-            grid[sigma][name] = (
-                attack.skipped(reason) if reason else attack_entry(attack, ctx.seeds, by_key[(sigma, name)])
-            )
+            grid[sigma][name] = attack.skipped(reason) if reason else attack_entry(attack, by_key[(sigma, name)])
     return grid, results
 
 
-def attack_entry(attack, seeds: list[int], results: list[TaskResult]) -> dict:
+def next_seed_tasks(
+    attacks: dict, by_key: dict[tuple[float, str], list[TaskResult]], seeds: list[int]
+) -> list[SeedTask]:
+    """One round of seed tasks: the first MIN_SEEDS seeds of every (sigma, attack) side by side,
+    then one more wherever Attack.next_seed still calls for it; none after a failed seed."""
+    tasks = []
+    for (sigma, name), done in by_key.items():
+        if not done:
+            tasks += [SeedTask(name, seed, sigma) for seed in seeds[:MIN_SEEDS]]
+        elif all(r.error is None for r in done):
+            seed = attacks[name].next_seed(seeds, [r.outcome for r in done])
+            tasks += [] if seed is None else [SeedTask(name, seed, sigma)]
+    return tasks
+
+
+def attack_entry(attack, results: list[TaskResult]) -> dict:
     """The attack's report entry from its seeds' task results: failed if any seed failed."""
     seconds = sum(r.seconds for r in results)
     failures = [r for r in results if r.error is not None]
     if failures:
         first = failures[0]
         return attack.failed(f"seed {first.task.seed}: {first.error}", seconds)
-    return attack.summarize(seeds, [r.outcome for r in results], seconds)
+    return attack.summarize([r.task.seed for r in results], [r.outcome for r in results], seconds)
 
 
 class ShardFailed(RuntimeError):
