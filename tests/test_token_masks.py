@@ -19,17 +19,45 @@ from splitaudit.attacks.text_metrics import most_frequent_guess, position_accura
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 from splitaudit.result import first_error
-from splitaudit.tokens import TokenSpace, token_statement
+from splitaudit.tokens import TokenSpace, per_mask_pattern, token_statement
+
+FORMATS = ("torchscript", "legacy", "dynamo")
 
 
 class MaskedBottom(TokenBottom):
-    """TokenBottom whose attention skips padded keys (src_key_padding_mask from the attention mask)."""
+    """TokenBottom whose attention skips padded keys (src_key_padding_mask from the attention mask);
+    positions are sliced to the sentence length, so exports can leave the length dynamic."""
 
     def from_embeddings(self, e: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.blocks(e + self.pos, src_key_padding_mask=mask == 0)
+        return self.blocks(e + self.pos[: e.shape[1]], src_key_padding_mask=mask == 0)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.from_embeddings(self.tok(ids), mask)
+
+
+def export_masked_onnx(bottom: nn.Module, exporter: str, path) -> str:
+    """ONNX over (input_ids, attention_mask), both int64 with batch and length dynamic, by the
+    legacy or the dynamo exporter (weights inside the file)."""
+    ids, mask = (torch.from_numpy(a) for a in right_padded(3, seed=1))
+    names = ["input_ids", "attention_mask"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            axes = {name: {0: "batch", 1: "length"} for name in names}
+            torch.onnx.export(bottom, (ids, mask), str(path), dynamo=False, input_names=names, dynamic_axes=axes)
+        else:
+            batch, length = torch.export.Dim("batch"), torch.export.Dim("length", min=2, max=LENGTH)
+            shapes = ({0: batch, 1: length}, {0: batch, 1: length})
+            torch.onnx.export(
+                bottom,
+                (ids, mask),
+                str(path),
+                dynamo=True,
+                input_names=names,
+                dynamic_shapes=shapes,
+                external_data=False,
+            )
+    return str(path)
 
 
 def right_padded(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,11 +81,13 @@ def files(tmp_path_factory, bottom):
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(bottom, (torch.from_numpy(ids), torch.from_numpy(mask)), check_trace=False)
     traced.save(str(folder / "masked.pt"))
+    models = {"torchscript": str(folder / "masked.pt")}
+    models.update({fmt: export_masked_onnx(bottom, fmt, folder / f"masked_{fmt}.onnx") for fmt in FORMATS[1:]})
     x, mask = right_padded(120, seed=0)
     np.savez(folder / "padded.npz", x=x, mask=mask, y=x[:, 0] % 2, attr=(x[:, 1] >= VOCAB // 2).astype(int))
     np.savez(folder / "unpadded.npz", x=x, y=x[:, 0] % 2)
     (folder / "vocab.json").write_text(json.dumps([f"w{i}" for i in range(VOCAB)]))
-    return {"torchscript": str(folder / "masked.pt")}, str(folder / "padded.npz"), str(folder / "vocab.json")
+    return models, str(folder / "padded.npz"), str(folder / "vocab.json")
 
 
 def token_context(model, data, vocab, **overrides):
@@ -65,11 +95,13 @@ def token_context(model, data, vocab, **overrides):
     return prepare_context(options.validate())
 
 
-def test_the_cut_model_with_a_mask_is_the_whole_model_with_that_mask(files, bottom):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_cut_model_with_a_mask_is_the_whole_model_with_that_mask(files, bottom, fmt):
     """Each sample's hidden states from its embeddings under its own mask equal the whole model's on
-    (ids, mask); the padding mask matters (all-ones gives different states), twice."""
+    (ids, mask); the padding mask matters (all-ones gives different states), twice. For ONNX both
+    routes get the mask: the converted module and onnxruntime (the black-box path)."""
     models, data, vocab = files
-    ctx = token_context(models["torchscript"], data, vocab)
+    ctx = token_context(models[fmt], data, vocab)
     ids, mask = ctx.target.token_ids, ctx.target.mask
     assert mask is not None and mask.dtype == torch.bool and not bool(mask.all())
     with torch.no_grad():
@@ -78,14 +110,18 @@ def test_the_cut_model_with_a_mask_is_the_whole_model_with_that_mask(files, bott
         for _ in range(2):
             ctx._clean.clear()
             torch.testing.assert_close(ctx.clean_embeddings("target"), expected, atol=1e-5, rtol=1e-5)
+            black_box = per_mask_pattern(ctx.tokens, mask, ctx.target.x, ctx.encoder.blackbox_fn)
+            torch.testing.assert_close(black_box, expected, atol=1e-5, rtol=1e-5)
     assert (expected - unmasked).abs().max() > 1e-2
+    assert ctx.encoder.format == ("torchscript" if fmt == "torchscript" else "onnx")
 
 
-def test_dfil_is_the_jacobian_in_the_embeddings_under_each_samples_mask(files, bottom):
+@pytest.mark.parametrize("fmt", ["torchscript", "legacy"])
+def test_dfil_is_the_jacobian_in_the_embeddings_under_each_samples_mask(files, bottom, fmt):
     """Per-sample ||J||_F^2 over the embeddings only (mask held fixed) equals the eager module's
     Jacobian trace under that sample's mask (rtol 1e-4: exact methods on both sides)."""
     models, data, vocab = files
-    ctx = token_context(models["torchscript"], data, vocab, smoothing=0.0, noise_sigma=1.0)
+    ctx = token_context(models[fmt], data, vocab, smoothing=0.0, noise_sigma=1.0)
     m = leakage.measure(ctx, prior="gaussian", smoothing=0.0)
     assert m.d == LENGTH * DIM and len(m.index) == len(ctx.target)
     assert len(torch.unique(ctx.target.mask, dim=0)) > 1  # several mask groups, merged in index order
@@ -97,9 +133,10 @@ def test_dfil_is_the_jacobian_in_the_embeddings_under_each_samples_mask(files, b
         assert float(m.mean_trace.traces.values[k]) == pytest.approx(float(j.pow(2).sum()), rel=1e-4)
 
 
-def test_a_mask_model_without_a_data_mask_runs_with_all_ones_and_says_so(files, bottom):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_mask_model_without_a_data_mask_runs_with_all_ones_and_says_so(files, bottom, fmt):
     models, data, vocab = files
-    ctx = token_context(models["torchscript"], data.replace("padded", "unpadded"), vocab)
+    ctx = token_context(models[fmt], data.replace("padded", "unpadded"), vocab)
     assert ctx.target.mask is None
     with torch.no_grad():
         expected = bottom(ctx.target.token_ids, torch.ones_like(ctx.target.token_ids))
@@ -171,8 +208,8 @@ def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys):
     assert any("held fixed per sample" in w for w in result["model"]["warnings"])
 
 
-def test_an_onnx_bottom_with_a_mask_input_is_refused_naming_the_cause(tmp_path, files, bottom, capsys):
-    """Not supported yet for ONNX (legacy exporter, two int64 inputs): exit 2 naming both inputs."""
+def test_an_onnx_second_input_that_is_not_a_mask_is_refused(tmp_path, files, bottom, capsys):
+    """ONNX (input_ids, token_types): feeding the attention mask to it would audit another function."""
     _, data, vocab = files
     ids, mask = (torch.from_numpy(a) for a in right_padded(3, seed=1))
     with warnings.catch_warnings():
@@ -180,13 +217,13 @@ def test_an_onnx_bottom_with_a_mask_input_is_refused_naming_the_cause(tmp_path, 
         torch.onnx.export(
             bottom,
             (ids, mask),
-            str(tmp_path / "masked.onnx"),
+            str(tmp_path / "typed.onnx"),
             dynamo=False,
-            input_names=["input_ids", "attention_mask"],
-            dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}},
+            input_names=["input_ids", "token_types"],
+            dynamic_axes={"input_ids": {0: "batch"}, "token_types": {0: "batch"}},
         )
-    code, _, err = run_cli(["run", str(tmp_path / "masked.onnx"), "--aux", data, "--vocab", vocab], capsys)
-    assert_one_line_error(code, err, "second input (input_ids, attention_mask")
+    code, _, err = run_cli(["run", str(tmp_path / "typed.onnx"), "--aux", data, "--vocab", vocab], capsys)
+    assert_one_line_error(code, err, "second input 'token_types' is not an attention mask")
 
 
 def test_a_second_input_that_is_not_a_mask_is_refused(tmp_path, files, bottom, capsys):
