@@ -187,6 +187,10 @@ def load_audited_data(path, input_shape, raw: RawModel, label_column=None, attr_
         if note is not None and note not in raw.notes:
             raw.notes.append(note)
         return data
+    if isinstance(path, Dataset) and path.mask is not None:
+        raise InputError(
+            f"{path.source}: 'mask' is an attention mask over token ids; pass vocab= with token ids in 'x'"
+        )
     return load_dataset(path, input_shape, label_column=label_column, attr_column=attr_column)
 
 
@@ -496,14 +500,11 @@ def load_token_data(path, tokens: TokenSpace) -> Dataset:
 
 
 def _load_mask(path, shape: tuple[int, ...], source: str) -> torch.Tensor | None:
-    """The npz's `mask` as bool [N, T] (True = real token), or None; InputError when it is not 0/1
-    (bool or integer) of x's shape with at least one real token per row."""
-    if not isinstance(path, (str, Path)) or Path(path).suffix.lower() != ".npz":
-        return None  # arrays from the Python API and CSV files carry no mask
-    with np.load(Path(path), allow_pickle=False) as npz:
-        if "mask" not in npz.files:
-            return None
-        mask = npz["mask"]
+    """The npz's (or the Python API's) `mask` as bool [N, T] (True = real token), or None;
+    InputError when it is not 0/1 (bool or integer) of x's shape with at least one real token per row."""
+    mask = _given_mask(path)
+    if mask is None:
+        return None
     if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.integer):
         raise InputError(f"{source}: 'mask' must be bool or integer 0/1, found dtype {mask.dtype}")
     if mask.shape != shape:
@@ -517,6 +518,16 @@ def _load_mask(path, shape: tuple[int, ...], source: str) -> torch.Tensor | None
             "every sentence needs at least one position with mask 1"
         )
     return torch.from_numpy(mask.astype(bool))
+
+
+def _given_mask(path) -> np.ndarray | None:
+    """The mask an npz file or an in-memory Dataset (the Python API) holds; CSV files hold none."""
+    if isinstance(path, Dataset):
+        return None if path.mask is None else path.mask.cpu().numpy()
+    if not isinstance(path, (str, Path)) or Path(path).suffix.lower() != ".npz":
+        return None
+    with np.load(Path(path), allow_pickle=False) as npz:
+        return npz["mask"] if "mask" in npz.files else None
 
 
 # --- what the embedding-space bound means for tokens -------------------------------------------

@@ -260,3 +260,26 @@ def test_the_token_ceiling_for_real_positions_is_the_all_position_ceiling_over_t
     assert padded["token_accuracy_ceiling"] == pytest.approx(2 * c)
     assert any("padding" in note for note in padded["assumptions"])
     assert token_statement(TokenSpace(table, ["x", "y"]), bounds, tau, real_share=0.1)["token_accuracy_ceiling"] == 1
+
+
+def test_the_python_api_carries_a_mask(files):
+    """splitaudit.audit(model, {x, y, mask}, vocab=...) audits what the npz with the same mask gives
+    (the same dFIL: the mask reached the model), which differs from the same ids without the mask;
+    a bad mask or a mask without vocab raises InputError."""
+    import splitaudit
+    from splitaudit.errors import InputError
+
+    models, data, vocab = files
+    with np.load(data) as npz:
+        ids, y, mask = npz["x"], npz["y"], npz["mask"]
+    run = lambda source: splitaudit.audit(
+        models["torchscript"], source, attacks="none", vocab=vocab, quick=True, noise_sigma=0.5, prior="gaussian"
+    )
+    from_api, from_file = run({"x": ids, "y": y, "mask": torch.from_numpy(mask)}), run(data)
+    assert from_api["dfil"]["mean"] == pytest.approx(from_file["dfil"]["mean"], rel=1e-9)
+    assert any("held fixed per sample" in w for w in from_api["model"]["warnings"])
+    assert run({"x": ids, "y": y})["dfil"]["mean"] != pytest.approx(from_file["dfil"]["mean"], rel=1e-3)
+    with pytest.raises(InputError, match="'mask' must hold 0"):
+        run({"x": ids, "y": y, "mask": mask * 2})
+    with pytest.raises(InputError, match="attention mask over token ids"):
+        splitaudit.audit(nn.Linear(LENGTH, 3), {"x": ids.astype(float), "mask": mask}, attacks="none", quick=True)
