@@ -185,7 +185,8 @@ def test_bad_masks_are_refused(tmp_path, files, capsys):
         assert_one_line_error(code, err, fragment)
 
 
-def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys):
+@pytest.mark.parametrize("fmt", ["torchscript", "dynamo"])
+def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys, fmt):
     """`splitaudit run --vocab --attacks token-inversion,kmeans --quick` on padded data: a valid report;
     the inversion beats its baseline on the real tokens, the sentences shown hold real tokens only
     (no padding id 0: the data pads with 0 and draws real tokens from 1..39), the mask note is in the
@@ -193,7 +194,7 @@ def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys):
     embeddings (which show the padding): then the gate says so (exit 1), never a silent pass."""
     models, data, vocab = files
     out = tmp_path / "out"
-    args = ["run", models["torchscript"], "--aux", data, "--vocab", vocab, "--quick", "--noise-sigma", "0.5"]
+    args = ["run", models[fmt], "--aux", data, "--vocab", vocab, "--quick", "--noise-sigma", "0.5"]
     code, shown, err = run_cli(
         [*args, "--attacks", "token-inversion,kmeans", "--out", str(out), "--workers", "1"], capsys
     )
