@@ -195,11 +195,12 @@ def assert_done_or_only_failed_attacks(code: int, err: str, result: dict) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigma", [0.5, 3.0])
+@pytest.mark.parametrize("sigma", [0.0, 0.5, 2.0])
 def test_no_attack_beats_the_token_statement_and_the_report_shows_sentences(tmp_path, bottom, sigma, capsys):
     """The whole battery through the CLI on the TorchScript bottom: report.json validates (with its
-    tokens section), no attack's token accuracy exceeds the ceiling, and the report shows the
-    sentences with the vocabulary's strings escaped."""
+    tokens section), no attack's token accuracy exceeds the ceiling, a ceiling of 1 says which
+    assumption makes it vacuous, and the report shows the sentences with the vocabulary's strings
+    escaped."""
     model = save_token_model(bottom, "torchscript", tmp_path)
     data, _ = save_token_data(tmp_path)
     (tmp_path / "vocab.json").write_text(json.dumps([f"<b>w{i}" for i in range(40)]))
@@ -218,6 +219,8 @@ def test_no_attack_beats_the_token_statement_and_the_report_shows_sentences(tmp_
     assert set(accuracies) == {"decoder", "optimization", "token-inversion"}
     assert all(acc <= ceiling for acc in accuracies.values()), (accuracies, ceiling)
     assert result["tokens"]["violated_by"] == []
+    if ceiling == 1:
+        assert any("cannot limit token recovery" in a for a in result["tokens"]["assumptions"])
     assert result["attacks"]["token-inversion"]["advantage"] > 0, "the hidden states leak tokens at these sigmas"
     html = (out / "report.html").read_text()
     assert "&lt;b&gt;w" in html and "<b>w" not in html
