@@ -427,14 +427,15 @@ SHAPE_SLICE_OPSET = 15  # Shape takes start and end from this opset on
 
 
 def _shapes_read_from_embeddings(proto, ids: str, embeddings: str) -> bool:
-    """Point the graph's Shape nodes on the ids [N, T] at the embeddings [N, T, D], which share their
-    leading sizes: exporters with a dynamic length read it off the ids, which would otherwise keep
-    the ids in the cut graph. A negative start or end counts from the end, one axis more there.
-    True when a node was changed."""
+    """Point the graph's Shape nodes on the ids [N, T] (or on their Cast) at the embeddings [N, T, D],
+    which share their leading sizes: exporters with a dynamic length read it off the ids, which
+    would otherwise keep the ids in the cut graph. A negative start or end counts from the end,
+    one axis more there. True when a node was changed."""
     from onnx import helper
 
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    shapes = [n for n in proto.graph.node if n.op_type == "Shape" and n.input[0] == ids]
+    id_names = {ids} | {n.output[0] for n in proto.graph.node if n.op_type == "Cast" and n.input[0] == ids}
+    shapes = [n for n in proto.graph.node if n.op_type == "Shape" and n.input[0] in id_names]
     if opset < SHAPE_SLICE_OPSET or not shapes:
         return False
     for node in shapes:

@@ -284,3 +284,41 @@ def test_the_python_api_carries_a_mask(files):
         run({"x": ids, "y": y, "mask": mask * 2})
     with pytest.raises(InputError, match="attention mask over token ids"):
         splitaudit.audit(nn.Linear(LENGTH, 3), {"x": ids.astype(float), "mask": mask}, attacks="none", quick=True)
+
+
+def test_shapes_read_off_the_ids_are_read_off_the_embeddings():
+    """A hand-built graph reads sizes off its ids [N, T] (Shape whole, from -1, and on their Cast up
+    to 1); rewritten, it reads them off the embeddings [N, T, D] and onnxruntime gives the same
+    sizes on ids [3, 5]."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from splitaudit.tokens import _shapes_read_from_embeddings
+
+    table = numpy_helper.from_array(np.zeros((7, 4), dtype=np.float32), "table")
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["ids32"], to=TensorProto.INT32),
+        helper.make_node("Gather", ["table", "ids"], ["emb"]),
+        helper.make_node("Shape", ["ids"], ["whole"]),
+        helper.make_node("Shape", ["ids"], ["last"], start=-1),
+        helper.make_node("Shape", ["ids32"], ["first"], start=0, end=1),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(n, TensorProto.INT64, [k]) for n, k in (("whole", 2), ("last", 1), ("first", 1))
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sizes",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"])],
+        [*outputs, helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", "T", 4])],
+        [table],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    run = lambda model: ort.InferenceSession(model.SerializeToString()).run(None, {"ids": np.zeros((3, 5), np.int64)})
+    before = run(proto)
+    assert _shapes_read_from_embeddings(proto, "ids", "emb")
+    onnx.checker.check_model(proto)
+    assert all(n.input[0] == "emb" for n in proto.graph.node if n.op_type == "Shape")
+    after = run(proto)
+    assert [a.tolist() for a in after[:3]] == [b.tolist() for b in before[:3]] == [[3, 5], [5], [3]]
