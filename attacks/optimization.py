@@ -35,6 +35,7 @@ from splitaudit.attacks.reconstruction import (
     reconstruction_metrics,
 )
 from splitaudit.attacks.text_metrics import with_token_metrics
+from splitaudit.attacks.token_relaxation import VocabularySimplex, vocabulary_simplex
 from splitaudit.context import AuditContext
 from splitaudit.data import in_unit_range
 from splitaudit.errors import InputError
@@ -108,13 +109,16 @@ class OptimizationAttack(Attack):
         x_true, is_image = ctx.target.x[index], ctx.target.is_image
         steps = settings["quick_steps"] if ctx.quick else settings["steps"]
         weight = map_weight(ctx)
+        simplex = None if ctx.tokens is None else vocabulary_simplex(ctx.tokens, ctx.aux)
         with threads_for(ctx.aux.x.numel(), ctx.device):
             mask = None if ctx.target.mask is None else ctx.target.mask[index]
             both = per_mask_pattern(  # token inputs: each target inverted under its own attention mask
                 ctx.tokens,
                 mask,
                 z,
-                lambda part: torch.stack(invert_both(ctx, part, settings["prior"], weight, steps, settings["lr"]), 1),
+                lambda part: torch.stack(
+                    invert_both(ctx, part, settings["prior"], weight, steps, settings["lr"], simplex), 1
+                ),
             )
             x_unbiased, x_map = both[:, 0], both[:, 1]
         unbiased = reconstruction_metrics(x_true, x_unbiased, is_image)
@@ -130,6 +134,7 @@ class OptimizationAttack(Attack):
                 "prior": settings["prior"],
                 "map_weight": weight,
                 "strongest": "map" if best is posterior else "unbiased",
+                **({} if simplex is None else {"candidate_tokens": simplex.candidates}),
             },
         )
         return with_token_metrics(ctx, outcome, x_best, index)
@@ -142,12 +147,18 @@ def map_weight(ctx: AuditContext) -> float:
 
 
 def invert_both(
-    ctx: AuditContext, z: torch.Tensor, prior: str, weight: float, steps: int, lr: float
+    ctx: AuditContext,
+    z: torch.Tensor,
+    prior: str,
+    weight: float,
+    steps: int,
+    lr: float,
+    simplex: VocabularySimplex | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(unbiased, MAP) reconstructions, optimised together as one batch (Adam is per
     coordinate, so this equals two separate runs)."""
     weights = torch.cat([torch.zeros(len(z)), torch.full((len(z),), weight)]).to(z.device)
-    x = invert(ctx.encoder, torch.cat([z, z]), ctx.aux.x, prior, weights, steps, lr)
+    x = invert(ctx.encoder, torch.cat([z, z]), ctx.aux.x, prior, weights, steps, lr, simplex)
     return x[: len(z)], x[len(z) :]
 
 
@@ -159,28 +170,38 @@ def invert(
     prior_weight: torch.Tensor,
     steps: int,
     lr: float,
+    simplex: VocabularySimplex | None = None,
 ) -> torch.Tensor:
     """argmin_x ||f(x) - z||^2 + 2 w (-log pi(x)) per sample, by Adam from the aux mean.
 
     Iterates are clamped to [0, 1] when the aux data lies there (projected gradient descent).
+    Token inputs (simplex given) are optimised as per-position logits over the vocabulary,
+    x = softmax(logits) @ table (attacks/token_relaxation.py says why).
     Samples are inverted in chunks whose saved activations fit the memory budget; the loss is a
     sum over samples and Adam works per coordinate, so chunks give the same result as one batch.
     """
     neg_log_prior = fit_prior(aux_x, prior)
-    start = aux_x.mean(dim=0, keepdim=True)
+    if simplex is None:
+        start, to_input, step = aux_x.mean(dim=0, keepdim=True), lambda x: x, lr * data_range(aux_x)
+    else:
+        start, to_input, step = simplex.start[None], simplex.inputs, lr * simplex.step_unit
     size = batch_within(
-        per_sample_bytes(lambda x: encoder(x.clone().requires_grad_(True)), start.expand(2, *start.shape[1:])), len(z)
+        per_sample_bytes(
+            lambda v: encoder(to_input(v.clone().requires_grad_(True))), start.expand(2, *start.shape[1:])
+        ),
+        len(z),
     )
     parts = [
         _invert_chunk(
             encoder,
             z[i : i + size],
             start,
+            to_input,
             neg_log_prior,
             prior_weight[i : i + size],
             steps,
-            lr * data_range(aux_x),
-            in_unit_range(aux_x),
+            step,
+            simplex is None and in_unit_range(aux_x),
         )
         for i in range(0, len(z), size)
     ]
@@ -191,25 +212,29 @@ def _invert_chunk(
     encoder: Encoder,
     z: torch.Tensor,
     start: torch.Tensor,
+    to_input: Callable[[torch.Tensor], torch.Tensor],
     neg_log_prior,
     prior_weight: torch.Tensor,
     steps: int,
     lr: float,
     unit_range: bool,
 ) -> torch.Tensor:
-    x = start.expand(len(z), *start.shape[1:]).clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([x], lr=lr)
+    """Adam on the variables v (the input, or token logits) with x = to_input(v)."""
+    v = start.expand(len(z), *start.shape[1:]).clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([v], lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     for _ in range(steps):
         optimizer.zero_grad()
+        x = to_input(v)
         fit = (encoder(x) - z).flatten(1).pow(2).sum(dim=1)
         (fit + 2 * prior_weight * neg_log_prior(x)).sum().backward()
         optimizer.step()
         schedule.step()
         if unit_range:
             with torch.no_grad():
-                x.clamp_(0, 1)
-    return x.detach()
+                v.clamp_(0, 1)
+    with torch.no_grad():
+        return to_input(v)
 
 
 def fit_prior(aux_x: torch.Tensor, prior: str):

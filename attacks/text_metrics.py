@@ -87,14 +87,20 @@ def position_accuracy(true_ids: torch.Tensor, pred_ids: torch.Tensor, valid: tor
     return [float(h / c) if c else math.nan for h, c in zip(hits, counts)]
 
 
+def position_counts(aux_ids: torch.Tensor, vocab_size: int, aux_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """How often each token occurs at each position of the aux sentences [T, V], counting real
+    (unpadded) positions only."""
+    valid = _all_real(aux_ids) if aux_valid is None else aux_valid.to(aux_ids.device)
+    counts = torch.zeros(aux_ids.shape[1], vocab_size, device=aux_ids.device)
+    positions = torch.arange(aux_ids.shape[1], device=aux_ids.device).expand_as(aux_ids)
+    counts.index_put_((positions[valid], aux_ids[valid]), torch.ones(()), accumulate=True)
+    return counts
+
+
 def most_frequent_guess(aux_ids: torch.Tensor, n: int, aux_valid: torch.Tensor | None = None) -> torch.Tensor:
     """The baseline's prediction for n targets: the most frequent aux token at each position
     (among the aux sentences with a real token there; padding is never guessed from)."""
-    valid = _all_real(aux_ids) if aux_valid is None else aux_valid.to(aux_ids.device)
-    counts = torch.zeros(aux_ids.shape[1], int(aux_ids.max()) + 1, device=aux_ids.device)
-    positions = torch.arange(aux_ids.shape[1], device=aux_ids.device).expand_as(aux_ids)
-    counts.index_put_((positions[valid], aux_ids[valid]), torch.ones(()), accumulate=True)
-    return counts.argmax(dim=1).expand(n, -1)
+    return position_counts(aux_ids, int(aux_ids.max()) + 1, aux_valid).argmax(dim=1).expand(n, -1)
 
 
 def token_outcome(ctx, target_ids: torch.Tensor, pred_ids: torch.Tensor, index=None) -> tuple[dict, dict, dict]:

@@ -99,7 +99,8 @@ def audit(
 
     model: a torch.nn.Module (copied, left unchanged) or a .onnx / TorchScript file.
     aux, target: an array or tensor of samples, a tuple (x, y) or (x, y, attr), a dict with
-    keys x, y, attr, or a path (.npz, .csv, image folder). Without target, aux is split 50/50.
+    keys x, y, attr (and mask: the attention mask [N, T] of token ids, with vocab), or a path
+    (.npz, .csv, image folder). Without target, aux is split 50/50.
     attacks: "all", "none", a comma string or a list of names. workers: processes for the attacks
     (None: one per CPU core); executor "ray" runs them on Ray (ray_address: an existing cluster);
     task_timeout: seconds one attack seed may run. output_name: which output of a multi-output
@@ -183,14 +184,14 @@ def _attack_names(attacks: Any) -> list:
 
 
 def _data_source(data: Any, name: str) -> Any:
-    """A path as a string; arrays, tensors, (x, y[, attr]) or {x, y, attr} as an in-memory Dataset."""
+    """A path as a string; arrays, tensors, (x, y[, attr]) or {x, y, attr, mask} as an in-memory Dataset."""
     if data is None or isinstance(data, (str, Path)):
         return None if data is None else str(data)
     if isinstance(data, dict):
-        unknown = set(data) - {"x", "y", "attr"}
+        unknown = set(data) - {"x", "y", "attr", "mask"}
         if "x" not in data or unknown:
-            raise InputError(f"{name} as a dict takes keys x, y, attr (x required); got {sorted(data)}")
-        return _in_memory(name, data["x"], data.get("y"), data.get("attr"))
+            raise InputError(f"{name} as a dict takes keys x, y, attr, mask (x required); got {sorted(data)}")
+        return _in_memory(name, data["x"], data.get("y"), data.get("attr"), data.get("mask"))
     if isinstance(data, tuple):
         if not 1 <= len(data) <= 3:
             raise InputError(f"{name} as a tuple is (x,), (x, y) or (x, y, attr); got {len(data)} items")
@@ -198,19 +199,19 @@ def _data_source(data: Any, name: str) -> Any:
     return _in_memory(name, data)
 
 
-def _in_memory(name: str, x: Any, y: Any = None, attr: Any = None) -> Any:
+def _in_memory(name: str, x: Any, y: Any = None, attr: Any = None, mask: Any = None) -> Any:
     """The arrays as a Dataset; InputError for a tensor without readable data (on the meta device,
     sparse) or a nested list that is no array (ragged rows)."""
     import torch
 
     from splitaudit.data import dataset_from_arrays
 
-    for part, value in (("x", x), ("y", y), ("attr", attr)):
+    for part, value in (("x", x), ("y", y), ("attr", attr), ("mask", mask)):
         if isinstance(value, torch.Tensor) and value.device.type == "meta":
             raise InputError(f"{name} {part} is a tensor on the meta device: it holds no data to audit")
         if isinstance(value, torch.Tensor) and value.layout != torch.strided:
             raise InputError(f"{name} {part} is a {value.layout} tensor; pass a dense one (.to_dense())")
     try:
-        return dataset_from_arrays(x, y, attr, source=f"<in-memory {name}>")
+        return dataset_from_arrays(x, y, attr, source=f"<in-memory {name}>", mask=mask)
     except (ValueError, TypeError) as exc:  # numpy's words for a ragged or non-numeric nesting
         raise InputError(f"{name} is not an array of samples: {exc}") from exc

@@ -317,12 +317,21 @@ def split_dataset(data: Dataset, target_fraction: float, seed: int) -> tuple[Dat
     return data.subset(perm[n_target:]), data.subset(perm[:n_target])
 
 
-def dataset_from_arrays(x, y=None, attr=None, source: str = "<in-memory arrays>") -> Dataset:
-    """Arrays or tensors (the Python API) as a Dataset, with labels mapped as the file loaders map them."""
+def dataset_from_arrays(x, y=None, attr=None, source: str = "<in-memory arrays>", mask=None) -> Dataset:
+    """Arrays or tensors (the Python API) as a Dataset, with labels mapped as the file loaders map them;
+    a token attention mask is kept as given (tokens.load_token_data checks it)."""
     x = np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x)
     if not np.issubdtype(x.dtype, np.number) or x.ndim < 2:
         raise InputError(f"{source}: x must be a numeric array of samples (N, ...), got {x.dtype} of shape {x.shape}")
     as_numpy = lambda v: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
     labels, names = _labels(as_numpy(y), "y", len(x), Path(source))
     attrs, _ = _labels(as_numpy(attr), "attr", len(x), Path(source))
-    return Dataset(x=torch.as_tensor(x, dtype=torch.float32), y=labels, attr=attrs, class_names=names, source=source)
+    kept_mask = None if mask is None else torch.as_tensor(np.asarray(as_numpy(mask)))
+    return Dataset(
+        x=torch.as_tensor(x, dtype=torch.float32),
+        y=labels,
+        attr=attrs,
+        class_names=names,
+        source=source,
+        mask=kept_mask,
+    )

@@ -237,7 +237,7 @@ def open_model(
 ) -> RawModel:
     """Open a model file (or take an in-memory module) in `mode` (audit/stochastic.py: saved, eval
     or train); raise InputError with a one-line reason when it cannot be used. mask_input: a
-    TorchScript model may take a second (attention mask) input, which audit/tokens.py binds."""
+    TorchScript or ONNX model may take a second (attention mask) input, which audit/tokens.py binds."""
     if isinstance(path, nn.Module):
         if output_name is not None:
             raise InputError("--output-name selects an output of an ONNX model, not of a torch module")
@@ -249,7 +249,7 @@ def open_model(
         return _open_torchscript(path, device, mode, mask_input)
     if mode == "train":
         raise InputError("--model-mode train applies to TorchScript and torch modules; an ONNX graph runs as exported")
-    return _open_onnx(path, device, output_name)
+    return _open_onnx(path, device, output_name, mask_input)
 
 
 def wrap_module(module: nn.Module, device: torch.device, mode: str = "saved") -> RawModel:
@@ -326,7 +326,7 @@ class Unoptimized(nn.Module):
             return self.scripted(x)
 
 
-def _open_onnx(path: Path, device: torch.device, output_name: str | None = None) -> RawModel:
+def _open_onnx(path: Path, device: torch.device, output_name: str | None = None, mask_input: bool = False) -> RawModel:
     import onnx
 
     try:
@@ -334,7 +334,8 @@ def _open_onnx(path: Path, device: torch.device, output_name: str | None = None)
         onnx.checker.check_model(proto)
     except Exception as exc:
         raise InputError(f"{path} is not a valid ONNX model (truncated or corrupt?): {_first_line(exc)}") from exc
-    check_single_input([i.name for i in _graph_inputs(proto)], path)
+    names = [i.name for i in _graph_inputs(proto)]
+    check_single_input(names[:1] if mask_input and len(names) == 2 else names, path)
     check_onnx_declared_sizes(proto, path)
     refuse_onnx_randomness(proto, path)
     output_name, notes = select_onnx_output(proto, path, output_name)

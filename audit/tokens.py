@@ -9,9 +9,10 @@ then work in that continuous space; the table lets attacks decode embeddings to 
 tokens and the vocabulary turns ids into text.
 
 Padding: the data may hold an attention `mask` [N, T] (1 = real token, 0 = padding) and a
-TorchScript model a second (mask) input. The mask is not part of the private input being
+TorchScript or ONNX model a second (mask) input. The mask is not part of the private input being
 bounded: it is held fixed per sample, so the audited function is f(E; mask) and its Jacobian is
-over E only. The cut model takes the mask bound for a call (`bound_mask`); samples are run in
+over E only. The cut model (its torch module and, for ONNX, its onnxruntime session) takes the
+mask bound for a call in its `MaskSlot` (`bound_mask`); samples are run in
 groups that share one mask pattern (right-padding gives at most T + 1 of them), so every batch,
 shard and probe the estimators make of a group sees that group's mask.
 """
@@ -62,7 +63,7 @@ class TokenSpace:
 
     table: torch.Tensor
     vocab: list[str]
-    masked: FromEmbeddings | None = None  # the cut model when it takes an attention mask input
+    masked: MaskSlot | None = None  # the mask the cut model runs with, when it takes one
 
     def to(self, device) -> "TokenSpace":
         return replace(self, table=self.table.to(device))
@@ -186,6 +187,10 @@ def load_audited_data(path, input_shape, raw: RawModel, label_column=None, attr_
         if note is not None and note not in raw.notes:
             raw.notes.append(note)
         return data
+    if isinstance(path, Dataset) and path.mask is not None:
+        raise InputError(
+            f"{path.source}: 'mask' is an attention mask over token ids; pass vocab= with token ids in 'x'"
+        )
     return load_dataset(path, input_shape, label_column=label_column, attr_column=attr_column)
 
 
@@ -197,45 +202,94 @@ def open_token_model(
     cannot be located."""
     vocab = load_vocab(vocab_path)
     path = require_regular_file(path, "model file")
-    masked = None
     if detect_format(path) == "torchscript":
         raw = open_model(path, device, output_name, mode, mask_input=True)
         module, table = _torchscript_from_embeddings(raw.torch_module.scripted, path)
         raw = replace(raw, torch_module=module, notes=list(raw.notes))
-        masked = module if module.mask_dtype is not None else None
+        slot = module.slot
     else:
-        raw, table = _onnx_from_embeddings(path, device, output_name)
+        raw, table, slot = _onnx_from_embeddings(path, device, output_name)
     if len(vocab) > len(table):
         raise InputError(f"--vocab names {len(vocab)} tokens but the model's embedding table has {len(table)} rows")
-    return replace(raw, tokens=TokenSpace(table.float().to(device), vocab, masked))
+    return replace(raw, tokens=TokenSpace(table.float().to(device), vocab, slot))
+
+
+@dataclass
+class MaskSlot:
+    """The attention mask a cut model's calls run with: `row` [T] (None: all ones), fed as `dtype`."""
+
+    dtype: torch.dtype
+    row: torch.Tensor | None = None
+
+    def batch(self, n: int, length: int, device) -> torch.Tensor:
+        """The bound row as the model's mask input for n samples of `length` positions."""
+        row = self.row if self.row is not None else torch.ones(length, dtype=torch.bool)
+        return row.to(device, self.dtype).expand(n, -1)
 
 
 class FromEmbeddings(nn.Module):
     """A TorchScript bottom model run from its input embeddings: its inlined graph with the
-    `aten::embedding` output replaced by a graph input."""
+    `aten::embedding` output replaced by a graph input (and the mask in `slot`, if it takes one)."""
 
-    def __init__(self, scripted: torch.jit.ScriptModule, graph, mask_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, scripted: torch.jit.ScriptModule, graph, slot: MaskSlot | None = None) -> None:
         super().__init__()
         self.scripted = scripted
         self.graph = graph
-        self.mask_dtype = mask_dtype  # None: the model has no mask input
-        self.mask_row: torch.Tensor | None = None  # the mask [T] bound for the current calls (None: all ones)
+        self.slot = slot
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.function = torch._C._create_function_from_graph("from_embeddings", graph)
 
     def __deepcopy__(self, memo) -> "FromEmbeddings":
-        """A copy with its own weights (attacks re-initialise copies); the graph is shared, as
-        it takes the module as its first input."""
-        return FromEmbeddings(copy.deepcopy(self.scripted, memo), self.graph, self.mask_dtype)
+        """A copy with its own weights (attacks re-initialise copies); the graph and the mask slot
+        are shared, as the graph takes the module as its first input and the mask is bound per call."""
+        return FromEmbeddings(copy.deepcopy(self.scripted, memo), self.graph, self.slot)
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         inputs = [embeddings]
-        if self.mask_dtype is not None:
-            row = self.mask_row if self.mask_row is not None else torch.ones(embeddings.shape[-2], dtype=torch.bool)
-            inputs.append(row.to(embeddings.device, self.mask_dtype).expand(len(embeddings), -1))
+        if self.slot is not None:
+            inputs.append(self.slot.batch(len(embeddings), embeddings.shape[-2], embeddings.device))
         with torch.jit.optimized_execution(False):  # see models.Unoptimized
             return self.function(self.scripted._c, *inputs)
+
+
+class WithBoundMask(nn.Module):
+    """A converted ONNX module over (embeddings, mask) called on the embeddings alone."""
+
+    def __init__(self, inner: nn.Module, slot: MaskSlot) -> None:
+        super().__init__()
+        self.inner = inner
+        self.slot = slot
+
+    def __deepcopy__(self, memo) -> "WithBoundMask":
+        return WithBoundMask(copy.deepcopy(self.inner, memo), self.slot)
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return self.inner(embeddings, self.slot.batch(len(embeddings), embeddings.shape[-2], embeddings.device))
+
+
+class MaskFeedingSession:
+    """An onnxruntime session over (embeddings, mask) seen as taking the embeddings alone: each run
+    feeds the mask bound in the slot (what models.py's black-box path and checks use of a session)."""
+
+    def __init__(self, session, slot: MaskSlot) -> None:
+        self.session = session
+        self.slot = slot
+        self.mask_name = session.get_inputs()[1].name
+
+    def get_inputs(self) -> list:
+        return self.session.get_inputs()[:1]
+
+    def get_outputs(self) -> list:
+        return self.session.get_outputs()
+
+    def get_providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def run(self, output_names, feed: dict) -> list:
+        (embeddings,) = feed.values()
+        mask = self.slot.batch(len(embeddings), embeddings.shape[-2], "cpu").numpy()
+        return self.session.run(output_names, {**feed, self.mask_name: mask})
 
 
 def _torchscript_from_embeddings(scripted, path) -> tuple[FromEmbeddings, torch.Tensor]:
@@ -249,7 +303,7 @@ def _torchscript_from_embeddings(scripted, path) -> tuple[FromEmbeddings, torch.
             f"{len(inputs)} inputs)"
         )
     ids = inputs[:1]
-    mask_dtype = _mask_dtype(inputs[1], path) if len(inputs) == 2 else None
+    slot = MaskSlot(_mask_dtype(inputs[1], path)) if len(inputs) == 2 else None
     lookup = lookups[0]
     table = _graph_constant(scripted, lookup.inputsAt(0), path)
     embeddings = graph.addInput("embeddings")
@@ -262,26 +316,29 @@ def _torchscript_from_embeddings(scripted, path) -> tuple[FromEmbeddings, torch.
             "positions or a padding mask); splitaudit audits models whose ids enter only through it"
         )
     graph.eraseInput(1)
-    if mask_dtype is not None:  # the function's inputs: (self, embeddings, mask)
+    if slot is not None:  # the function's inputs: (self, embeddings, mask)
         graph.addInput("mask").setType(list(graph.inputs())[1].type())
         list(graph.inputs())[1].replaceAllUsesWith(list(graph.inputs())[-1])
         graph.eraseInput(1)
     torch._C._jit_pass_dce(graph)
-    return FromEmbeddings(scripted, graph, mask_dtype), table
+    return FromEmbeddings(scripted, graph, slot), table
 
 
 def _mask_dtype(value, path) -> torch.dtype:
-    """The dtype a traced mask input was recorded with (int64 where the graph does not say).
-    A second input not named as a mask (token types, positions) is refused: feeding it the
+    """The dtype a traced mask input was recorded with (int64 where the graph does not say)."""
+    _require_mask_name(value.debugName().split(".")[0], path)
+    dtype = getattr(value.type(), "dtype", lambda: None)()
+    return dtype if dtype is not None else torch.long
+
+
+def _require_mask_name(name: str, path) -> None:
+    """A second input not named as a mask (token types, positions) is refused: feeding it the
     attention mask would audit a different function without any error."""
-    name = value.debugName().split(".")[0]
     if "mask" not in name.lower():
         raise InputError(
             f"{display_path(path)}: the model's second input {name!r} is not an attention mask; splitaudit "
             "passes the data's 'mask' to a second input whose name contains 'mask' (export others fixed)"
         )
-    dtype = getattr(value.type(), "dtype", lambda: None)()
-    return dtype if dtype is not None else torch.long
 
 
 def _graph_constant(scripted, value, path) -> torch.Tensor:
@@ -299,9 +356,13 @@ def _graph_constant(scripted, value, path) -> torch.Tensor:
     return owner.detach()
 
 
-def _onnx_from_embeddings(path: Path, device: torch.device, output_name) -> tuple[RawModel, torch.Tensor]:
+def _onnx_from_embeddings(
+    path: Path, device: torch.device, output_name
+) -> tuple[RawModel, torch.Tensor, MaskSlot | None]:
+    """The graph cut after its embedding Gather (inputs: the embeddings, and the mask when the model
+    takes one as its second input), its table, and the slot its mask is bound in."""
     import onnx
-    from onnx import numpy_helper
+    from onnx import helper, numpy_helper
 
     proto = onnx.load(str(path))
     inputs = [i for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
@@ -315,31 +376,103 @@ def _onnx_from_embeddings(path: Path, device: torch.device, output_name) -> tupl
         for n in proto.graph.node
         if n.op_type == "Gather" and n.input[0] in weights and casts.get(n.input[1], n.input[1]) in id_names
     ]
-    if len(inputs) == 2 and len(lookups) == 1:
-        raise InputError(
-            f"{display_path(path)}: an ONNX bottom with a second input ({', '.join(i.name for i in inputs)}: "
-            "token ids and an attention mask) is not supported yet; export it with torch.jit.trace, which "
-            "splitaudit audits with its mask, or export the ONNX graph with the ids as its only input"
-        )
-    if len(inputs) != 1 or len(lookups) != 1:
+    if (
+        len(inputs) not in (1, 2)
+        or len(lookups) != 1
+        or casts.get(lookups[0].input[1], lookups[0].input[1]) != inputs[0].name
+    ):
         raise InputError(
             f"{display_path(path)}: no token-embedding lookup found (looked for one Gather of a weight table "
-            f"by the integer ids input, possibly after a Cast; found {len(lookups)} on {len(inputs)} inputs)"
+            f"by the integer ids input, the first of at most two with an attention mask, possibly after a Cast; "
+            f"found {len(lookups)} on {len(inputs)} inputs)"
         )
     lookup = lookups[0]
+    slot = None
+    if len(inputs) == 2:
+        _require_mask_name(inputs[1].name, path)
+        elem_type = inputs[1].type.tensor_type.elem_type
+        slot = MaskSlot(torch.from_numpy(np.zeros(0, dtype=helper.tensor_dtype_to_np_dtype(elem_type))).dtype)
     table = torch.from_numpy(np.array(numpy_helper.to_array(weights[lookup.input[0]]), dtype=np.float32))
     folder = Path(tempfile.mkdtemp(prefix="splitaudit-tokens-"))
     cut = folder / "from_embeddings.onnx"
     outputs = [output_name] if output_name else [o.name for o in proto.graph.output][:1]
+    source = path
+    if _shapes_read_from_embeddings(proto, inputs[0].name, lookup.output[0]):
+        source = folder / "shapes_from_embeddings.onnx"
+        onnx.save(proto, str(source))
     try:
-        onnx.utils.extract_model(str(path), str(cut), [lookup.output[0]], outputs, check_model=True)
+        cut_inputs = [lookup.output[0], *(i.name for i in inputs[1:])]
+        onnx.utils.extract_model(str(source), str(cut), cut_inputs, outputs, check_model=True)
     except Exception as exc:
         raise InputError(
             f"{display_path(path)}: cannot cut the graph after its embedding lookup {lookup.name!r} "
             f"({str(exc).splitlines()[0][:200]}); the ids may be used beyond the lookup"
         ) from exc
-    raw = open_model(cut, device, output_name)
-    return replace(raw, path=path, declared_input_shape=None), table
+    raw = open_model(cut, device, output_name, mask_input=slot is not None)
+    raw = replace(raw, path=path, declared_input_shape=None)
+    if slot is not None:
+        raw = replace(
+            raw,
+            session=MaskFeedingSession(raw.session, slot),
+            torch_module=None if raw.torch_module is None else WithBoundMask(raw.torch_module, slot),
+            pending_conversions=(
+                replace(c, module=None if c.module is None else WithBoundMask(c.module, slot))
+                for c in raw.pending_conversions
+            ),
+        )
+    return raw, table, slot
+
+
+SHAPE_SLICE_OPSET = 15  # Shape takes start and end from this opset on
+
+
+def _shapes_read_from_embeddings(proto, ids: str, embeddings: str) -> bool:
+    """Point the graph's Shape nodes on the ids [N, T] (or on their Cast) at the embeddings [N, T, D],
+    which share their leading sizes: exporters with a dynamic length read it off the ids, which
+    would otherwise keep the ids in the cut graph. A negative start or end counts from the end,
+    one axis more there. True when a node was changed."""
+    from onnx import helper
+
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    id_names = {ids} | {n.output[0] for n in proto.graph.node if n.op_type == "Cast" and n.input[0] == ids}
+    shapes = [n for n in proto.graph.node if n.op_type == "Shape" and n.input[0] in id_names]
+    if opset < SHAPE_SLICE_OPSET or not shapes:
+        return False
+    for node in shapes:
+        given = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        start, end = given.get("start", 0), given.get("end", 2)
+        del node.attribute[:]
+        node.attribute.extend(
+            [
+                helper.make_attribute("start", start - 1 if start < 0 else start),
+                helper.make_attribute("end", end - 1 if end < 0 else end),
+            ]
+        )
+        node.input[0] = embeddings
+    _sort_topologically(proto.graph)  # the Shape nodes (and what reads them) now follow the lookup
+    return True
+
+
+def _sort_topologically(graph) -> None:
+    """Reorder the graph's nodes so that each follows the producers of its inputs, keeping the
+    given order where it already does (the ONNX checker requires it)."""
+    nodes = list(graph.node)
+    known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    order, waiting = [], list(range(len(nodes)))
+    while waiting:
+        still = []
+        for i in waiting:
+            if all(name in known for name in nodes[i].input):
+                order.append(i)
+                known.update(nodes[i].output)
+            else:
+                still.append(i)
+        if len(still) == len(waiting):
+            return  # a cycle or an input from nowhere: left as it is, for the checker to name
+        waiting = still
+    ordered = [copy.deepcopy(nodes[i]) for i in order]
+    del graph.node[:]
+    graph.node.extend(ordered)
 
 
 def load_token_data(path, tokens: TokenSpace) -> Dataset:
@@ -368,14 +501,11 @@ def load_token_data(path, tokens: TokenSpace) -> Dataset:
 
 
 def _load_mask(path, shape: tuple[int, ...], source: str) -> torch.Tensor | None:
-    """The npz's `mask` as bool [N, T] (True = real token), or None; InputError when it is not 0/1
-    (bool or integer) of x's shape with at least one real token per row."""
-    if not isinstance(path, (str, Path)) or Path(path).suffix.lower() != ".npz":
-        return None  # arrays from the Python API and CSV files carry no mask
-    with np.load(Path(path), allow_pickle=False) as npz:
-        if "mask" not in npz.files:
-            return None
-        mask = npz["mask"]
+    """The npz's (or the Python API's) `mask` as bool [N, T] (True = real token), or None;
+    InputError when it is not 0/1 (bool or integer) of x's shape with at least one real token per row."""
+    mask = _given_mask(path)
+    if mask is None:
+        return None
     if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.integer):
         raise InputError(f"{source}: 'mask' must be bool or integer 0/1, found dtype {mask.dtype}")
     if mask.shape != shape:
@@ -389,6 +519,16 @@ def _load_mask(path, shape: tuple[int, ...], source: str) -> torch.Tensor | None
             "every sentence needs at least one position with mask 1"
         )
     return torch.from_numpy(mask.astype(bool))
+
+
+def _given_mask(path) -> np.ndarray | None:
+    """The mask an npz file or an in-memory Dataset (the Python API) holds; CSV files hold none."""
+    if isinstance(path, Dataset):
+        return None if path.mask is None else path.mask.cpu().numpy()
+    if not isinstance(path, (str, Path)) or Path(path).suffix.lower() != ".npz":
+        return None
+    with np.load(Path(path), allow_pickle=False) as npz:
+        return npz["mask"] if "mask" in npz.files else None
 
 
 # --- what the embedding-space bound means for tokens -------------------------------------------
@@ -515,15 +655,15 @@ def mask_groups(mask: torch.Tensor | None, n: int) -> list[tuple[torch.Tensor | 
 @contextmanager
 def bound_mask(tokens: TokenSpace | None, row: torch.Tensor | None) -> Iterator[None]:
     """Every call of the cut model in this block runs with attention mask `row` [T] (all ones for None)."""
-    module = tokens.masked if tokens is not None else None
-    if module is None:
+    slot = tokens.masked if tokens is not None else None
+    if slot is None:
         yield
         return
-    previous, module.mask_row = module.mask_row, row
+    previous, slot.row = slot.row, row
     try:
         yield
     finally:
-        module.mask_row = previous
+        slot.row = previous
 
 
 def per_mask_pattern(

@@ -1,11 +1,19 @@
 """The bundled text sample for `splitaudit demo --text`: a small transformer bottom over token ids.
 
 A generated corpus of bank-like messages with private-looking content (names, cities, amounts),
-eight tokens each, from four templates (the intent is the label); the sensitive attribute is
-whether the message names a northern city. Names are drawn Zipf-like, so the tail names occur in
+eight tokens each, from four templates (the intent is the label), each message headed by the
+city it concerns; the sensitive attribute is whether that city is northern (half of the ten, so
+the attribute is balanced). Names are drawn Zipf-like, so the tail names occur in
 fewer than 1% of the sentences: the rare, private tokens an inversion attack should not recover.
-The bottom (token embedding, learned positions, two GELU transformer layers) is trained with a
-mean-pooled linear top on the intent. Nothing is downloaded.
+The bottom (token embedding, learned positions, two pre-norm GELU transformer layers, GPT-2's
+layout) is trained with a mean-pooled linear top on the intent.
+
+The attribute probe's baseline is the same probe on the raw token embeddings, which reads the city
+token exactly (accuracy 1), so the probe on the hidden states can at best tie it. With the city at
+varying positions (2 or 6) and post-norm layers, the hidden states scattered it enough that the
+probe reached 0.91 on the 300 aux sentences and the attack was reported as failed; with the city
+at a fixed position and pre-norm blocks (whose residual stream keeps each token's embedding) it
+reads the city as well as the raw probe does. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -31,11 +39,11 @@ NAMES = [
 CITIES = ["oslo", "bergen", "tromso", "umea", "oulu", "lisbon", "seville", "naples", "athens", "valletta"]
 NORTHERN = set(CITIES[:5])
 AMOUNTS = [f"{n}eur" for n in (15, 40, 75, 120, 250, 480, 900, 1500, 3200, 7800)]
-TEMPLATES = [  # intent: eight tokens, {n} name, {c} city, {a} amount
-    "send {a} to {n} in {c} today .",
-    "{n} from {c} owes me {a} now .",
-    "book a table for {n} in {c} .",
-    "is {n} still living in {c} now ?",
+TEMPLATES = [  # intent: eight tokens, {c} city (the header), {n} name, {a} amount
+    "{c} : send {a} to {n} today .",
+    "{c} : {n} owes me {a} now .",
+    "{c} : book a table for {n} .",
+    "{c} : is {n} still living here ?",
 ]
 
 
@@ -61,17 +69,21 @@ def corpus(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 class TextBottom(nn.Module):
-    """ids [N, 8] -> hidden states [N, 8, 32]: embedding + positions + 2 GELU transformer layers."""
+    """ids [N, 8] -> hidden states [N, 8, 32]: embedding + positions + 2 causal pre-norm GELU
+    transformer layers (a GPT-style client side: each position attends to itself and earlier ones)."""
 
     def __init__(self, vocab: int) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, DIM)
         self.pos = nn.Parameter(0.1 * torch.randn(LENGTH, DIM))
-        layer = nn.TransformerEncoderLayer(DIM, 2, 2 * DIM, dropout=0.0, batch_first=True, activation="gelu")
+        layer = nn.TransformerEncoderLayer(
+            DIM, 2, 2 * DIM, dropout=0.0, batch_first=True, activation="gelu", norm_first=True
+        )
         self.blocks = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(LENGTH), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.blocks(self.tok(ids) + self.pos)
+        return self.blocks(self.tok(ids) + self.pos, mask=self.causal, is_causal=True)
 
 
 def train(bottom: nn.Module, ids: torch.Tensor, intents: torch.Tensor) -> float:

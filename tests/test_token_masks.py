@@ -19,17 +19,45 @@ from splitaudit.attacks.text_metrics import most_frequent_guess, position_accura
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 from splitaudit.result import first_error
-from splitaudit.tokens import TokenSpace, token_statement
+from splitaudit.tokens import TokenSpace, per_mask_pattern, token_statement
+
+FORMATS = ("torchscript", "legacy", "dynamo")
 
 
 class MaskedBottom(TokenBottom):
-    """TokenBottom whose attention skips padded keys (src_key_padding_mask from the attention mask)."""
+    """TokenBottom whose attention skips padded keys (src_key_padding_mask from the attention mask);
+    positions are sliced to the sentence length, so exports can leave the length dynamic."""
 
     def from_embeddings(self, e: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.blocks(e + self.pos, src_key_padding_mask=mask == 0)
+        return self.blocks(e + self.pos[: e.shape[1]], src_key_padding_mask=mask == 0)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.from_embeddings(self.tok(ids), mask)
+
+
+def export_masked_onnx(bottom: nn.Module, exporter: str, path) -> str:
+    """ONNX over (input_ids, attention_mask), both int64 with batch and length dynamic, by the
+    legacy or the dynamo exporter (weights inside the file)."""
+    ids, mask = (torch.from_numpy(a) for a in right_padded(3, seed=1))
+    names = ["input_ids", "attention_mask"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            axes = {name: {0: "batch", 1: "length"} for name in names}
+            torch.onnx.export(bottom, (ids, mask), str(path), dynamo=False, input_names=names, dynamic_axes=axes)
+        else:
+            batch, length = torch.export.Dim("batch"), torch.export.Dim("length", min=2, max=LENGTH)
+            shapes = ({0: batch, 1: length}, {0: batch, 1: length})
+            torch.onnx.export(
+                bottom,
+                (ids, mask),
+                str(path),
+                dynamo=True,
+                input_names=names,
+                dynamic_shapes=shapes,
+                external_data=False,
+            )
+    return str(path)
 
 
 def right_padded(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,11 +81,13 @@ def files(tmp_path_factory, bottom):
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(bottom, (torch.from_numpy(ids), torch.from_numpy(mask)), check_trace=False)
     traced.save(str(folder / "masked.pt"))
+    models = {"torchscript": str(folder / "masked.pt")}
+    models.update({fmt: export_masked_onnx(bottom, fmt, folder / f"masked_{fmt}.onnx") for fmt in FORMATS[1:]})
     x, mask = right_padded(120, seed=0)
     np.savez(folder / "padded.npz", x=x, mask=mask, y=x[:, 0] % 2, attr=(x[:, 1] >= VOCAB // 2).astype(int))
     np.savez(folder / "unpadded.npz", x=x, y=x[:, 0] % 2)
     (folder / "vocab.json").write_text(json.dumps([f"w{i}" for i in range(VOCAB)]))
-    return {"torchscript": str(folder / "masked.pt")}, str(folder / "padded.npz"), str(folder / "vocab.json")
+    return models, str(folder / "padded.npz"), str(folder / "vocab.json")
 
 
 def token_context(model, data, vocab, **overrides):
@@ -65,11 +95,13 @@ def token_context(model, data, vocab, **overrides):
     return prepare_context(options.validate())
 
 
-def test_the_cut_model_with_a_mask_is_the_whole_model_with_that_mask(files, bottom):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_cut_model_with_a_mask_is_the_whole_model_with_that_mask(files, bottom, fmt):
     """Each sample's hidden states from its embeddings under its own mask equal the whole model's on
-    (ids, mask); the padding mask matters (all-ones gives different states), twice."""
+    (ids, mask); the padding mask matters (all-ones gives different states), twice. For ONNX both
+    routes get the mask: the converted module and onnxruntime (the black-box path)."""
     models, data, vocab = files
-    ctx = token_context(models["torchscript"], data, vocab)
+    ctx = token_context(models[fmt], data, vocab)
     ids, mask = ctx.target.token_ids, ctx.target.mask
     assert mask is not None and mask.dtype == torch.bool and not bool(mask.all())
     with torch.no_grad():
@@ -78,14 +110,18 @@ def test_the_cut_model_with_a_mask_is_the_whole_model_with_that_mask(files, bott
         for _ in range(2):
             ctx._clean.clear()
             torch.testing.assert_close(ctx.clean_embeddings("target"), expected, atol=1e-5, rtol=1e-5)
+            black_box = per_mask_pattern(ctx.tokens, mask, ctx.target.x, ctx.encoder.blackbox_fn)
+            torch.testing.assert_close(black_box, expected, atol=1e-5, rtol=1e-5)
     assert (expected - unmasked).abs().max() > 1e-2
+    assert ctx.encoder.format == ("torchscript" if fmt == "torchscript" else "onnx")
 
 
-def test_dfil_is_the_jacobian_in_the_embeddings_under_each_samples_mask(files, bottom):
+@pytest.mark.parametrize("fmt", ["torchscript", "legacy"])
+def test_dfil_is_the_jacobian_in_the_embeddings_under_each_samples_mask(files, bottom, fmt):
     """Per-sample ||J||_F^2 over the embeddings only (mask held fixed) equals the eager module's
     Jacobian trace under that sample's mask (rtol 1e-4: exact methods on both sides)."""
     models, data, vocab = files
-    ctx = token_context(models["torchscript"], data, vocab, smoothing=0.0, noise_sigma=1.0)
+    ctx = token_context(models[fmt], data, vocab, smoothing=0.0, noise_sigma=1.0)
     m = leakage.measure(ctx, prior="gaussian", smoothing=0.0)
     assert m.d == LENGTH * DIM and len(m.index) == len(ctx.target)
     assert len(torch.unique(ctx.target.mask, dim=0)) > 1  # several mask groups, merged in index order
@@ -97,9 +133,10 @@ def test_dfil_is_the_jacobian_in_the_embeddings_under_each_samples_mask(files, b
         assert float(m.mean_trace.traces.values[k]) == pytest.approx(float(j.pow(2).sum()), rel=1e-4)
 
 
-def test_a_mask_model_without_a_data_mask_runs_with_all_ones_and_says_so(files, bottom):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_mask_model_without_a_data_mask_runs_with_all_ones_and_says_so(files, bottom, fmt):
     models, data, vocab = files
-    ctx = token_context(models["torchscript"], data.replace("padded", "unpadded"), vocab)
+    ctx = token_context(models[fmt], data.replace("padded", "unpadded"), vocab)
     assert ctx.target.mask is None
     with torch.no_grad():
         expected = bottom(ctx.target.token_ids, torch.ones_like(ctx.target.token_ids))
@@ -148,7 +185,8 @@ def test_bad_masks_are_refused(tmp_path, files, capsys):
         assert_one_line_error(code, err, fragment)
 
 
-def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys):
+@pytest.mark.parametrize("fmt", ["torchscript", "dynamo"])
+def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys, fmt):
     """`splitaudit run --vocab --attacks token-inversion,kmeans --quick` on padded data: a valid report;
     the inversion beats its baseline on the real tokens, the sentences shown hold real tokens only
     (no padding id 0: the data pads with 0 and draws real tokens from 1..39), the mask note is in the
@@ -156,7 +194,7 @@ def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys):
     embeddings (which show the padding): then the gate says so (exit 1), never a silent pass."""
     models, data, vocab = files
     out = tmp_path / "out"
-    args = ["run", models["torchscript"], "--aux", data, "--vocab", vocab, "--quick", "--noise-sigma", "0.5"]
+    args = ["run", models[fmt], "--aux", data, "--vocab", vocab, "--quick", "--noise-sigma", "0.5"]
     code, shown, err = run_cli(
         [*args, "--attacks", "token-inversion,kmeans", "--out", str(out), "--workers", "1"], capsys
     )
@@ -171,8 +209,8 @@ def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys):
     assert any("held fixed per sample" in w for w in result["model"]["warnings"])
 
 
-def test_an_onnx_bottom_with_a_mask_input_is_refused_naming_the_cause(tmp_path, files, bottom, capsys):
-    """Not supported yet for ONNX (legacy exporter, two int64 inputs): exit 2 naming both inputs."""
+def test_an_onnx_second_input_that_is_not_a_mask_is_refused(tmp_path, files, bottom, capsys):
+    """ONNX (input_ids, token_types): feeding the attention mask to it would audit another function."""
     _, data, vocab = files
     ids, mask = (torch.from_numpy(a) for a in right_padded(3, seed=1))
     with warnings.catch_warnings():
@@ -180,13 +218,13 @@ def test_an_onnx_bottom_with_a_mask_input_is_refused_naming_the_cause(tmp_path, 
         torch.onnx.export(
             bottom,
             (ids, mask),
-            str(tmp_path / "masked.onnx"),
+            str(tmp_path / "typed.onnx"),
             dynamo=False,
-            input_names=["input_ids", "attention_mask"],
-            dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}},
+            input_names=["input_ids", "token_types"],
+            dynamic_axes={"input_ids": {0: "batch"}, "token_types": {0: "batch"}},
         )
-    code, _, err = run_cli(["run", str(tmp_path / "masked.onnx"), "--aux", data, "--vocab", vocab], capsys)
-    assert_one_line_error(code, err, "second input (input_ids, attention_mask")
+    code, _, err = run_cli(["run", str(tmp_path / "typed.onnx"), "--aux", data, "--vocab", vocab], capsys)
+    assert_one_line_error(code, err, "second input 'token_types' is not an attention mask")
 
 
 def test_a_second_input_that_is_not_a_mask_is_refused(tmp_path, files, bottom, capsys):
@@ -223,3 +261,64 @@ def test_the_token_ceiling_for_real_positions_is_the_all_position_ceiling_over_t
     assert padded["token_accuracy_ceiling"] == pytest.approx(2 * c)
     assert any("padding" in note for note in padded["assumptions"])
     assert token_statement(TokenSpace(table, ["x", "y"]), bounds, tau, real_share=0.1)["token_accuracy_ceiling"] == 1
+
+
+def test_the_python_api_carries_a_mask(files):
+    """splitaudit.audit(model, {x, y, mask}, vocab=...) audits what the npz with the same mask gives
+    (the same dFIL: the mask reached the model), which differs from the same ids without the mask;
+    a bad mask or a mask without vocab raises InputError."""
+    import splitaudit
+    from splitaudit.errors import InputError
+
+    models, data, vocab = files
+    with np.load(data) as npz:
+        ids, y, mask = npz["x"], npz["y"], npz["mask"]
+    run = lambda source: splitaudit.audit(
+        models["torchscript"], source, attacks="none", vocab=vocab, quick=True, noise_sigma=0.5, prior="gaussian"
+    )
+    from_api, from_file = run({"x": ids, "y": y, "mask": torch.from_numpy(mask)}), run(data)
+    assert from_api["dfil"]["mean"] == pytest.approx(from_file["dfil"]["mean"], rel=1e-9)
+    assert any("held fixed per sample" in w for w in from_api["model"]["warnings"])
+    assert run({"x": ids, "y": y})["dfil"]["mean"] != pytest.approx(from_file["dfil"]["mean"], rel=1e-3)
+    with pytest.raises(InputError, match="'mask' must hold 0"):
+        run({"x": ids, "y": y, "mask": mask * 2})
+    with pytest.raises(InputError, match="attention mask over token ids"):
+        splitaudit.audit(nn.Linear(LENGTH, 3), {"x": ids.astype(float), "mask": mask}, attacks="none", quick=True)
+
+
+def test_shapes_read_off_the_ids_are_read_off_the_embeddings():
+    """A hand-built graph reads sizes off its ids [N, T] (Shape whole, from -1, and on their Cast up
+    to 1); rewritten, it reads them off the embeddings [N, T, D] and onnxruntime gives the same
+    sizes on ids [3, 5]."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from splitaudit.tokens import _shapes_read_from_embeddings
+
+    table = numpy_helper.from_array(np.zeros((7, 4), dtype=np.float32), "table")
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["ids32"], to=TensorProto.INT32),
+        helper.make_node("Gather", ["table", "ids"], ["emb"]),
+        helper.make_node("Shape", ["ids"], ["whole"]),
+        helper.make_node("Shape", ["ids"], ["last"], start=-1),
+        helper.make_node("Shape", ["ids32"], ["first"], start=0, end=1),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(n, TensorProto.INT64, [k]) for n, k in (("whole", 2), ("last", 1), ("first", 1))
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sizes",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"])],
+        [*outputs, helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", "T", 4])],
+        [table],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    run = lambda model: ort.InferenceSession(model.SerializeToString()).run(None, {"ids": np.zeros((3, 5), np.int64)})
+    before = run(proto)
+    assert _shapes_read_from_embeddings(proto, "ids", "emb")
+    onnx.checker.check_model(proto)
+    assert all(n.input[0] == "emb" for n in proto.graph.node if n.op_type == "Shape")
+    after = run(proto)
+    assert [a.tolist() for a in after[:3]] == [b.tolist() for b in before[:3]] == [[3, 5], [5], [3]]
