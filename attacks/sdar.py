@@ -232,6 +232,11 @@ class SDARAttack(Attack):
     and reports their MSE as `mse_no_d1` and `mse_no_d2`. `top_model_role`: "classifier" (default;
     `--top-model` outputs the class scores and is never used with inferred labels, since it holds
     the client's tail) or "body" (it is the server's g; a tail h~ after it is trained).
+    `early_stopping` (default true): the iterations are a cap; training stops when the MSE of a
+    held-out `holdout_fraction` of the aux data (kept out of training), reconstructed through f~
+    and the decoder, has not improved for `patience` measurements taken every `eval_every`
+    iterations (the attacker's own signal, never the targets), and the decoder is restored to its
+    best measurement; details say how many iterations ran and why training stopped.
 
     U-shaped label inference offline (benchmarks/README.md, seed 0, cpu preset, flips 0.1; majority
     0.092, mean guess 0.073): digits CNN without g, label accuracy 0.137 and MSE 0.114 at 1500

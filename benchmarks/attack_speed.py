@@ -142,7 +142,8 @@ def trained_output(ctx, name: str, iterations: int) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--architecture", help="a stem of tests/architectures.py (default: the bundled digits CNN)")
+    parser.add_argument("--model", default="digits_cnn", help="a bundled sample model's name (with its g)")
+    parser.add_argument("--architecture", help="a stem of tests/architectures.py instead of a sample model")
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--samples", type=int, default=400)

@@ -13,6 +13,7 @@ option early_stopping). For every seed this runs
   the target MSE where it stops, beside the fixed budget's mean and spread between seeds.
 
     python benchmarks/sdar_stopping.py                                   # digits CNN with g, seeds 0-2
+    python benchmarks/sdar_stopping.py --model breast_cancer_mlp         # tabular, with g
     python benchmarks/sdar_stopping.py --architecture resnet --size 32 --width 16 --iterations 2500
 
 `--architecture` audits a stem of tests/architectures.py (random weights, trained-looking batch
@@ -43,24 +44,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from architectures import ARCHITECTURES, build  # noqa: E402
 from audit_scale import smooth_images  # noqa: E402
-from sdar_curve import curve  # noqa: E402
+from sdar_curve import DATA, curve  # noqa: E402
 
 EVERY_CHOICES = (1, 2, 4)  # evaluation intervals replayed, in multiples of --every
 PATIENCE_CHOICES = (2, 3, 4, 6, 8)
 
 
 def context(args, folder: Path):
-    """The audit context: the bundled digits CNN with its top model, or an architecture stem on generated images."""
+    """The audit context: a bundled sample model with its top model, or an architecture stem on generated images."""
     if not args.architecture:
         samples = files("splitaudit.sample_models")
         options = AuditOptions(
-            model=str(samples / "digits_cnn.onnx"),
-            aux=str(samples / "digits.npz"),
-            top_model=str(samples / "digits_cnn_top.pt"),
+            model=str(samples / f"{args.model}.onnx"),
+            aux=str(samples / DATA.get(args.model, "digits.npz")),
+            top_model=str(samples / f"{args.model}_top.pt"),
             seed=0,
             quick=True,
         )
-        return prepare_context(options.validate()), "digits CNN with g"
+        return prepare_context(options.validate()), f"{args.model} with g"
     x, y, attr = smooth_images(args.samples, args.size)
     np.savez(folder / "data.npz", x=x, y=y, attr=attr)
     model = build(args.architecture, seed=0, image_size=args.size, width=args.width)
@@ -102,7 +103,8 @@ def replay(points: list, every: int, k: int, patience: int) -> tuple[int, float,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--architecture", choices=list(ARCHITECTURES), help="default: the bundled digits CNN")
+    parser.add_argument("--model", default="digits_cnn", help="a bundled sample model's name (with its g)")
+    parser.add_argument("--architecture", choices=list(ARCHITECTURES), help="a stem instead of a sample model")
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--samples", type=int, default=400)
