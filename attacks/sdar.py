@@ -537,9 +537,9 @@ def sdar_reconstruct(
     measures the learning curve with it). `stopping`: early stopping on the held-out aux MSE, whose
     slice then never trains; measured every `stopping.every` iterations and at the last, and the
     decoder (and the classifier that labels the targets, when their labels are not known) are
-    restored to their state at the best measurement. Returns the reconstructions, the target labels the classifier gives
-    (or the known ones), why the training signal stalled ("" if it did not) and the held-out
-    signal's Plateau (None without `stopping`).
+    restored to their state at the best measurement. Returns the reconstructions, the target
+    labels the classifier gives (or the known ones), why the training signal stalled ("" if it
+    did not) and the held-out signal's Plateau (None without `stopping`).
     """
     with sdar_training(
         ctx,
