@@ -8,7 +8,6 @@ with the bottom model, adds the deployed noise itself, trains a decoder on the p
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import torch.nn as nn
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import Decoder, decode_batch, seeded
+from splitaudit.attacks.plateau import Plateau, restore, snapshot
 from splitaudit.attacks.reconstruction import (
     mean_guess_baseline,
     reconstruction_examples,
@@ -118,22 +118,19 @@ def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, settings: 
     holdout, train = order[:n_holdout], order[n_holdout:]
     decoder, optimizer = new_decoder(ctx, seed, settings["lr"])
     epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
-    best_mse, best_epoch, best_state = math.inf, 0, None
+    plateau = Plateau(settings["patience"])
     with ctx.progress(total=epochs, desc="decoder") as bar:
         for epoch in range(1, epochs + 1):
             z = ctx.observed_embeddings("aux", gen)
             train_epoch(decoder, optimizer, z[train], ctx.aux.x[train], settings["batch_size"], gen)
             holdout_mse = float((decode(decoder, z[holdout]) - ctx.aux.x[holdout]).pow(2).mean())
             bar.update()
-            if holdout_mse < best_mse:
-                best_mse, best_epoch, best_state = holdout_mse, epoch, copy.deepcopy(decoder.state_dict())
-            elif epoch - best_epoch >= settings["patience"]:
+            if plateau.update(epoch, holdout_mse, snapshot(decoder)):
                 break
-    decoder.load_state_dict(best_state)
+    restore(plateau.best_state, decoder)
     return decoder, {
-        "epochs_trained": epoch,
-        "best_epoch": best_epoch,
-        "holdout_mse": best_mse,
+        **plateau.details("epochs"),
+        "holdout_mse": plateau.best,
         "n_train": len(train),
         "n_holdout": n_holdout,
     }

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import bottom_architecture, mlp, reinitialized_copy, seeded
+from splitaudit.attacks.plateau import STOPPED_BY_CAP
 from splitaudit.context import AuditContext
 from splitaudit.memory import batch_within, forward_batch, per_sample_bytes
 from splitaudit.threads import threads_for
@@ -137,6 +138,8 @@ class FineTuneAttack(Attack):
                 "epoch_cap": settings.epoch_cap,
                 "attack_epochs_by_k": epochs,
                 "baseline_epochs_by_k": baseline_epochs,
+                "attack_stopped_by_k": {k: stopped_by(n, settings.epoch_cap) for k, n in epochs.items()},
+                "baseline_stopped_by_k": {k: stopped_by(n, settings.epoch_cap) for k, n in baseline_epochs.items()},
             },
         )
 
@@ -212,6 +215,13 @@ def train_classifier(model: nn.Module, inputs: torch.Tensor, labels: torch.Tenso
                 loss.backward()
             optimizer.step()
     return epoch_cap
+
+
+def stopped_by(epochs: int, epoch_cap: int) -> str:
+    """Why a train_classifier run ended: the attacker's own signal (its training error below
+    TARGET_TRAINING_ERROR, which it observes on its k-shot data) or the epoch cap. With k samples per
+    class there is no data to spare for a held-out slice: Zheng et al.'s (IJCAI 2024) rule is the signal."""
+    return "training_error" if epochs < epoch_cap else STOPPED_BY_CAP
 
 
 @torch.no_grad()

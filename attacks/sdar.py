@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
-from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.base import Attack, SeedOutcome, option, parse_options
 from splitaudit.attacks.nets import (
     LABEL_EMBEDDING,
     Decoder,
@@ -53,6 +53,7 @@ from splitaudit.attacks.nets import (
     mlp,
     seeded,
 )
+from splitaudit.attacks.plateau import STOPPED_BY_CAP, Plateau, evaluating, restore, snapshot
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_examples, reconstruction_metrics
 from splitaudit.context import AuditContext
 from splitaudit.threads import threads_for
@@ -107,8 +108,29 @@ D1_CONVS_LEVEL7, D1_SIDE_LEVEL7 = ((128, 1), (256, 1), (256, 1), (256, 1), (256,
 D2_CONVS, D2_SIDE = ((64, 1), (128, 2), (128, 2), (256, 2)), 32
 MIN_WIDTH_SCALE = 0.25
 FLAT_WIDTH = 256  # discriminator MLP width for flat samples
+# Early stopping on the held-out aux MSE (option early_stopping): measured every EVAL_EVERY
+# iterations, stopped after PATIENCE measurements without a new best, the decoder restored to
+# its best measurement. Chosen by replaying the rule on recorded curves (benchmarks/sdar_stopping.py;
+# digits CNN with g, seeds 0-2, cap 1500; today's fixed budget 0.0130 +- 0.0010 target MSE):
+# patience 6 at 50 runs to the cap on all three seeds and, restored to its best measurement,
+# reaches 0.0121; patience 4 stopped at 1050/900/750 iterations with 0.0145 (+1.5 std), patience
+# 2-3 at 400-700 with 0.017 (+4 std). The held-out signal moves by 10-20% between measurements.
+EVAL_EVERY = 50
+PATIENCE = 6
 STALL_MIN_ITERATIONS = 20  # fewer: too few losses to tell a trend from batch noise
 TRAINING_STREAM = 1_000_003  # seed offset of the batch/noise draws, apart from the observation noise
+HOLDOUT_STREAM = 2_000_003  # seed offset of the held-out aux split and its fixed noise draw
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """Early stopping on what the attacker observes: the reconstruction MSE of a held-out slice
+    of its aux data through f~ and the decoder (never the targets), every `every` iterations;
+    training ends after `patience` evaluations without a new best (the iterations stay a cap)."""
+
+    every: int
+    patience: int
+    holdout_fraction: float
 
 
 @dataclass(frozen=True)
@@ -183,6 +205,14 @@ class SDAROptions:
         "U-shaped SL) or body (the server's part g of U-shaped SL, followed by a simulated tail)",
         choices=tuple(TOP_MODEL_ROLES),
     )
+    early_stopping: bool = option(
+        True, "stop when the held-out aux reconstruction MSE stops improving (the iterations stay a cap)"
+    )
+    eval_every: int = option(EVAL_EVERY, "iterations between two measurements of the held-out aux MSE", low=1)
+    patience: int = option(PATIENCE, "measurements without a better held-out aux MSE before stopping", low=1)
+    holdout_fraction: float = option(
+        0.1, "share of the aux data held out of training for early stopping", above=0, below=1
+    )
 
 
 class SDARAttack(Attack):
@@ -202,6 +232,11 @@ class SDARAttack(Attack):
     and reports their MSE as `mse_no_d1` and `mse_no_d2`. `top_model_role`: "classifier" (default;
     `--top-model` outputs the class scores and is never used with inferred labels, since it holds
     the client's tail) or "body" (it is the server's g; a tail h~ after it is trained).
+    `early_stopping` (default true): the iterations are a cap; training stops when the MSE of a
+    held-out `holdout_fraction` of the aux data (kept out of training), reconstructed through f~
+    and the decoder, has not improved for `patience` measurements taken every `eval_every`
+    iterations (the attacker's own signal, never the targets), and the decoder is restored to its
+    best measurement; details say how many iterations ran and why training stopped.
 
     U-shaped label inference offline (benchmarks/README.md, seed 0, cpu preset, flips 0.1; majority
     0.092, mean guess 0.073): digits CNN without g, label accuracy 0.137 and MSE 0.114 at 1500
@@ -277,7 +312,7 @@ class SDARAttack(Attack):
         known = ctx.target.y if settings["labels"] == "known" else None
         observed = ctx.observed_embeddings("target", ctx.generator(0))
         training = sdar_training(ctx, observed, known, 0, settings["batch_size"], FULL, **training_options(settings))
-        with training as (_, iteration):
+        with training as (_, iteration, _):
             seconds = timed(iteration)
         variants = 1 + (len(ABLATIONS) if settings["ablation"] else 0)
         return len(ctx.seeds) * variants * settings["iterations"] * seconds
@@ -295,9 +330,10 @@ class SDARAttack(Attack):
             settings["iterations"],
             settings["batch_size"],
             regularizers,
+            stopping=settings["stopping"],
             **training_options(settings),
         )
-        x_hat, labels, stalled = run(FULL)
+        x_hat, labels, stalled, plateau = run(FULL)
         metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
         baseline = mean_guess_baseline(ctx.aux.x, target.x, target.is_image)
         if known_labels is None:
@@ -322,6 +358,7 @@ class SDARAttack(Attack):
             "classifier": SERVER_PARTS[settings["server_part"]],
             "target_labels": LABEL_SOURCES[settings["labels"]],
             "attacker_holds": attacker_holds(ctx, settings),
+            **stop_details(plateau, settings["iterations"]),
         }
         if settings["label_flip"]:
             details["label_flip"] = settings["label_flip"]
@@ -372,6 +409,7 @@ def sdar_settings(ctx: AuditContext) -> dict:
             "sdar needs iterations >= 1, batch_size >= 2 and 0 <= label_flip <= 1, got "
             f"{iterations}, {batch_size}, {label_flip}"
         )
+    stops = parse_options("sdar", SDAROptions, options)  # the early-stopping options, checked
     return {
         "preset": preset,
         "labels": labels,
@@ -382,7 +420,17 @@ def sdar_settings(ctx: AuditContext) -> dict:
         "label_flip": label_flip,
         "ablation": bool(options.get("ablation", False)),
         "server_part": part,
+        "stopping": Stopping(stops.eval_every, stops.patience, stops.holdout_fraction)
+        if stops.early_stopping
+        else None,
     }
+
+
+def stop_details(plateau: Plateau | None, iterations: int) -> dict:
+    """How many iterations ran and why training ended, for the report's details."""
+    if plateau is None:
+        return {"iterations_trained": iterations, "stopped_by": STOPPED_BY_CAP}
+    return {**plateau.details("iterations"), "holdout_mse": plateau.best, "holdout_curve": plateau.history}
 
 
 def attacker_holds(ctx: AuditContext, settings: dict) -> str:
@@ -450,14 +498,15 @@ class BatchStream:
     """Batches of indices drawn in epochs: each a fresh permutation, every sample once per epoch
     (as Keras's shuffled datasets feed the authors' training loop), not with replacement."""
 
-    def __init__(self, n: int, batch_size: int, gen: torch.Generator) -> None:
-        self.n, self.batch_size, self.gen = n, batch_size, gen
+    def __init__(self, n: int, batch_size: int, gen: torch.Generator, pool: torch.Tensor | None = None) -> None:
+        """Indices 0..n-1, or the entries of `pool` (n of them) when given: the samples it trains on."""
+        self.n, self.batch_size, self.gen, self.pool = n, batch_size, gen, pool
         self.pending = torch.empty(0, dtype=torch.long, device=gen.device)
 
     def next(self) -> torch.Tensor:
         while len(self.pending) < self.batch_size:
             fresh = torch.randperm(self.n, generator=self.gen, device=self.gen.device)
-            self.pending = torch.cat([self.pending, fresh])
+            self.pending = torch.cat([self.pending, fresh if self.pool is None else self.pool[fresh]])
         batch, self.pending = self.pending[: self.batch_size], self.pending[self.batch_size :]
         return batch
 
@@ -476,16 +525,22 @@ def sdar_reconstruct(
     simulator_init: str = "kaiming",
     lr_scale: float = 1.0,
     server_part: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """Train SDAR's networks for `iterations`; decode the observed target embeddings.
+    stopping: Stopping | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, str, Plateau | None]:
+    """Train SDAR's networks for `iterations` (a cap when `stopping` is given); decode the observed
+    target embeddings.
 
     `known_labels` are the targets' labels when the server holds them, else None (the
     classifier's). `conditional=False` is the U-shaped attack: label-free decoder and
     discriminators, and the classifier trained on aux labels flipped with probability
     `label_flip`. `lr_scale` multiplies every learning rate (the cpu preset's 4).
     `after_iteration(i, nets)`, when given, runs after iteration i (benchmarks/sdar_curve.py
-    measures the learning curve with it). Returns the reconstructions, the target labels the
-    classifier gives (or the known ones) and why the training signal stalled ("" if it did not).
+    measures the learning curve with it). `stopping`: early stopping on the held-out aux MSE, whose
+    slice then never trains; measured every `stopping.every` iterations and at the last, and the
+    decoder (and the classifier that labels the targets, when their labels are not known) are
+    restored to their state at the best measurement. Returns the reconstructions, the target
+    labels the classifier gives (or the known ones), why the training signal stalled ("" if it
+    did not) and the held-out signal's Plateau (None without `stopping`).
     """
     with sdar_training(
         ctx,
@@ -499,14 +554,22 @@ def sdar_reconstruct(
         simulator_init,
         lr_scale,
         server_part,
-    ) as (nets, iteration):
+        stopping.holdout_fraction if stopping else 0.0,
+    ) as (nets, iteration, holdout_mse):
+        plateau = Plateau(stopping.patience) if stopping else None
+        decoding = [nets.decoder] + ([nets.classifier] if nets.known_labels is None else [])
         with ctx.progress(total=iterations, desc=f"sdar (seed {seed})") as bar:
             for i in range(1, iterations + 1):
                 iteration()
                 if after_iteration is not None:
                     after_iteration(i, nets)
                 bar.update(1)
-        return (*nets.decode(observed), nets.stalled())
+                measured = plateau is not None and (i % stopping.every == 0 or i == iterations)
+                if measured and plateau.update(i, holdout_mse(), snapshot(*decoding)):
+                    break
+        if plateau is not None:  # the networks that decode, as they were at the best held-out MSE
+            restore(plateau.best_state, *decoding)
+        return (*nets.decode(observed), nets.stalled(), plateau)
 
 
 @contextmanager
@@ -522,18 +585,46 @@ def sdar_training(
     simulator_init: str = "kaiming",
     lr_scale: float = 1.0,
     server_part: str | None = None,
-) -> Iterator[tuple["SDARNets", Callable[[], None]]]:
-    """SDAR's freshly built networks and a function that runs one training iteration, inside the
-    attack's seeded, thread-limited scope (sdar_reconstruct trains with it, the cost estimate
-    times it). Dropout draws from the global RNG (seeded: reproducible runs). The networks are
-    small: on CPU one thread avoids the threads' hand-offs that slow small ops down on busy cores."""
+    holdout_fraction: float = 0.0,
+) -> Iterator[tuple["SDARNets", Callable[[], None], Callable[[], float]]]:
+    """SDAR's freshly built networks, a function that runs one training iteration and one that
+    measures the held-out aux MSE, inside the attack's seeded, thread-limited scope
+    (sdar_reconstruct trains with it, the cost estimate times it). A `holdout_fraction` of the
+    aux data is held out of training (at least one sample when positive). Dropout draws from the
+    global RNG (seeded: reproducible runs). The networks are small: on CPU one thread avoids the
+    threads' hand-offs that slow small ops down on busy cores."""
     with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
         nets = SDARNets.build(
             ctx, seed, regularizers, known_labels, conditional, label_flip, simulator_init, lr_scale, server_part
         )
+        held = ctx.generator(seed + HOLDOUT_STREAM)
+        order = torch.randperm(len(ctx.aux), generator=held, device=held.device)
+        n_holdout = math.ceil(holdout_fraction * len(order))
+        holdout, train = order[:n_holdout], order[n_holdout:]
         gen = ctx.generator(seed + TRAINING_STREAM)
-        streams = (BatchStream(len(ctx.aux), batch_size, gen), BatchStream(len(observed), batch_size, gen))
-        yield nets, lambda: sdar_iteration(ctx, nets, observed, gen, streams)
+        pool = train if n_holdout else None
+        streams = (BatchStream(len(train), batch_size, gen, pool), BatchStream(len(observed), batch_size, gen))
+        yield (
+            nets,
+            lambda: sdar_iteration(ctx, nets, observed, gen, streams),
+            lambda: holdout_mse(ctx, nets, holdout, seed),
+        )
+
+
+@torch.no_grad()
+def holdout_mse(ctx: AuditContext, nets: "SDARNets", holdout: torch.Tensor, seed: int) -> float:
+    """MSE of the held-out aux inputs decoded from f~'s embeddings of them, with the deployed
+    noise (one fixed draw, so that evaluations differ only by the networks): what the attacker
+    observes of its own progress. Simulator and decoder run in eval mode, then train on."""
+    x, y = ctx.aux.x[holdout], ctx.aux.y[holdout]
+    noise = ctx.generator(seed + HOLDOUT_STREAM)
+    batch = decode_batch(nets.decoder.input_shape)
+    with evaluating(nets.simulator, nets.decoder):
+        total = sum(
+            float((nets.decoder(ctx.add_noise(nets.simulator(xs), noise), nets.condition(ys)) - xs).pow(2).sum())
+            for xs, ys in zip(x.split(batch), y.split(batch))
+        )
+    return total / x.numel()
 
 
 class SimulatedTail(nn.Module):

@@ -15,7 +15,6 @@ attacks cover the continuous route (embeddings decoded to the nearest tokens).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import seeded
+from splitaudit.attacks.plateau import Plateau, restore, snapshot
 from splitaudit.attacks.text_metrics import token_outcome
 from splitaudit.context import AuditContext
 from splitaudit.threads import threads_for
@@ -129,7 +129,7 @@ def train_inverter(ctx: AuditContext, seed: int, gen: torch.Generator, settings:
     epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
     batch_size = max(1, min(settings["batch_size"], MAX_BATCH_LOGITS // (ids.shape[1] * ctx.tokens.size)))
     holdout_positions = int((ids[holdout] != IGNORED).sum())
-    best_loss, best_epoch, best_state = math.inf, 0, None
+    plateau = Plateau(settings["patience"])
     for epoch in range(1, epochs + 1):
         z = sequence_states(ctx.observed_embeddings("aux", gen))
         net.train()
@@ -145,12 +145,10 @@ def train_inverter(ctx: AuditContext, seed: int, gen: torch.Generator, settings:
                 )
                 / holdout_positions
             )
-        if loss < best_loss:
-            best_loss, best_epoch, best_state = loss, epoch, copy.deepcopy(net.state_dict())
-        elif epoch - best_epoch >= settings["patience"]:
+        if plateau.update(epoch, loss, snapshot(net)):
             break
-    net.load_state_dict(best_state)
-    return net, {"epochs_trained": epoch, "best_epoch": best_epoch, "holdout_loss": best_loss, "n_train": len(train)}
+    restore(plateau.best_state, net)
+    return net, {**plateau.details("epochs"), "holdout_loss": plateau.best, "n_train": len(train)}
 
 
 @torch.no_grad()

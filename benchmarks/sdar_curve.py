@@ -40,6 +40,7 @@ from splitaudit.attacks.sdar import (
     LABEL_FLIP,
     PRESETS,
     SDARNets,
+    Stopping,
     majority_class_accuracy,
     relabelled_accuracy,
     sdar_reconstruct,
@@ -54,9 +55,21 @@ DATA = {"breast_cancer_mlp": "breast_cancer.npz"}  # every other sample model us
 VARIANTS = {"full": FULL, "no d1": ABLATIONS["mse_no_d1"]}
 
 
-def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dict, label: str = "", **options) -> list:
-    """(target MSE, label accuracy or None) every `every` iterations of one SDAR run (the attack's
-    own training). `options` go to sdar_reconstruct (U-shaped: labels inferred)."""
+def curve(
+    ctx,
+    regularizers,
+    seed: int,
+    iterations: int,
+    every: int,
+    preset: dict,
+    label: str = "",
+    holdout: float = 0.0,
+    **options,
+) -> list:
+    """(target MSE, label accuracy or None, held-out aux MSE or None) every `every` iterations of one
+    SDAR run (the attack's own training). `holdout`: the share of aux held out of training for the
+    attacker's own signal (recorded at every point, never stopping). `options` go to sdar_reconstruct
+    (U-shaped: labels inferred)."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     target = ctx.target
     points = []
@@ -74,7 +87,8 @@ def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dic
                 words = f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
             print(f"  {label} iteration {i}: target MSE {mse:.4f}{words}", flush=True)
 
-    sdar_reconstruct(
+    recording = Stopping(every, patience=iterations + 1, holdout_fraction=holdout) if holdout else None
+    *_, signal = sdar_reconstruct(
         ctx,
         observed,
         target.y if options.get("conditional", True) else None,
@@ -85,9 +99,11 @@ def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dic
         measure,
         simulator_init=preset["simulator_init"],
         lr_scale=preset["lr_scale"],
+        stopping=recording,
         **options,
     )
-    return points
+    held = [value for _, value in signal.history] if signal else [None] * len(points)
+    return [(mse, accuracy, value) for (mse, accuracy), value in zip(points, held)]
 
 
 def bundled_body(path: str) -> nn.Module:
@@ -133,6 +149,9 @@ def main() -> None:
     parser.add_argument("--body", action="store_true", help="the top model's first layer only, as the body g")
     parser.add_argument("--u-shaped", choices=ARCHITECTURES, help="a U-shaped model of tests/ushaped.py")
     parser.add_argument("--label-flip", type=float, default=LABEL_FLIP, help="U-shaped label flips")
+    parser.add_argument(
+        "--holdout", type=float, default=0.0, help="share of aux held out for the attacker's own signal (0: none)"
+    )
     args = parser.parse_args()
     samples = files("splitaudit.sample_models")
     aux = str(samples / DATA.get(args.model, "digits.npz"))
@@ -164,9 +183,14 @@ def main() -> None:
         options.update(conditional=False, label_flip=args.label_flip)
     variants = VARIANTS if args.variant == "both" else {args.variant: VARIANTS[args.variant]}
     curves = {
-        name: curve(ctx, regs, args.seed, args.iterations, args.every, preset, name, **options)
+        name: curve(ctx, regs, args.seed, args.iterations, args.every, preset, name, args.holdout, **options)
         for name, regs in variants.items()
     }
+    if args.holdout:
+        print(f"{'iteration':>9}  {'target MSE':>10}  {'held-out aux MSE':>16}  ({next(iter(curves))})")
+        points = next(iter(curves.values()))
+        for row, (mse, _, held) in enumerate(points):
+            print(f"{(row + 1) * args.every:>9}  {mse:>10.4f}  {held:>16.4f}")
     if len(curves) == 1:
         return
     print(f"{'iteration':>9}  " + "  ".join(f"{name:>8}" for name in curves) + "  no d1 / full")

@@ -131,6 +131,10 @@ def test_finetune_caps_k_by_the_smallest_class(cancer_ctx):
     result = ok(get_attack("fine-tune").run(capped))
     smallest = str(int(np.bincount(cancer_ctx.aux.y.cpu().numpy()).min()))
     assert set(result["metrics"]["accuracy_by_k"]) == set(result["baseline"]["accuracy_by_k"]) == {"1", smallest}
+    details = result["details"]  # why each training ended: its own training error, or the 5-epoch cap
+    for k, epochs in details["attack_epochs_by_k"].items():
+        assert details["attack_stopped_by_k"][k] == ("cap" if epochs == 5 else "training_error")
+    assert details["attack_stopped_by_k"]["1"] == "training_error"  # one sample a class: the class-mean init fits it
 
 
 @pytest.mark.parametrize("head", ["mlp", "top-model"])

@@ -353,7 +353,7 @@ def test_removing_d1_makes_the_reconstruction_worse(digits_ctx):
     cpu = PRESETS["cpu"]
 
     def mse(regularizers):
-        x_hat, _, _ = sdar_reconstruct(
+        x_hat, *_ = sdar_reconstruct(
             digits_ctx, observed, target.y, 0, 1500, cpu["batch_size"], regularizers, lr_scale=cpu["lr_scale"]
         )
         return reconstruction_metrics(target.x, x_hat, target.is_image)["mse"]

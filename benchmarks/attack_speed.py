@@ -1,0 +1,189 @@
+"""Seconds per SDAR training iteration: ways to speed it up, against today's, side by side in one process.
+
+SDAR is the bulk of a full audit's estimate (issue 23: 3.4 h of 3.8 h on the 64 px ResNet stem).
+Each variant gets its own networks, built from the same seed by the attack's own
+`sdar_training`, and the variants' iterations are timed interleaved in rounds (round-robin, so
+that a burst of load from other processes hits every variant alike); the table gives the
+median seconds per iteration over the rounds and today / variant (above 1: faster). A variant
+that fails to build or to run (torch.compile without a compiler, say) is reported, not fatal.
+
+Then each variant is trained alone for `--check` iterations from the same seed and its
+decoder's output on a fixed batch is compared with today's: "identical" only when bit-equal;
+otherwise the largest absolute difference (floating-point reordering grows through training,
+so a variant that is kept must show its final MSE within the seeds' spread, benchmarks/README.md).
+
+    python benchmarks/attack_speed.py                                # digits CNN with g (batch 32)
+    python benchmarks/attack_speed.py --architecture resnet --size 64 --width 64 --rounds 3 --per-round 2
+    python benchmarks/attack_speed.py --threads 2                    # torch threads for the runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from splitaudit.attacks.sdar import ADAM_EPS, FULL, PRESETS, SDARNets, sdar_training
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sdar_stopping import context  # noqa: E402
+
+Step = Callable[[], None]
+
+
+def _optimisers(nets: SDARNets, step: Step, **adam: bool) -> Step:
+    """Every optimiser of the nets rebuilt with these Adam flags (fused / foreach), same rates."""
+    for name in ("simulator_opt", "decoder_opt", "d1_opt", "d2_opt"):
+        opt = getattr(nets, name)
+        if opt is not None:
+            group = opt.param_groups[0]
+            setattr(nets, name, torch.optim.Adam(group["params"], lr=group["lr"], eps=ADAM_EPS, **adam))
+    return step
+
+
+def _channels_last(nets: SDARNets, step: Step) -> Step:
+    """The networks' weights channels_last: convolutions then run (and output) channels_last."""
+    for net in (nets.simulator, nets.decoder, nets.d1, nets.d2):
+        if net is not None:
+            net.to(memory_format=torch.channels_last)
+    return step
+
+
+def _compiled(nets: SDARNets, step: Step) -> Step:
+    """Each network through torch.compile (inductor; compiles on the first calls, the warm-up)."""
+    for name in ("simulator", "decoder", "d1", "d2"):
+        if getattr(nets, name) is not None:
+            setattr(nets, name, torch.compile(getattr(nets, name)))
+    return step
+
+
+def _threads(count: int) -> Callable[[SDARNets, Step], Step]:
+    """The step run with `count` torch threads (the attack's policy gives small data one)."""
+
+    def wrap(nets: SDARNets, step: Step) -> Step:
+        def threaded() -> None:
+            before = torch.get_num_threads()
+            torch.set_num_threads(count)
+            try:
+                step()
+            finally:
+                torch.set_num_threads(before)
+
+        return threaded
+
+    return wrap
+
+
+VARIANTS: dict[str, Callable[[SDARNets, Step], Step]] = {
+    "today": lambda nets, step: step,
+    "foreach Adam": lambda nets, step: _optimisers(nets, step, foreach=True),
+    "fused Adam": lambda nets, step: _optimisers(nets, step, fused=True),
+    "channels_last": _channels_last,
+    "torch.compile": _compiled,
+    "1 thread": _threads(1),
+    "2 threads": _threads(2),
+}
+
+
+def time_variants(ctx, names: list[str], rounds: int, per_round: int, warmup: int) -> dict[str, list[float] | str]:
+    """Seconds per iteration of each variant in every round (or why it failed), interleaved."""
+    observed = ctx.observed_embeddings("target", ctx.generator(0))
+    preset = PRESETS["cpu"]
+    known = ctx.target.y
+    part = "classifier" if ctx.top_model is not None else "none"
+    times: dict[str, list[float] | str] = {}
+    with contextlib.ExitStack() as stack:
+        steps = {}
+        for name in names:
+            nets, step, _ = stack.enter_context(
+                sdar_training(
+                    ctx, observed, known, 0, preset["batch_size"], FULL, lr_scale=preset["lr_scale"], server_part=part
+                )
+            )
+            try:
+                step = VARIANTS[name](nets, step)
+                for _ in range(warmup):
+                    step()
+                steps[name], times[name] = step, []
+            except Exception as exc:  # a variant that cannot run here is a finding, not a crash
+                times[name] = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
+        for _ in range(rounds):
+            for name, step in steps.items():
+                start = time.perf_counter()
+                for _ in range(per_round):
+                    step()
+                times[name].append((time.perf_counter() - start) / per_round)
+    return times
+
+
+def trained_output(ctx, name: str, iterations: int) -> torch.Tensor:
+    """The decoder's output on the first target embeddings after `iterations` of one variant, seed 0."""
+    observed = ctx.observed_embeddings("target", ctx.generator(0))
+    preset = PRESETS["cpu"]
+    part = "classifier" if ctx.top_model is not None else "none"
+    training = sdar_training(
+        ctx, observed, ctx.target.y, 0, preset["batch_size"], FULL, lr_scale=preset["lr_scale"], server_part=part
+    )
+    with training as (nets, step, _):
+        step = VARIANTS[name](nets, step)
+        for _ in range(iterations):
+            step()
+        x_hat, _ = nets.decode(observed[:64])
+    return x_hat
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="digits_cnn", help="a bundled sample model's name (with its g)")
+    parser.add_argument("--architecture", help="a stem of tests/architectures.py instead of a sample model")
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-round", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--check", type=int, default=30, help="iterations of the identity check (0: none)")
+    parser.add_argument("--threads", type=int, help="torch threads (the attack itself uses 1 on small data)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx, name = context(args, Path(tmp))
+        names = ["today", *[v for v in args.variants if v != "today"]]
+        times = time_variants(ctx, names, args.rounds, args.per_round, args.warmup)
+        reference = trained_output(ctx, "today", args.check) if args.check else None
+        print(
+            f"{name}; SDAR cpu preset (batch {PRESETS['cpu']['batch_size']}), torch threads in the attack "
+            f"{'1 (small data)' if ctx.aux.x.numel() < 1_000_000 else torch.get_num_threads()}; "
+            f"{args.rounds} rounds of {args.per_round} iterations; load average {os.getloadavg()[0]:.1f}"
+        )
+        today = statistics.median(times["today"])
+        print(
+            f"{'variant':>14} {'s/iteration':>12} {'today/variant':>13}  {'after ' + str(args.check) + ' iterations'}"
+        )
+        for variant in names:
+            if isinstance(times[variant], str):
+                print(f"{variant:>14} {times[variant]}")
+                continue
+            seconds = statistics.median(times[variant])
+            check = ""
+            if reference is not None and variant != "today":
+                try:
+                    diff = float((trained_output(ctx, variant, args.check) - reference).abs().max())
+                    check = "identical" if diff == 0 else f"max |difference| {diff:.2e}"
+                except Exception as exc:
+                    check = f"check failed: {type(exc).__name__}"
+            print(f"{variant:>14} {seconds:>12.4f} {today / seconds:>13.2f}  {check}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""SDAR's early stopping on the attacker's own signal against today's fixed iteration budget.
+
+The attacker cannot see the targets; it can hold a slice of its aux data out of training and
+watch the MSE of reconstructing it through its simulator f~ and decoder (attacks/sdar.py,
+option early_stopping). For every seed this runs
+
+- the fixed budget: today's attack, every aux sample in training, `--iterations` iterations;
+- one recording run with the held-out slice out of training, measuring the held-out aux MSE
+  (the attacker's signal) and the target MSE (what the attacker cannot see) every `--every`
+  iterations and never stopping. Stopping does not change the training before the stop (the
+  measurement has its own noise draw and runs in eval mode), so replaying the stopping rule
+  on the recorded signal gives what the stopped attack returns for every (every k, patience):
+  the target MSE where it stops, beside the fixed budget's mean and spread between seeds.
+
+    python benchmarks/sdar_stopping.py                                   # digits CNN with g, seeds 0-2
+    python benchmarks/sdar_stopping.py --model breast_cancer_mlp         # tabular, with g
+    python benchmarks/sdar_stopping.py --architecture resnet --size 32 --width 16 --iterations 2500
+
+`--architecture` audits a stem of tests/architectures.py (random weights, trained-looking batch
+norm) on generated smooth class-coloured images (benchmarks/audit_scale.py's data), without a
+top model (the cpu preset's budget is then 2500 iterations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+
+from splitaudit.attacks.plateau import Plateau
+from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
+from splitaudit.attacks.sdar import FULL, PRESETS, sdar_reconstruct
+from splitaudit.config import AuditOptions
+from splitaudit.pipeline import prepare_context
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from architectures import ARCHITECTURES, build  # noqa: E402
+from audit_scale import smooth_images  # noqa: E402
+from sdar_curve import DATA, curve  # noqa: E402
+
+EVERY_CHOICES = (1, 2, 4)  # evaluation intervals replayed, in multiples of --every
+PATIENCE_CHOICES = (2, 3, 4, 6, 8)
+
+
+def context(args, folder: Path):
+    """The audit context: a bundled sample model with its top model, or an architecture stem on generated images."""
+    if not args.architecture:
+        samples = files("splitaudit.sample_models")
+        options = AuditOptions(
+            model=str(samples / f"{args.model}.onnx"),
+            aux=str(samples / DATA.get(args.model, "digits.npz")),
+            top_model=str(samples / f"{args.model}_top.pt"),
+            seed=0,
+            quick=True,
+        )
+        return prepare_context(options.validate()), f"{args.model} with g"
+    x, y, attr = smooth_images(args.samples, args.size)
+    np.savez(folder / "data.npz", x=x, y=y, attr=attr)
+    model = build(args.architecture, seed=0, image_size=args.size, width=args.width)
+    options = AuditOptions(model=model, aux=str(folder / "data.npz"), input_shape=[3, args.size, args.size], seed=0)
+    name = f"{args.architecture} stem width {args.width} at 3x{args.size}x{args.size}, {args.samples} samples, no g"
+    return prepare_context(options.validate()), name
+
+
+def fixed_budget(ctx, seed: int, iterations: int, preset: dict) -> tuple[float, float]:
+    """(target MSE, seconds) of today's attack: every aux sample trains, no early stopping."""
+    observed = ctx.observed_embeddings("target", ctx.generator(seed))
+    start = time.perf_counter()
+    x_hat, *_ = sdar_reconstruct(
+        ctx,
+        observed,
+        ctx.target.y,
+        seed,
+        iterations,
+        preset["batch_size"],
+        FULL,
+        simulator_init=preset["simulator_init"],
+        lr_scale=preset["lr_scale"],
+        server_part="classifier" if ctx.top_model is not None else "none",
+    )
+    return reconstruction_metrics(ctx.target.x, x_hat, ctx.target.is_image)["mse"], time.perf_counter() - start
+
+
+def replay(points: list, every: int, k: int, patience: int) -> tuple[int, float, float]:
+    """(iteration where the rule stops, target MSE there, target MSE at the best held-out point),
+    the rule replayed with the attack's own Plateau on a recorded run (at the cap: the last point)."""
+    plateau = Plateau(patience)
+    for row, (_, _, held) in enumerate(points):
+        step = (row + 1) * every
+        if step % k == 0 and plateau.update(step, held):
+            break
+    stop = plateau.last_step if plateau.stopped else len(points) * every
+    return stop, points[stop // every - 1][0], points[plateau.best_step // every - 1][0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="digits_cnn", help="a bundled sample model's name (with its g)")
+    parser.add_argument("--architecture", choices=list(ARCHITECTURES), help="a stem instead of a sample model")
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=400)
+    parser.add_argument("--iterations", type=int, default=1500, help="the cap (the cpu preset's: 1500 with g)")
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--holdout", type=float, default=0.1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--same-data",
+        action="store_true",
+        help="compare with the recording at the cap instead of running today's attack (half the time)",
+    )
+    args = parser.parse_args()
+    preset = PRESETS["cpu"]
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx, name = context(args, Path(tmp))
+        part = "classifier" if ctx.top_model is not None else "none"
+        base = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
+        print(f"{name}; cpu preset, cap {args.iterations}, holdout {args.holdout}; mean-guess MSE {base:.4f}")
+        fixed, recorded = [], []
+        for seed in args.seeds:
+            start = time.perf_counter()
+            points = curve(
+                ctx, FULL, seed, args.iterations, args.every, preset, f"seed {seed}", args.holdout, server_part=part
+            )
+            recorded.append(points)
+            words = f"with the hold-out, at the cap {points[-1][0]:.4f} ({time.perf_counter() - start:.0f} s)"
+            if args.same_data:
+                fixed.append(points[-1][0])
+            else:
+                mse, seconds = fixed_budget(ctx, seed, args.iterations, preset)
+                fixed.append(mse)
+                words = f"fixed budget {mse:.4f} ({seconds:.0f} s); {words}"
+            print(f"seed {seed}: {words}", flush=True)
+    spread = statistics.pstdev(fixed)
+    reference = "the recording at the cap (aux less the hold-out)" if args.same_data else "all aux"
+    print(
+        f"\nfixed budget ({args.iterations} iterations, {reference}): target MSE {statistics.mean(fixed):.4f} "
+        f"± {spread:.4f} (std over seeds {args.seeds}); load average {os.getloadavg()[0]:.1f}"
+    )
+    print(f"{'every':>6} {'patience':>8} {'stops at (per seed)':>22} {'target MSE':>10} {'at best':>8} {'vs fixed':>9}")
+    for k in (m * args.every for m in EVERY_CHOICES):
+        for patience in PATIENCE_CHOICES:
+            runs = [replay(points, args.every, k, patience) for points in recorded]
+            stops = "/".join(str(stop) for stop, _, _ in runs)
+            mse, at_best = statistics.mean(r[1] for r in runs), statistics.mean(r[2] for r in runs)
+            gap = (mse - statistics.mean(fixed)) / spread if spread else float("nan")
+            print(f"{k:>6} {patience:>8} {stops:>22} {mse:>10.4f} {at_best:>8.4f} {gap:>+8.1f}σ")
+
+
+if __name__ == "__main__":
+    main()
