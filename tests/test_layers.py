@@ -55,6 +55,8 @@ LAYERS: list[tuple[str, set[str]]] = [
             "attacks",
             "attacks.base",
             "attacks.nets",
+            "attacks.plateau",
+            "attacks.token_relaxation",
             "attacks.features",
             "attacks.reconstruction",
             "attacks.text_metrics",
