@@ -152,7 +152,10 @@ def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> float:
 
 def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> float | None:
     """Seconds of an attack over all its seeds, from the attack's own cost model (None for the
-    attacks without one)."""
+    attacks without one); 0 for an attack these inputs skip (SDAR on token inputs)."""
     from splitaudit.attacks import get_attack
 
-    return get_attack(name).estimated_seconds(ctx, pass_seconds, _timed)
+    attack = get_attack(name)
+    if attack.missing(ctx):
+        return 0.0
+    return attack.estimated_seconds(ctx, pass_seconds, _timed)

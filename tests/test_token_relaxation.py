@@ -53,3 +53,14 @@ def test_the_optimisation_attack_recovers_tokens_and_beats_the_mean_guess(files)
     assert entry["metrics"]["token_accuracy"] > entry["baseline"]["token_accuracy"] + 0.4
     assert entry["details"]["candidate_tokens"] == VOCAB
     assert entries[1]["metrics"] == pytest.approx(entry["metrics"], nan_ok=True)
+
+
+def test_the_cost_estimate_counts_nothing_for_an_attack_token_inputs_skip(files):  # noqa: F811
+    """SDAR is skipped on token inputs, so the up-front estimate gives it 0 s (it gave the GPT-2-sized
+    bottom 1.6 h); the optimisation attack, which runs, keeps a positive estimate."""
+    from splitaudit.cost import estimate_cost
+
+    models, data, vocab = files
+    ctx = token_context(models["torchscript"], data, vocab)
+    stages = estimate_cost(ctx, "gaussian", 0.1, ["sdar", "optimization"]).stages
+    assert stages["sdar"] == 0 and stages["optimization"] > 0
