@@ -101,9 +101,10 @@ DROPOUT = 0.4  # Table IX discriminators
 HEAD_WIDTH = 128  # the head trained in g's place when no top model is given
 LABEL_FLIP = 0.1  # U-shaped SL: probability of replacing an aux label by a uniform one (Fig. 15, line 30)
 # Table IX conv stacks, (channels, stride) per 3x3 conv, and the map side they are used at
-# there: d1 at split levels 4-6 (16x16 embeddings) and at level 7 (8x8), d2 on 32x32 images.
-D1_CONVS, D1_SIDE = ((64, 1), (128, 2), (256, 1), (256, 1), (256, 1), (256, 2)), 16
-D1_CONVS_LEVEL7, D1_SIDE_LEVEL7 = ((128, 1), (256, 1), (256, 1), (256, 1), (256, 2)), 8
+# there: d1 at split levels 4-6 (ResNet-20's 32x16x16 embeddings) and at level 7 (64x8x8), d2
+# on 32x32 images. d1 also narrows with its input's channels against those 32 and 64.
+D1_CONVS, D1_SIDE, D1_CHANNELS = ((64, 1), (128, 2), (256, 1), (256, 1), (256, 1), (256, 2)), 16, 32
+D1_CONVS_LEVEL7, D1_SIDE_LEVEL7, D1_CHANNELS_LEVEL7 = ((128, 1), (256, 1), (256, 1), (256, 1), (256, 2)), 8, 64
 D2_CONVS, D2_SIDE = ((64, 1), (128, 2), (128, 2), (256, 2)), 32
 MIN_WIDTH_SCALE = 0.25
 FLAT_WIDTH = 256  # discriminator MLP width for flat samples
@@ -786,8 +787,10 @@ def d1_discriminator(embedding_shape: tuple[int, ...], num_classes: int | None) 
     """Table IX's d1: the level-7 stack on maps of fewer positions than 16x16 (ResNet-20 level 7:
     64x8x8), the stack of levels 4-6 on larger ones; no activation after the last conv."""
     small = has_spatial_axes(embedding_shape) and math.prod(embedding_shape[1:]) < D1_SIDE**2
-    convs, side = (D1_CONVS_LEVEL7, D1_SIDE_LEVEL7) if small else (D1_CONVS, D1_SIDE)
-    return discriminator(embedding_shape, num_classes, convs, side, last_activation=False)
+    convs, side, channels = (
+        (D1_CONVS_LEVEL7, D1_SIDE_LEVEL7, D1_CHANNELS_LEVEL7) if small else (D1_CONVS, D1_SIDE, D1_CHANNELS)
+    )
+    return discriminator(embedding_shape, num_classes, convs, side, last_activation=False, table_channels=channels)
 
 
 def discriminator(
@@ -796,6 +799,7 @@ def discriminator(
     convs: tuple[tuple[int, int], ...],
     table_side: int,
     last_activation: bool,
+    table_channels: int | None = None,
 ) -> LabelConditioned:
     """A discriminator (logit output) for samples of `sample_shape`, label-conditional when
     num_classes is given.
@@ -808,7 +812,10 @@ def discriminator(
     square root of the ratio of positions either way, at most 4x: on smaller maps so that the
     discriminator does not dwarf the models it regularises (8x8 digits get d2 widths 16-64
     instead of 64-256), on larger ones so that a layer costs what Table IX's does instead of
-    growing with the positions (a 48x192 line gets d2 widths 21-85).
+    growing with the positions (a 48x192 line gets d2 widths 21-85). With `table_channels` (d1:
+    Table IX's embedding channels) the widths also shrink with the input's channels below those,
+    within the same 4x: an 8x8x8 ResNet embedding gets d1 widths 32-64 instead of 128-256, whose
+    2.1M parameters (1600x the simulator's) took 96% of an iteration (8x its time; benchmarks/README.md).
     Flat samples: a two-layer LeakyReLU MLP.
     """
     spatial = has_spatial_axes(sample_shape)
@@ -817,7 +824,8 @@ def discriminator(
     if spatial:
         channels, *size = sample_shape
         ratio = math.sqrt(math.prod(size)) / table_side
-        scale = max(MIN_WIDTH_SCALE, min(ratio, 1 / ratio))
+        narrower = min(1.0, channels / table_channels) if table_channels else 1.0
+        scale = max(MIN_WIDTH_SCALE, min(ratio, 1 / ratio) * narrower)
         conv, batch_norm = conv_class(len(size)), batch_norm_class(len(size))
         layers: list[nn.Module] = []
         cin = channels + extra

@@ -153,6 +153,15 @@ def test_level7_d1_and_d2_are_table_ix_stacks_without_extra_layers_after_the_las
     assert [row[1] for row in layer_list(levels_4_to_6.body) if row[0] == "Conv2d"] == [64, 128, 256, 256, 256, 256]
 
 
+def test_d1_narrows_with_fewer_embedding_channels_than_table_ix_at_most_4x():
+    """8 channels on 8x8 (tests/ushaped.py's ResNet; Table IX's level 7 has 64): widths / 4, not / 8;
+    32 channels: / 2; 16 channels on 16x16 (Table IX's levels 4-6 have 32): / 2."""
+    widths = lambda shape: [row[1] for row in layer_list(d1_discriminator(shape, None).body) if row[0] == "Conv2d"]
+    assert widths((8, 8, 8)) == [32, 64, 64, 64, 64]
+    assert widths((32, 8, 8)) == [64, 128, 128, 128, 128]
+    assert widths((16, 16, 16)) == [32, 64, 128, 128, 128, 128]
+
+
 def test_decoder_steps_on_the_updated_simulators_embeddings(digits_ctx):
     """Update order (the authors' code; Fig. 14 lines 22-33): f~ and d1 step first, then f~ runs
     again and the decoder trains on the updated f~'s embeddings, not on the first forward's.
