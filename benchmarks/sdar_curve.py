@@ -40,6 +40,7 @@ from splitaudit.attacks.sdar import (
     LABEL_FLIP,
     PRESETS,
     SDARNets,
+    bce,
     majority_class_accuracy,
     relabelled_accuracy,
     sdar_reconstruct,
@@ -54,9 +55,38 @@ DATA = {"breast_cancer_mlp": "breast_cancer.npz"}  # every other sample model us
 VARIANTS = {"full": FULL, "no d1": ABLATIONS["mse_no_d1"]}
 
 
+@dataclasses.dataclass
+class Point:
+    """One measurement of a run: what the attacker cannot see (target MSE, label accuracies) and the
+    signals it can (d1's loss on all aux and target embeddings; the simulator's task loss)."""
+
+    iteration: int
+    mse: float
+    accuracy: float | None
+    relabelled: float | None
+    labels: torch.Tensor
+    d1_loss: float | None
+    task_loss: float
+
+
+@torch.no_grad()
+def d1_loss(ctx, nets: SDARNets, observed: torch.Tensor) -> float | None:
+    """d1's loss (Eq. 2) on all aux and target embeddings, networks in eval mode: how well f~'s
+    embeddings pass for f's at the end of training (an attacker-observable signal; higher: closer)."""
+    if nets.d1 is None:
+        return None
+    nets.simulator.eval(), nets.d1.eval()
+    z_aux = ctx.add_noise(nets.simulator(ctx.aux.x), ctx.generator(0))
+    index = torch.arange(len(observed), device=observed.device)
+    c_aux, c_target = nets.condition(ctx.aux.y), nets.condition(nets.target_labels(observed, index))
+    loss = bce(nets.d1(z_aux, c_aux), 0.0) + bce(nets.d1(observed, c_target), 1.0)
+    nets.simulator.train(), nets.d1.train()
+    return float(loss)
+
+
 def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dict, label: str = "", **options) -> list:
-    """(target MSE, label accuracy or None) every `every` iterations of one SDAR run (the attack's
-    own training). `options` go to sdar_reconstruct (U-shaped: labels inferred)."""
+    """A Point every `every` iterations of one SDAR run (the attack's own training). `options` go
+    to sdar_reconstruct (U-shaped: labels inferred)."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     target = ctx.target
     points = []
@@ -66,12 +96,15 @@ def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dic
             x_hat, labels = nets.decode(observed)
             nets.decoder.train()
             mse = reconstruction_metrics(target.x, x_hat, target.is_image)["mse"]
-            accuracy = None if nets.known_labels is not None else float((labels == target.y).float().mean())
-            points.append((mse, accuracy))
-            words = ""
-            if accuracy is not None:
+            accuracy = relabelled = None
+            task_loss = float(torch.stack(nets.task_losses[-every:]).mean())
+            discriminated = d1_loss(ctx, nets, observed)
+            words = f", task loss {task_loss:.3f}" + ("" if discriminated is None else f", d1 loss {discriminated:.3f}")
+            if nets.known_labels is None:
+                accuracy = float((labels == target.y).float().mean())
                 relabelled = relabelled_accuracy(labels, target.y, ctx.num_classes)
-                words = f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
+                words += f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
+            points.append(Point(i, mse, accuracy, relabelled, labels, discriminated, task_loss))
             print(f"  {label} iteration {i}: target MSE {mse:.4f}{words}", flush=True)
 
     sdar_reconstruct(
@@ -171,7 +204,7 @@ def main() -> None:
         return
     print(f"{'iteration':>9}  " + "  ".join(f"{name:>8}" for name in curves) + "  no d1 / full")
     for row, step in enumerate(range(args.every, args.iterations + 1, args.every)):
-        full, no_d1 = curves["full"][row][0], curves["no d1"][row][0]
+        full, no_d1 = curves["full"][row].mse, curves["no d1"][row].mse
         print(f"{step:>9}  {full:8.4f}  {no_d1:8.4f}  {no_d1 / full:12.2f}")
 
 
