@@ -21,6 +21,9 @@ targets' labels through a simulated tail, h~(g(z)) when `top_model_role = "body"
 `--top-model` is g, else a head trained in g's place. A top model that outputs the class scores
 (`top_model_role = "classifier"`) holds h and is never used in that mode. `labels = "predicted"`
 (a server with the classifier but without labels) conditions the decoder on the labels it infers.
+Offline that tail names the classes' clusters arbitrarily (U_SHAPED_LIMIT); `labels = "clustered"`
+instead clusters the target embeddings and names the clusters by the layout of the aux classes
+(attacks/cluster_naming.py, this tool's addition), then runs the label-conditional attack on them.
 
 Noise: the client adds N(0, sigma^2 I) to what it sends (`--noise-sigma`) and the server sees
 that sigma in the protocol, so the attacker adds the same noise to f~'s outputs. Then g is fed
@@ -41,6 +44,7 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.cluster_naming import geometry_named_labels
 from splitaudit.attacks.nets import (
     LABEL_EMBEDDING,
     Decoder,
@@ -127,6 +131,9 @@ LABEL_SOURCES = {
     "inferred": "inferred by the attack (U-shaped SL: label-free decoder and discriminators, "
     "labels from the classifier)",
     "predicted": "predicted by the classifier, and the decoder conditioned on them",
+    "clustered": "inferred without a classifier (U-shaped SL): k-means clusters of the target embeddings, each "
+    "named after the aux class whose place in the class layout it takes; decoder and discriminators "
+    "conditioned on them",
 }
 LABEL_ALIASES = {"true": "known"}
 # What `--top-model` is (option `top_model_role`), and so what the attacker may do with it.
@@ -167,13 +174,14 @@ class SDAROptions:
     batch_size: int | None = option(None, "training batch size (default: the preset's)", low=2)
     labels: str = option(
         "known",
-        "the target labels: known (vanilla SL) or inferred (U-shaped SL)",
+        "the target labels: known (vanilla SL); in U-shaped SL inferred (the paper's simulated tail) or "
+        "clustered (k-means clusters named by the class layout; labels the decoder is conditioned on)",
         choices=tuple(LABEL_SOURCES) + tuple(LABEL_ALIASES),
     )
     label_flip: float | None = option(
         None,
-        f"probability of replacing an aux label by a uniform one (default {LABEL_FLIP} where the "
-        "attack infers the target labels, 0 where it knows them)",
+        f"probability of replacing an aux label by a uniform one (default {LABEL_FLIP} where a "
+        "classifier infers the target labels, 0 otherwise)",
         low=0,
         high=1,
     )
@@ -274,8 +282,8 @@ class SDARAttack(Attack):
         """A few of its own training iterations, timed on this model and data, times the
         iterations of every seed and ablation variant."""
         settings = sdar_settings(ctx)
-        known = ctx.target.y if settings["labels"] == "known" else None
         observed = ctx.observed_embeddings("target", ctx.generator(0))
+        known = conditioning_labels(ctx, settings, observed, 0)[0]
         training = sdar_training(ctx, observed, known, 0, settings["batch_size"], FULL, **training_options(settings))
         with training as (_, iteration):
             seconds = timed(iteration)
@@ -285,8 +293,8 @@ class SDARAttack(Attack):
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         settings = sdar_settings(ctx)
         target = ctx.target
-        known_labels = target.y if settings["labels"] == "known" else None
         observed = ctx.observed_embeddings("target", ctx.generator(seed))
+        known_labels, naming = conditioning_labels(ctx, settings, observed, seed)
         run = lambda regularizers: sdar_reconstruct(
             ctx,
             observed,
@@ -300,7 +308,7 @@ class SDARAttack(Attack):
         x_hat, labels, stalled = run(FULL)
         metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
         baseline = mean_guess_baseline(ctx.aux.x, target.x, target.is_image)
-        if known_labels is None:
+        if settings["labels"] != "known":
             metrics["label_accuracy"] = float((labels == target.y).float().mean())
             baseline["label_accuracy"] = majority_class_accuracy(ctx.aux.y, target.y)
             metrics["label_accuracy_relabelled"] = relabelled_accuracy(labels, target.y, ctx.num_classes)
@@ -327,6 +335,8 @@ class SDARAttack(Attack):
             details["label_flip"] = settings["label_flip"]
         if settings["labels"] == "inferred":
             details["label_inference_limit"] = U_SHAPED_LIMIT
+        if naming:
+            details["label_naming"] = naming
         return SeedOutcome(
             metrics=metrics,
             baseline=baseline,
@@ -366,7 +376,7 @@ def sdar_settings(ctx: AuditContext) -> dict:
     # Flipping regularises label inference (U-shaped SL); with the targets' labels known it would
     # only train the simulator on wrong labels (digits CNN with g, seed 0, 2000 iterations:
     # target MSE 0.0290 with 10% flips against 0.0146 without).
-    label_flip = float(options.get("label_flip", LABEL_FLIP if labels != "known" else 0.0))
+    label_flip = float(options.get("label_flip", LABEL_FLIP if labels in ("inferred", "predicted") else 0.0))
     if iterations < 1 or batch_size < 2 or not 0 <= label_flip <= 1:
         raise ValueError(
             "sdar needs iterations >= 1, batch_size >= 2 and 0 <= label_flip <= 1, got "
@@ -410,7 +420,19 @@ def server_part(has_top_model: bool, role: str, labels: str) -> str:
         return "none"
     if role == "body":
         return "body"
-    return "withheld" if labels == "inferred" else "classifier"
+    return "withheld" if labels in ("inferred", "clustered") else "classifier"
+
+
+def conditioning_labels(
+    ctx: AuditContext, settings: dict, observed: torch.Tensor, seed: int
+) -> tuple[torch.Tensor | None, dict]:
+    """The target labels the decoder and discriminators are conditioned on, fixed before training
+    (None: the classifier's, as training goes), and how clustered labels were named."""
+    if settings["labels"] == "known":
+        return ctx.target.y, {}
+    if settings["labels"] == "clustered":
+        return geometry_named_labels(observed, ctx.aux.x, ctx.aux.y, ctx.num_classes, seed)
+    return None, {}
 
 
 def training_options(settings: dict) -> dict:

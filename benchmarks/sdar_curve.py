@@ -41,6 +41,7 @@ from splitaudit.attacks.sdar import (
     PRESETS,
     SDARNets,
     bce,
+    conditioning_labels,
     majority_class_accuracy,
     relabelled_accuracy,
     sdar_reconstruct,
@@ -84,11 +85,16 @@ def d1_loss(ctx, nets: SDARNets, observed: torch.Tensor) -> float | None:
     return float(loss)
 
 
-def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dict, label: str = "", **options) -> list:
-    """A Point every `every` iterations of one SDAR run (the attack's own training). `options` go
-    to sdar_reconstruct (U-shaped: labels inferred)."""
+def curve(
+    ctx, regularizers, seed: int, iterations: int, every: int, preset: dict, labels: str, label: str = "", **options
+) -> list:
+    """A Point every `every` iterations of one SDAR run (the attack's own training) whose target
+    labels are `labels` (sdar's option). `options` go to sdar_reconstruct."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     target = ctx.target
+    conditioning, naming = conditioning_labels(ctx, {"labels": labels}, observed, seed)
+    if naming:
+        print(f"  clusters named by the class layout: layout agreement {naming['layout_agreement']:.3f}")
     points = []
 
     def measure(i: int, nets: SDARNets) -> None:
@@ -100,7 +106,7 @@ def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dic
             task_loss = float(torch.stack(nets.task_losses[-every:]).mean())
             discriminated = d1_loss(ctx, nets, observed)
             words = f", task loss {task_loss:.3f}" + ("" if discriminated is None else f", d1 loss {discriminated:.3f}")
-            if nets.known_labels is None:
+            if labels != "known":
                 accuracy = float((labels == target.y).float().mean())
                 relabelled = relabelled_accuracy(labels, target.y, ctx.num_classes)
                 words += f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
@@ -110,7 +116,7 @@ def curve(ctx, regularizers, seed: int, iterations: int, every: int, preset: dic
     sdar_reconstruct(
         ctx,
         observed,
-        target.y if options.get("conditional", True) else None,
+        conditioning,
         seed,
         iterations,
         preset["batch_size"],
@@ -162,7 +168,9 @@ def main() -> None:
         choices=["both", *VARIANTS],
         help="one variant only (run two processes side by side on a shared CPU)",
     )
-    parser.add_argument("--labels", choices=["known", "inferred"], default="known", help="inferred: U-shaped SL")
+    parser.add_argument(
+        "--labels", choices=["known", "inferred", "clustered"], default="known", help="inferred, clustered: U-shaped SL"
+    )
     parser.add_argument("--body", action="store_true", help="the top model's first layer only, as the body g")
     parser.add_argument("--u-shaped", choices=ARCHITECTURES, help="a U-shaped model of tests/ushaped.py")
     parser.add_argument("--label-flip", type=float, default=LABEL_FLIP, help="U-shaped label flips")
@@ -179,11 +187,11 @@ def main() -> None:
             ctx = dataclasses.replace(ctx, top_model=bundled_body(top))
     preset = {**PRESETS[args.preset], **({"batch_size": args.batch_size} if args.batch_size else {})}
     baseline = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
-    inferred = args.labels == "inferred"
+    inferred = args.labels != "known"
     part = "none" if not args.top_model else ("body" if args.body or args.u_shaped else "classifier")
+    how = f"inferred (label flips {args.label_flip})" if args.labels == "inferred" else "clustered"
     labels = (
-        f"labels inferred (label flips {args.label_flip}), majority baseline "
-        f"{majority_class_accuracy(ctx.aux.y, ctx.target.y):.3f}"
+        f"labels {how}, majority baseline {majority_class_accuracy(ctx.aux.y, ctx.target.y):.3f}"
         if inferred
         else "targets' labels"
     )
@@ -193,11 +201,11 @@ def main() -> None:
         f"mean-guess MSE {baseline:.4f}"
     )
     options = {"server_part": part}
-    if inferred:
+    if args.labels == "inferred":
         options.update(conditional=False, label_flip=args.label_flip)
     variants = VARIANTS if args.variant == "both" else {args.variant: VARIANTS[args.variant]}
     curves = {
-        name: curve(ctx, regs, args.seed, args.iterations, args.every, preset, name, **options)
+        name: curve(ctx, regs, args.seed, args.iterations, args.every, preset, args.labels, name, **options)
         for name, regs in variants.items()
     }
     if len(curves) == 1:
