@@ -86,13 +86,13 @@ def d1_loss(ctx, nets: SDARNets, observed: torch.Tensor) -> float | None:
 
 
 def curve(
-    ctx, regularizers, seed: int, iterations: int, every: int, preset: dict, labels: str, label: str = "", **options
+    ctx, regularizers, seed: int, iterations: int, every: int, preset: dict, source: str, label: str = "", **options
 ) -> list:
     """A Point every `every` iterations of one SDAR run (the attack's own training) whose target
-    labels are `labels` (sdar's option). `options` go to sdar_reconstruct."""
+    labels come from `source` (sdar's option `labels`). `options` go to sdar_reconstruct."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     target = ctx.target
-    conditioning, naming = conditioning_labels(ctx, {"labels": labels}, observed, seed)
+    conditioning, naming = conditioning_labels(ctx, {"labels": source}, observed, seed)
     if naming:
         print(f"  clusters named by the class layout: layout agreement {naming['layout_agreement']:.3f}")
     points = []
@@ -106,7 +106,7 @@ def curve(
             task_loss = float(torch.stack(nets.task_losses[-every:]).mean())
             discriminated = d1_loss(ctx, nets, observed)
             words = f", task loss {task_loss:.3f}" + ("" if discriminated is None else f", d1 loss {discriminated:.3f}")
-            if labels != "known":
+            if source != "known":
                 accuracy = float((labels == target.y).float().mean())
                 relabelled = relabelled_accuracy(labels, target.y, ctx.num_classes)
                 words += f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
