@@ -37,12 +37,7 @@ def geometry_named_labels(
 ) -> tuple[torch.Tensor, dict]:
     """A label for each target embedding (k-means cluster, named by the centroid layout) and the
     details of how: features used and the agreement of the two layouts (1: same up to scale)."""
-    missing = sorted(set(range(classes)) - set(aux_y.tolist()))
-    if missing:
-        raise InputError(
-            f"sdar labels = clustered names each cluster after an aux class; the aux data has no "
-            f"samples of class(es) {missing}: give aux data with every class, or use labels = inferred"
-        )
+    check_clusterable(aux_y, len(embeddings), classes)
     (points,), features = reduced(embeddings, seed=seed)
     clusters = torch.from_numpy(kmeans_clusters(points, classes, seed)).long()
     cluster_layout = centroid_distances(torch.from_numpy(np.asarray(points)).double(), clusters, classes)
@@ -53,6 +48,22 @@ def geometry_named_labels(
         "features": features,
         "layout_agreement": agreement,
     }
+
+
+def check_clusterable(aux_y: torch.Tensor, targets: int, classes: int) -> None:
+    """InputError unless every class has aux samples to name a cluster after and there are at
+    least as many targets as clusters."""
+    missing = sorted(set(range(classes)) - set(aux_y.tolist()))
+    if missing:
+        raise InputError(
+            f"sdar labels = clustered names each cluster after an aux class; the aux data has no "
+            f"samples of class(es) {missing}: give aux data with every class, or use labels = inferred"
+        )
+    if targets < classes:
+        raise InputError(
+            f"sdar labels = clustered needs at least one target sample per class to form {classes} "
+            f"clusters; got {targets} target samples"
+        )
 
 
 def centroid_distances(points: torch.Tensor, groups: torch.Tensor, count: int) -> np.ndarray:

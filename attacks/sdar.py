@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
-from splitaudit.attacks.cluster_naming import geometry_named_labels
+from splitaudit.attacks.cluster_naming import check_clusterable, geometry_named_labels
 from splitaudit.attacks.nets import (
     LABEL_EMBEDDING,
     Decoder,
@@ -270,6 +270,11 @@ class SDARAttack(Attack):
         "architecture (else only its input/output shapes) and the noise level, and uses the "
         "trained top model when one is given (Zhu et al., NDSS 2025)."
     )
+
+    def check_inputs(self, ctx: AuditContext) -> None:
+        """Clustered labels need aux samples of every class and a target sample per cluster."""
+        if ctx.aux.y is not None and sdar_settings(ctx)["labels"] == "clustered":
+            check_clusterable(ctx.aux.y, len(ctx.target), ctx.num_classes)
 
     def training_failure(self, entry: dict, not_converged: list[str]) -> str:
         """Also FAILED when the U-shaped label inference does no better than the majority class: the

@@ -57,3 +57,5 @@ def test_a_class_missing_from_the_aux_data_is_an_input_error():
     aux_x, aux_y = torch.randn(30, 2), torch.arange(3).repeat(10)
     with pytest.raises(InputError, match=r"no samples of class\(es\) \[3\]"):
         geometry_named_labels(torch.randn(20, 4), aux_x, aux_y, 4, seed=0)
+    with pytest.raises(InputError, match="at least one target sample per class"):
+        geometry_named_labels(torch.randn(2, 4), aux_x, aux_y, 3, seed=0)
