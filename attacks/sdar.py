@@ -345,8 +345,9 @@ class SDARAttack(Attack):
             details["label_flip"] = settings["label_flip"]
         if settings["labels"] == "inferred":
             details["label_inference_limit"] = U_SHAPED_LIMIT
-        if naming:
-            details["label_naming"] = naming
+        if naming:  # flat facts: the report's tables show scalars, not nested dicts
+            details["label_layout_agreement"] = naming["layout_agreement"]
+            details["label_cluster_features"] = naming["features"]["reduction"]
         return SeedOutcome(
             metrics=metrics,
             baseline=baseline,

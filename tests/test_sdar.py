@@ -494,5 +494,5 @@ def test_u_shaped_sdar_names_the_clusters_by_the_class_layout(digits_ctx, arch, 
     assert "label inference did no better" not in entry.get("failed_to_train", "")
     details = entry["details"]
     assert details["target_labels"].startswith("inferred without a classifier") and "label_flip" not in details
-    assert details["label_naming"]["layout_agreement"] > 0.5
+    assert details["label_layout_agreement"] > 0.5 and details["label_cluster_features"] == "none"
     assert "targets' labels" not in details["attacker_holds"]
