@@ -13,8 +13,9 @@ problem, solved exactly for up to EXACT_CLASSES classes and by restarted pairwis
 
 Measured on U-shaped models of tests/ushaped.py (benchmarks/README.md, seed 0): the named labels
 are right as often as the partition is on the flat LayerNorm model (0.98, where SDAR's simulated
-tail h~ names the same clusters wrongly offline: 0.04) and the ResNet (0.94); on the ViT, whose
-layouts agree less (correlation 0.85 against 0.96), 0.23 of a 0.70 partition (majority 0.09). This naming step is this tool's own, not
+tail h~ names the same clusters wrongly offline: 0.04) and the ResNet (0.94); only partly on the
+MobileNet (0.65 of a 0.81 partition) and the ViT, whose layouts agree less (correlation 0.85
+against 0.96): 0.23 of a 0.70 partition (majority 0.09). This naming step is this tool's own, not
 part of Zhu et al. (NDSS 2025); it fails where the class layouts of input and embedding differ.
 """
 
