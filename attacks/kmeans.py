@@ -72,16 +72,19 @@ def cluster_scores(
     features: torch.Tensor | np.ndarray, labels: np.ndarray, n_clusters: int, seed: int
 ) -> dict[str, float]:
     """k-means on flattened features; accuracy under the best assignment, NMI and ARI."""
-    points = (flat(features) if isinstance(features, torch.Tensor) else features).astype(np.float64)
-    with threads_for(points.size):
-        clusters = KMeans(n_clusters=n_clusters, n_init=N_INIT, max_iter=MAX_ITER, random_state=seed).fit_predict(
-            points
-        )
+    clusters = kmeans_clusters(features, n_clusters, seed)
     return {
         "accuracy": best_assignment_accuracy(clusters, labels),
         "nmi": float(normalized_mutual_info_score(labels, clusters)),
         "ari": float(adjusted_rand_score(labels, clusters)),
     }
+
+
+def kmeans_clusters(features: torch.Tensor | np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
+    """The k-means cluster of each row of the flattened features (the paper's scikit-learn settings)."""
+    points = (flat(features) if isinstance(features, torch.Tensor) else features).astype(np.float64)
+    with threads_for(points.size):
+        return KMeans(n_clusters=n_clusters, n_init=N_INIT, max_iter=MAX_ITER, random_state=seed).fit_predict(points)
 
 
 def best_assignment_accuracy(clusters: np.ndarray, labels: np.ndarray) -> float:

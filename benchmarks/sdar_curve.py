@@ -41,6 +41,8 @@ from splitaudit.attacks.sdar import (
     PRESETS,
     SDARNets,
     Stopping,
+    bce,
+    conditioning_labels,
     majority_class_accuracy,
     relabelled_accuracy,
     sdar_reconstruct,
@@ -55,6 +57,36 @@ DATA = {"breast_cancer_mlp": "breast_cancer.npz"}  # every other sample model us
 VARIANTS = {"full": FULL, "no d1": ABLATIONS["mse_no_d1"]}
 
 
+@dataclasses.dataclass
+class Point:
+    """One measurement of a run: what the attacker cannot see (target MSE, label accuracies) and the
+    signals it can (d1's loss on all aux and target embeddings; the simulator's task loss)."""
+
+    iteration: int
+    mse: float
+    accuracy: float | None
+    relabelled: float | None
+    labels: torch.Tensor
+    d1_loss: float | None
+    task_loss: float
+    holdout_mse: float | None = None  # the attacker's own stopping signal, with --holdout
+
+
+@torch.no_grad()
+def d1_loss(ctx, nets: SDARNets, observed: torch.Tensor) -> float | None:
+    """d1's loss (Eq. 2) on all aux and target embeddings, networks in eval mode: how well f~'s
+    embeddings pass for f's at the end of training (an attacker-observable signal; higher: closer)."""
+    if nets.d1 is None:
+        return None
+    nets.simulator.eval(), nets.d1.eval()
+    z_aux = ctx.add_noise(nets.simulator(ctx.aux.x), ctx.generator(0))
+    index = torch.arange(len(observed), device=observed.device)
+    c_aux, c_target = nets.condition(ctx.aux.y), nets.condition(nets.target_labels(observed, index))
+    loss = bce(nets.d1(z_aux, c_aux), 0.0) + bce(nets.d1(observed, c_target), 1.0)
+    nets.simulator.train(), nets.d1.train()
+    return float(loss)
+
+
 def curve(
     ctx,
     regularizers,
@@ -62,16 +94,20 @@ def curve(
     iterations: int,
     every: int,
     preset: dict,
+    source: str,
     label: str = "",
     holdout: float = 0.0,
     **options,
 ) -> list:
-    """(target MSE, label accuracy or None, held-out aux MSE or None) every `every` iterations of one
-    SDAR run (the attack's own training). `holdout`: the share of aux held out of training for the
-    attacker's own signal (recorded at every point, never stopping). `options` go to sdar_reconstruct
-    (U-shaped: labels inferred)."""
+    """A Point every `every` iterations of one SDAR run (the attack's own training) whose target
+    labels come from `source` (sdar's option `labels`). `holdout`: the share of aux held out of
+    training for the attacker's own signal (recorded at every point, never stopping). `options` go
+    to sdar_reconstruct."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     target = ctx.target
+    conditioning, naming = conditioning_labels(ctx, {"labels": source}, observed, seed)
+    if naming:
+        print(f"  clusters named by the class layout: layout agreement {naming['layout_agreement']:.3f}")
     points = []
 
     def measure(i: int, nets: SDARNets) -> None:
@@ -79,19 +115,22 @@ def curve(
             x_hat, labels = nets.decode(observed)
             nets.decoder.train()
             mse = reconstruction_metrics(target.x, x_hat, target.is_image)["mse"]
-            accuracy = None if nets.known_labels is not None else float((labels == target.y).float().mean())
-            points.append((mse, accuracy))
-            words = ""
-            if accuracy is not None:
+            accuracy = relabelled = None
+            task_loss = float(torch.stack(nets.task_losses[-every:]).mean())
+            discriminated = d1_loss(ctx, nets, observed)
+            words = f", task loss {task_loss:.3f}" + ("" if discriminated is None else f", d1 loss {discriminated:.3f}")
+            if source != "known":
+                accuracy = float((labels == target.y).float().mean())
                 relabelled = relabelled_accuracy(labels, target.y, ctx.num_classes)
-                words = f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
+                words += f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
+            points.append(Point(i, mse, accuracy, relabelled, labels, discriminated, task_loss))
             print(f"  {label} iteration {i}: target MSE {mse:.4f}{words}", flush=True)
 
     recording = Stopping(every, patience=iterations + 1, holdout_fraction=holdout) if holdout else None
     *_, signal = sdar_reconstruct(
         ctx,
         observed,
-        target.y if options.get("conditional", True) else None,
+        conditioning,
         seed,
         iterations,
         preset["batch_size"],
@@ -103,7 +142,7 @@ def curve(
         **options,
     )
     held = [value for _, value in signal.history] if signal else [None] * len(points)
-    return [(mse, accuracy, value) for (mse, accuracy), value in zip(points, held)]
+    return [dataclasses.replace(point, holdout_mse=value) for point, value in zip(points, held)]
 
 
 def bundled_body(path: str) -> nn.Module:
@@ -145,7 +184,9 @@ def main() -> None:
         choices=["both", *VARIANTS],
         help="one variant only (run two processes side by side on a shared CPU)",
     )
-    parser.add_argument("--labels", choices=["known", "inferred"], default="known", help="inferred: U-shaped SL")
+    parser.add_argument(
+        "--labels", choices=["known", "inferred", "clustered"], default="known", help="inferred, clustered: U-shaped SL"
+    )
     parser.add_argument("--body", action="store_true", help="the top model's first layer only, as the body g")
     parser.add_argument("--u-shaped", choices=ARCHITECTURES, help="a U-shaped model of tests/ushaped.py")
     parser.add_argument("--label-flip", type=float, default=LABEL_FLIP, help="U-shaped label flips")
@@ -165,11 +206,11 @@ def main() -> None:
             ctx = dataclasses.replace(ctx, top_model=bundled_body(top))
     preset = {**PRESETS[args.preset], **({"batch_size": args.batch_size} if args.batch_size else {})}
     baseline = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
-    inferred = args.labels == "inferred"
+    inferred = args.labels != "known"
     part = "none" if not args.top_model else ("body" if args.body or args.u_shaped else "classifier")
+    how = f"inferred (label flips {args.label_flip})" if args.labels == "inferred" else "clustered"
     labels = (
-        f"labels inferred (label flips {args.label_flip}), majority baseline "
-        f"{majority_class_accuracy(ctx.aux.y, ctx.target.y):.3f}"
+        f"labels {how}, majority baseline {majority_class_accuracy(ctx.aux.y, ctx.target.y):.3f}"
         if inferred
         else "targets' labels"
     )
@@ -179,23 +220,24 @@ def main() -> None:
         f"mean-guess MSE {baseline:.4f}"
     )
     options = {"server_part": part}
-    if inferred:
+    if args.labels == "inferred":
         options.update(conditional=False, label_flip=args.label_flip)
     variants = VARIANTS if args.variant == "both" else {args.variant: VARIANTS[args.variant]}
     curves = {
-        name: curve(ctx, regs, args.seed, args.iterations, args.every, preset, name, args.holdout, **options)
+        name: curve(
+            ctx, regs, args.seed, args.iterations, args.every, preset, args.labels, name, args.holdout, **options
+        )
         for name, regs in variants.items()
     }
     if args.holdout:
         print(f"{'iteration':>9}  {'target MSE':>10}  {'held-out aux MSE':>16}  ({next(iter(curves))})")
-        points = next(iter(curves.values()))
-        for row, (mse, _, held) in enumerate(points):
-            print(f"{(row + 1) * args.every:>9}  {mse:>10.4f}  {held:>16.4f}")
+        for point in next(iter(curves.values())):
+            print(f"{point.iteration:>9}  {point.mse:>10.4f}  {point.holdout_mse:>16.4f}")
     if len(curves) == 1:
         return
     print(f"{'iteration':>9}  " + "  ".join(f"{name:>8}" for name in curves) + "  no d1 / full")
     for row, step in enumerate(range(args.every, args.iterations + 1, args.every)):
-        full, no_d1 = curves["full"][row][0], curves["no d1"][row][0]
+        full, no_d1 = curves["full"][row].mse, curves["no d1"][row].mse
         print(f"{step:>9}  {full:8.4f}  {no_d1:8.4f}  {no_d1 / full:12.2f}")
 
 

@@ -18,6 +18,7 @@ from splitaudit.attacks.sdar import (
     D2_SIDE,
     FULL,
     PRESETS,
+    U_SHAPED_LIMIT,
     BatchStream,
     SDARNets,
     d1_discriminator,
@@ -153,6 +154,15 @@ def test_level7_d1_and_d2_are_table_ix_stacks_without_extra_layers_after_the_las
     assert [row[1] for row in layer_list(levels_4_to_6.body) if row[0] == "Conv2d"] == [64, 128, 256, 256, 256, 256]
 
 
+def test_d1_narrows_with_fewer_embedding_channels_than_table_ix_at_most_4x():
+    """8 channels on 8x8 (tests/ushaped.py's ResNet; Table IX's level 7 has 64): widths / 4, not / 8;
+    32 channels: / 2; 16 channels on 16x16 (Table IX's levels 4-6 have 32): / 2."""
+    widths = lambda shape: [row[1] for row in layer_list(d1_discriminator(shape, None).body) if row[0] == "Conv2d"]
+    assert widths((8, 8, 8)) == [32, 64, 64, 64, 64]
+    assert widths((32, 8, 8)) == [64, 128, 128, 128, 128]
+    assert widths((16, 16, 16)) == [32, 64, 128, 128, 128, 128]
+
+
 def test_decoder_steps_on_the_updated_simulators_embeddings(digits_ctx):
     """Update order (the authors' code; Fig. 14 lines 22-33): f~ and d1 step first, then f~ runs
     again and the decoder trains on the updated f~'s embeddings, not on the first forward's.
@@ -202,11 +212,9 @@ def test_presets_and_label_options(digits_ctx):
     assert settings(digits_ctx, labels="true")["labels"] == "known"
     # label flips regularise label inference only: with known labels they would train the
     # simulator on wrong labels (0.0290 against 0.0146 target MSE, digits CNN with g, seed 0)
-    assert [settings(digits_ctx, labels=mode)["label_flip"] for mode in ("known", "inferred", "predicted")] == [
-        0.0,
-        0.1,
-        0.1,
-    ]
+    # clustered labels come from k-means, not from a classifier: nothing to regularise
+    modes = ("known", "inferred", "predicted", "clustered")
+    assert [settings(digits_ctx, labels=mode)["label_flip"] for mode in modes] == [0.0, 0.1, 0.1, 0.0]
     assert settings(digits_ctx, label_flip=0.2)["label_flip"] == 0.2  # asked for: honoured
     for bad in ({"preset": "fast"}, {"labels": "guess"}, {"batch_size": 1}, {"label_flip": 2.0}):
         with pytest.raises(ValueError):
@@ -311,6 +319,9 @@ def test_u_shaped_attack_never_reads_labels_off_a_classifier_top_model(digits_to
     # vanilla SL (known or predicted labels) keeps using a classifier top model
     known = dataclasses.replace(digits_top_ctx, attack_options={"sdar": {"labels": "predicted"}})
     assert sdar_settings(known)["server_part"] == "classifier"
+    # U-shaped SL with clustered labels does not have h either
+    clustered = dataclasses.replace(digits_top_ctx, attack_options={"sdar": {"labels": "clustered"}})
+    assert sdar_settings(clustered)["server_part"] == "withheld"
 
 
 def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
@@ -442,9 +453,46 @@ def test_u_shaped_sdar_with_only_the_servers_body(digits_ctx, arch, iterations):
     metrics, baseline = entry["metrics"], entry["baseline"]
     assert entry["details"]["classifier"].startswith("the server's body g (frozen)")
     assert metrics["label_accuracy_relabelled"] > 2 * baseline["label_accuracy_relabelled"]
-    named_failed = "label inference did no better" in entry.get("failed_to_train", "")
-    assert named_failed == (metrics["label_accuracy"] <= baseline["label_accuracy"])
+    # the names are wrong (seed 0: 0.013 against the majority's 0.092): reported as a FAILED attack,
+    # with the reason the simulated tail cannot name the clusters offline
+    assert metrics["label_accuracy"] <= baseline["label_accuracy"]
+    assert "label inference did no better" in entry["failed_to_train"]
+    assert entry["details"]["label_inference_limit"] == U_SHAPED_LIMIT
     worse = metrics["mse"] > baseline["mse"]
     assert worse == ("did worse than its baseline" in entry.get("failed_to_train", ""))
     gate = evaluate_gate({"attacks": {"sdar": entry}})
     assert gate["passed"] == ("failed_to_train" not in entry)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, iterations", [("flat_ln", 100), ("resnet", 100)])
+def test_u_shaped_sdar_names_the_clusters_by_the_class_layout(digits_ctx, arch, iterations):
+    """Issue 25, labels = clustered: on a flat LayerNorm and a spatial ResNet U-shaped model, with
+    the server's body g only, the target labels (k-means on the observed embeddings, clusters named
+    by the aux classes' layout) beat the majority class many times over (measured at seed 0: 0.980
+    and 0.935, majority 0.092) and the entry never says the label inference failed. The labels
+    are fixed before training, so they do not depend on the iterations."""
+    from ushaped import train_u_shaped
+
+    from splitaudit.config import AuditOptions
+    from splitaudit.pipeline import prepare_context
+
+    # 40 epochs as benchmarks/sdar_curve.py (at 20 the flat model's clusters overlap more: 0.688)
+    f, g, _, accuracy = train_u_shaped(arch, digits_ctx.target.x, digits_ctx.target.y, epochs=40)
+    assert accuracy > 0.9
+    options = {"sdar": {"labels": "clustered", "top_model_role": "body", "iterations": iterations}}
+    ctx = prepare_context(
+        AuditOptions(
+            model=f, aux=sample("digits.npz"), top_model=g, seed=0, quick=True, attack_options=options
+        ).validate()
+    )
+    entry = get_attack("sdar").run(ctx)
+    assert entry["status"] == "ok", entry.get("reason")
+    metrics, baseline = entry["metrics"], entry["baseline"]
+    assert metrics["label_accuracy"] > 0.8 > 5 * baseline["label_accuracy"]
+    assert metrics["label_accuracy"] == pytest.approx(metrics["label_accuracy_relabelled"], abs=0.02)
+    assert "label inference did no better" not in entry.get("failed_to_train", "")
+    details = entry["details"]
+    assert details["target_labels"].startswith("inferred without a classifier") and "label_flip" not in details
+    assert details["label_layout_agreement"] > 0.5 and details["label_cluster_features"] == "none"
+    assert "targets' labels" not in details["attacker_holds"]
