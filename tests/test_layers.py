@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "attacks",
             "attacks.base",
             "attacks.nets",
+            "attacks.cluster_naming",
             "attacks.plateau",
             "attacks.token_relaxation",
             "attacks.features",
