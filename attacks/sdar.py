@@ -323,6 +323,8 @@ class SDARAttack(Attack):
                 f"its label inference did no better than the majority class (label accuracy {accuracy:.3g} "
                 f"against {majority:.3g})"
             )
+        if any(reasons) and accuracy is not None:
+            reasons.append(label_diagnosis(entry))
         return "; ".join(r for r in reasons if r)
 
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
@@ -516,6 +518,33 @@ def relabelled_accuracy(predicted: torch.Tensor, true: torch.Tensor, classes: in
     confusion.index_put_((predicted.cpu(), true.cpu()), torch.ones(len(true), dtype=torch.long), accumulate=True)
     rows, cols = linear_sum_assignment(confusion.numpy(), maximize=True)
     return float(confusion[rows, cols].sum()) / len(true)
+
+
+PARTITION_MARGIN = 0.05  # relabelled accuracy within this of one constant label: no classes found
+NAMING_MARGIN = 0.1  # named accuracy this far below the relabelled one: the classes were misnamed
+
+
+def label_diagnosis(entry: dict) -> str:
+    """Why a U-shaped run (labels not known) failed, read off its label metrics: the classes were
+    not separated, separated but misnamed, or labelled well with the reconstruction still lost."""
+    named, relabelled = entry["metrics"]["label_accuracy"], entry["metrics"]["label_accuracy_relabelled"]
+    constant = entry["baseline"]["label_accuracy_relabelled"]
+    if relabelled <= constant + PARTITION_MARGIN:
+        return (
+            f"why: the target embeddings' classes were not separated (label accuracy {relabelled:.3g} even under "
+            f"the best renaming of classes, against {constant:.3g} for one constant label), so the labels gave "
+            "the reconstructions nothing to condition on"
+        )
+    if named < relabelled - NAMING_MARGIN:
+        return (
+            f"why: the classes were separated ({relabelled:.3g} under the best renaming) but named wrongly "
+            f"({named:.3g}); {U_SHAPED_LIMIT}"
+        )
+    return (
+        f"why: the labels were inferred ({named:.3g}) but the simulator trained on aux did not learn f's map well "
+        "enough to decode the targets; the same attack with the targets' labels (sdar.labels = known) shows "
+        "whether labels are the cause"
+    )
 
 
 def largest_class_share(y: torch.Tensor) -> float:

@@ -496,3 +496,32 @@ def test_u_shaped_sdar_names_the_clusters_by_the_class_layout(digits_ctx, arch, 
     assert details["target_labels"].startswith("inferred without a classifier") and "label_flip" not in details
     assert details["label_layout_agreement"] > 0.5 and details["label_cluster_features"] == "none"
     assert "targets' labels" not in details["attacker_holds"]
+
+
+def u_shaped_entry(named: float, relabelled: float, mse: float) -> dict:
+    """An ok U-shaped SDAR entry with the digits baselines (majority 0.092, one constant label 0.109,
+    mean guess 0.0734)."""
+    return {
+        "metrics": {"mse": mse, "label_accuracy": named, "label_accuracy_relabelled": relabelled},
+        "baseline": {"mse": 0.0734, "label_accuracy": 0.092, "label_accuracy_relabelled": 0.109},
+        "advantage": 1 - mse / 0.0734,
+        "seeds": [0],
+    }
+
+
+@pytest.mark.parametrize(
+    "named, relabelled, mse, why",
+    [
+        (0.04, 0.53, 0.133, "named wrongly"),  # flat LayerNorm model, labels inferred
+        (0.10, 0.12, 0.120, "not separated"),  # no class structure found at all
+        (0.23, 0.27, 0.103, "did not learn f's map"),  # the ViT: labels partly right, decoding lost
+    ],
+)
+def test_a_failed_u_shaped_run_says_why_from_its_label_metrics(named, relabelled, mse, why):
+    reason = get_attack("sdar").training_failure(u_shaped_entry(named, relabelled, mse), [""])
+    assert reason.startswith("it did worse than its baseline") and why in reason
+    assert (U_SHAPED_LIMIT in reason) == (why == "named wrongly")
+
+
+def test_a_u_shaped_run_that_beats_its_baselines_has_no_failure():
+    assert get_attack("sdar").training_failure(u_shaped_entry(0.994, 0.994, 0.0055), [""]) == ""
