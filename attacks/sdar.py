@@ -41,10 +41,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from scipy.optimize import linear_sum_assignment
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option, parse_options
 from splitaudit.attacks.cluster_naming import check_clusterable, geometry_named_labels
+from splitaudit.attacks.kmeans import best_assignment_accuracy
 from splitaudit.attacks.nets import (
     LABEL_EMBEDDING,
     Decoder,
@@ -361,7 +361,7 @@ class SDARAttack(Attack):
         if settings["labels"] != "known":
             metrics["label_accuracy"] = float((labels == target.y).float().mean())
             baseline["label_accuracy"] = majority_class_accuracy(ctx.aux.y, target.y)
-            metrics["label_accuracy_relabelled"] = relabelled_accuracy(labels, target.y, ctx.num_classes)
+            metrics["label_accuracy_relabelled"] = relabelled_accuracy(labels, target.y)
             baseline["label_accuracy_relabelled"] = largest_class_share(target.y)
         if settings["ablation"]:
             for key, regularizers in ABLATIONS.items():
@@ -509,15 +509,13 @@ def training_options(settings: dict) -> dict:
     }
 
 
-def relabelled_accuracy(predicted: torch.Tensor, true: torch.Tensor, classes: int) -> float:
+def relabelled_accuracy(predicted: torch.Tensor, true: torch.Tensor) -> float:
     """Label accuracy under the best one-to-one renaming of the predicted classes (Hungarian
     matching on the confusion matrix): how well the inferred labels partition the targets into
     their classes, whatever each part is called. Without a label-tied signal (U-shaped SDAR without
-    g) the attack can find the classes' clusters and still name them wrongly."""
-    confusion = torch.zeros(classes, classes, dtype=torch.long)
-    confusion.index_put_((predicted.cpu(), true.cpu()), torch.ones(len(true), dtype=torch.long), accumulate=True)
-    rows, cols = linear_sum_assignment(confusion.numpy(), maximize=True)
-    return float(confusion[rows, cols].sum()) / len(true)
+    g) the attack can find the classes' clusters and still name them wrongly. The same score as
+    k-means' cluster accuracy."""
+    return best_assignment_accuracy(predicted.cpu().numpy(), true.cpu().numpy())
 
 
 PARTITION_MARGIN = 0.05  # relabelled accuracy within this of one constant label: no classes found

@@ -121,7 +121,7 @@ def curve(
             words = f", task loss {task_loss:.3f}" + ("" if discriminated is None else f", d1 loss {discriminated:.3f}")
             if source != "known":
                 accuracy = float((labels == target.y).float().mean())
-                relabelled = relabelled_accuracy(labels, target.y, ctx.num_classes)
+                relabelled = relabelled_accuracy(labels, target.y)
                 words += f", label accuracy {accuracy:.3f} ({relabelled:.3f} under the best renaming of classes)"
             points.append(Point(i, mse, accuracy, relabelled, labels, discriminated, task_loss))
             print(f"  {label} iteration {i}: target MSE {mse:.4f}{words}", flush=True)

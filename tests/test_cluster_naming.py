@@ -46,7 +46,7 @@ def test_clusters_of_a_smooth_embedding_are_named_after_their_classes():
     weights = torch.from_numpy(np.random.default_rng(3).normal(size=(2, 16))) * 0.5
     embeddings = torch.tanh(target_x @ weights).float()
     labels, details = geometry_named_labels(embeddings, aux_x, aux_y, 8, seed=0)
-    partition = relabelled_accuracy(labels, target_y, 8)
+    partition = relabelled_accuracy(labels, target_y)
     assert partition > 0.9 and float((labels == target_y).double().mean()) == pytest.approx(partition, abs=1e-12)
     assert details["layout_agreement"] > 0.9
     again, _ = geometry_named_labels(embeddings, aux_x, aux_y, 8, seed=0)

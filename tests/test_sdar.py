@@ -419,11 +419,11 @@ def test_relabelled_accuracy_scores_the_partition_whatever_the_class_names():
     true = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
     renamed = (true + 1) % 4
     assert float((renamed == true).float().mean()) == 0.0
-    assert relabelled_accuracy(renamed, true, 4) == 1.0
-    assert relabelled_accuracy(torch.zeros_like(true), true, 4) == largest_class_share(true) == 0.4
+    assert relabelled_accuracy(renamed, true) == 1.0
+    assert relabelled_accuracy(torch.zeros_like(true), true) == largest_class_share(true) == 0.4
     scrambled = renamed.clone()
     scrambled[:2] = torch.tensor([3, 2])  # two of class 0's three now disagree with the third
-    assert relabelled_accuracy(scrambled, true, 4) == 0.8
+    assert relabelled_accuracy(scrambled, true) == 0.8
 
 
 @pytest.mark.slow
