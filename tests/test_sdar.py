@@ -435,21 +435,7 @@ def test_u_shaped_sdar_with_only_the_servers_body(digits_ctx, arch, iterations):
     against 0.11 for any constant labelling) while the class names need not (label accuracy 0.013,
     benchmarks/README.md); wherever the named labels are no better than the majority class, the
     entry says the attack FAILED, and the gate fails."""
-    from ushaped import train_u_shaped
-
-    from splitaudit.config import AuditOptions
-    from splitaudit.pipeline import prepare_context
-
-    f, g, _, accuracy = train_u_shaped(arch, digits_ctx.target.x, digits_ctx.target.y, epochs=20)
-    assert accuracy > 0.9
-    options = {"sdar": {"labels": "inferred", "top_model_role": "body", "iterations": iterations}}
-    ctx = prepare_context(
-        AuditOptions(
-            model=f, aux=sample("digits.npz"), top_model=g, seed=0, quick=True, attack_options=options
-        ).validate()
-    )
-    entry = get_attack("sdar").run(ctx)
-    assert entry["status"] == "ok", entry.get("reason")
+    entry = u_shaped_sdar_entry(digits_ctx, arch, "inferred", iterations, epochs=20)
     metrics, baseline = entry["metrics"], entry["baseline"]
     assert entry["details"]["classifier"].startswith("the server's body g (frozen)")
     assert metrics["label_accuracy_relabelled"] > 2 * baseline["label_accuracy_relabelled"]
@@ -464,6 +450,27 @@ def test_u_shaped_sdar_with_only_the_servers_body(digits_ctx, arch, iterations):
     assert gate["passed"] == ("failed_to_train" not in entry)
 
 
+def u_shaped_sdar_entry(digits_ctx, arch: str, labels: str, iterations: int, epochs: int) -> dict:
+    """SDAR's ok entry on a tests/ushaped.py model trained on the digits targets, the attacker
+    holding its body g only (quick: one seed)."""
+    from ushaped import train_u_shaped
+
+    from splitaudit.config import AuditOptions
+    from splitaudit.pipeline import prepare_context
+
+    f, g, _, accuracy = train_u_shaped(arch, digits_ctx.target.x, digits_ctx.target.y, epochs=epochs)
+    assert accuracy > 0.9
+    options = {"sdar": {"labels": labels, "top_model_role": "body", "iterations": iterations}}
+    ctx = prepare_context(
+        AuditOptions(
+            model=f, aux=sample("digits.npz"), top_model=g, seed=0, quick=True, attack_options=options
+        ).validate()
+    )
+    entry = get_attack("sdar").run(ctx)
+    assert entry["status"] == "ok", entry.get("reason")
+    return entry
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, iterations", [("flat_ln", 100), ("resnet", 100)])
 def test_u_shaped_sdar_names_the_clusters_by_the_class_layout(digits_ctx, arch, iterations):
@@ -472,22 +479,8 @@ def test_u_shaped_sdar_names_the_clusters_by_the_class_layout(digits_ctx, arch, 
     by the aux classes' layout) beat the majority class many times over (measured at seed 0: 0.980
     and 0.935, majority 0.092) and the entry never says the label inference failed. The labels
     are fixed before training, so they do not depend on the iterations."""
-    from ushaped import train_u_shaped
-
-    from splitaudit.config import AuditOptions
-    from splitaudit.pipeline import prepare_context
-
     # 40 epochs as benchmarks/sdar_curve.py (at 20 the flat model's clusters overlap more: 0.688)
-    f, g, _, accuracy = train_u_shaped(arch, digits_ctx.target.x, digits_ctx.target.y, epochs=40)
-    assert accuracy > 0.9
-    options = {"sdar": {"labels": "clustered", "top_model_role": "body", "iterations": iterations}}
-    ctx = prepare_context(
-        AuditOptions(
-            model=f, aux=sample("digits.npz"), top_model=g, seed=0, quick=True, attack_options=options
-        ).validate()
-    )
-    entry = get_attack("sdar").run(ctx)
-    assert entry["status"] == "ok", entry.get("reason")
+    entry = u_shaped_sdar_entry(digits_ctx, arch, "clustered", iterations, epochs=40)
     metrics, baseline = entry["metrics"], entry["baseline"]
     assert metrics["label_accuracy"] > 0.8 > 5 * baseline["label_accuracy"]
     assert metrics["label_accuracy"] == pytest.approx(metrics["label_accuracy_relabelled"], abs=0.02)
