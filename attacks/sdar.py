@@ -216,7 +216,9 @@ class SDAROptions:
         choices=tuple(TOP_MODEL_ROLES),
     )
     early_stopping: bool = option(
-        True, "stop when the held-out aux reconstruction MSE stops improving (the iterations stay a cap)"
+        True,
+        "stop when the held-out aux reconstruction MSE stops improving (the iterations stay a cap; off when "
+        "the cap is at most eval_every x (patience + 1), where no plateau could end training earlier)",
     )
     eval_every: int = option(EVAL_EVERY, "iterations between two measurements of the held-out aux MSE", low=1)
     patience: int = option(PATIENCE, "measurements without a better held-out aux MSE before stopping", low=1)
@@ -445,10 +447,17 @@ def sdar_settings(ctx: AuditContext) -> dict:
         "label_flip": label_flip,
         "ablation": bool(options.get("ablation", False)),
         "server_part": part,
-        "stopping": Stopping(stops.eval_every, stops.patience, stops.holdout_fraction)
-        if stops.early_stopping
-        else None,
+        "stopping": early_stopping(stops, iterations),
     }
+
+
+def early_stopping(stops: SDAROptions, iterations: int) -> Stopping | None:
+    """The stopping rule, or None where it is off or could not end training before the cap: the
+    earliest plateau comes `patience` measurements after the first one, and below that holding aux
+    out would only weaken the attack (a quick run's 150 iterations, with the defaults' 350)."""
+    if not stops.early_stopping or iterations <= stops.eval_every * (stops.patience + 1):
+        return None
+    return Stopping(stops.eval_every, stops.patience, stops.holdout_fraction)
 
 
 def stop_details(plateau: Plateau | None, iterations: int) -> dict:

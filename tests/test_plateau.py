@@ -13,7 +13,7 @@ from conftest import make_context, sample
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.optimization import OBJECTIVE_EVERY, ObjectiveStopping, invert
 from splitaudit.attacks.plateau import Plateau, evaluating, restore, snapshot
-from splitaudit.attacks.sdar import FULL, PRESETS, BatchStream, Stopping, sdar_reconstruct
+from splitaudit.attacks.sdar import FULL, PRESETS, BatchStream, Stopping, sdar_reconstruct, sdar_settings
 
 
 def feed(plateau: Plateau, values: list[float]) -> int | None:
@@ -168,3 +168,13 @@ def test_optimization_at_its_cap_is_the_fixed_budget(digits_ctx):
     fixed = invert(digits_ctx.encoder, z, digits_ctx.aux.x, "gaussian", weights, 30, 0.1)
     assert torch.equal(stopped, fixed)
     assert stopping.details(30) == {"steps_run": 30, "stopped_by": "cap"}
+
+
+def test_sdar_holds_no_aux_out_when_no_plateau_could_end_training_before_the_cap(digits_top_ctx):
+    """The earliest stop is eval_every x (patience + 1) iterations; at or below it (a quick run's
+    150 against the defaults' 350) stopping is off, so no aux is held out for nothing."""
+    settings = lambda **options: sdar_settings(dataclasses.replace(digits_top_ctx, attack_options={"sdar": options}))
+    assert digits_top_ctx.quick and settings()["iterations"] == 150 and settings()["stopping"] is None
+    assert settings(iterations=350)["stopping"] is None
+    assert settings(iterations=351)["stopping"] == Stopping(every=50, patience=6, holdout_fraction=0.1)
+    assert settings(iterations=40, eval_every=10, patience=1)["stopping"] is not None
