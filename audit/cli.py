@@ -455,27 +455,36 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: maps errors to one line and the documented exit codes."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame) -> None:
+        received.append(signum)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = cli.main(args=args, prog_name="splitaudit", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        _fail("interrupted (SIGINT); reports of this run are incomplete or absent", EXIT_INTERRUPTED)
+        _fail_on_signal(signal.SIGINT)
     except Terminated:
-        _fail("terminated (SIGTERM); reports of this run are incomplete or absent", EXIT_TERMINATED)
+        _fail_on_signal(signal.SIGTERM)
     except click.ClickException as exc:
         _fail(exc.format_message(), EXIT_BAD_INPUT)
-    except InputError as exc:
-        if debug:
-            traceback.print_exc()
-        _fail(str(exc), EXIT_BAD_INPUT)
     except SystemExit:
         raise
     except Exception as exc:
+        # A signal's exception raised inside a C extension can come out as that library's own error
+        # (matplotlib: "Invalid affine transformation matrix"): after a signal, any error is its echo.
+        if received:
+            _fail_on_signal(received[0])
         if debug:
             traceback.print_exc()
+        if isinstance(exc, InputError):
+            _fail(str(exc), EXIT_BAD_INPUT)
         _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_INTERNAL)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     raise SystemExit(code or 0)
 
 
@@ -485,8 +494,10 @@ class Terminated(BaseException):
     KeyboardInterrupt, so that no `except Exception` (a task's failure handler) swallows it."""
 
 
-def _raise_terminated(_signum, _frame) -> None:
-    raise Terminated()
+def _fail_on_signal(signum: int) -> None:
+    if signum == signal.SIGTERM:
+        _fail("terminated (SIGTERM); reports of this run are incomplete or absent", EXIT_TERMINATED)
+    _fail("interrupted (SIGINT); reports of this run are incomplete or absent", EXIT_INTERRUPTED)
 
 
 def _fail(message: str, code: int) -> None:

@@ -99,7 +99,9 @@ def test_ctrl_c_or_kill_during_a_timed_audit_leaves_no_folder_and_no_semaphore_w
     """The CLI in its own process, interrupted (Ctrl-C) or killed (SIGTERM) while its workers run:
     exit 130 or 143, one line, nothing left in the temp directory and no resource_tracker warning
     about leaked semaphores."""
-    args = [sys.executable, "-m", "splitaudit", "run", MLP, "--aux", CANCER, "--attacks", "decoder"]
+    # SDAR beside the decoder keeps the workers busy well past the signal (the decoder alone can
+    # finish first, its two seeds agreeing, and the signal then lands in the report's rendering)
+    args = [sys.executable, "-m", "splitaudit", "run", MLP, "--aux", CANCER, "--attacks", "decoder,sdar"]
     args += ["--task-timeout", "60", "--noise-sigma", "0.5", "--out", str(tmp_path / "out")]
     cli = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(private_tmp)})
     deadline = time.monotonic() + 120
@@ -111,6 +113,28 @@ def test_ctrl_c_or_kill_during_a_timed_audit_leaves_no_folder_and_no_semaphore_w
     assert cli.returncode == code, err
     assert len(err.strip().splitlines()) == 1 and word in err, err
     assert ours(private_tmp) == []
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_that_a_library_turns_into_its_own_error_still_exits_as_the_signal(monkeypatch, capsys, signum, code):
+    """A signal's exception raised inside a C extension can come out as the library's own error
+    (matplotlib rendering a chart gave "ValueError: Invalid affine transformation matrix" on Ctrl-C):
+    after a signal, the exit is the signal's, never an internal error."""
+    from splitaudit import cli as cli_module
+
+    def rendering(**_kwargs):
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)
+        except BaseException:
+            raise ValueError("Invalid affine transformation matrix") from None
+
+    monkeypatch.setattr(cli_module.cli, "main", rendering)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_module.main(["run"])
+    assert exit_info.value.code == code
+    assert "internal error" not in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
 
 
 # --- 2. render refuses a report or sweep whose verdict contradicts its own numbers ------------------
