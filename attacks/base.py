@@ -260,7 +260,7 @@ class Attack(ABC):
         done = len(outcomes)
         if done >= len(seeds):
             return None
-        if done < MIN_SEEDS:
+        if done < len(first_seeds(seeds)):
             return seeds[done]
         advantages = [self.advantage(o.metrics, o.baseline) for o in outcomes]
         return seeds[done] if mean_is_uncertain(advantages) else None
@@ -325,6 +325,11 @@ class Attack(ABC):
         if entry["advantage"] < 0:
             reasons.insert(0, f"it did worse than its baseline ({metric} {attack:.4g} against {base:.4g})")
         return "; ".join(reasons)
+
+
+def first_seeds(seeds: list[int]) -> list[int]:
+    """The seeds every attack runs whatever their spread (side by side in the executor's first round)."""
+    return seeds[:MIN_SEEDS]
 
 
 def mean_is_uncertain(values: list[float], tolerance: float = SEED_TOLERANCE) -> bool:

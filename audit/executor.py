@@ -12,7 +12,7 @@ from typing import Callable
 from tqdm import tqdm
 
 from splitaudit.attacks import get_attack
-from splitaudit.attacks.base import MIN_SEEDS
+from splitaudit.attacks.base import first_seeds
 from splitaudit.config import EXECUTORS
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
@@ -128,12 +128,12 @@ def run_attack_grid(
 def next_seed_tasks(
     attacks: dict, by_key: dict[tuple[float, str], list[TaskResult]], seeds: list[int]
 ) -> list[SeedTask]:
-    """One round of seed tasks: the first MIN_SEEDS seeds of every (sigma, attack) side by side,
+    """One round of seed tasks: the first seeds (attacks.base.first_seeds) of every (sigma, attack) side by side,
     then one more wherever Attack.next_seed still calls for it; none after a failed seed."""
     tasks = []
     for (sigma, name), done in by_key.items():
         if not done:
-            tasks += [SeedTask(name, seed, sigma) for seed in seeds[:MIN_SEEDS]]
+            tasks += [SeedTask(name, seed, sigma) for seed in first_seeds(seeds)]
         elif all(r.error is None for r in done):
             seed = attacks[name].next_seed(seeds, [r.outcome for r in done])
             tasks += [] if seed is None else [SeedTask(name, seed, sigma)]
