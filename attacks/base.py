@@ -328,7 +328,7 @@ class Attack(ABC):
 
 
 def first_seeds(seeds: list[int]) -> list[int]:
-    """The seeds every attack runs whatever their spread (side by side in the executor's first round)."""
+    """The seeds every attack runs whatever their spread (started side by side by the executor)."""
     return seeds[:MIN_SEEDS]
 
 

@@ -7,6 +7,7 @@ backends import; this module picks a backend and imports it only then (Ray only 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Callable
 
 from tqdm import tqdm
@@ -18,7 +19,7 @@ from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
 from splitaudit.estimators.mean_trace import Job
 from splitaudit.safety import machine_memory_bytes
-from splitaudit.tasks import Executor, SeedTask, ShardTask, Task, TaskResult, timed_task
+from splitaudit.tasks import Executor, FollowUp, SeedTask, ShardTask, Task, TaskResult, no_follow_up, timed_task
 from splitaudit.threads import SMALL_WORK
 
 RAY_INSTALL_HINT = 'the ray executor needs Ray: pip install "splitaudit[ray]" (or pip install ray)'
@@ -31,13 +32,16 @@ class LocalExecutor:
     workers = 1
     task_timeout = None  # a time-out needs a worker process (ProcessPool)
 
-    def map(self, ctx: AuditContext, tasks: list[Task], bar: tqdm) -> list[TaskResult]:
-        results = []
-        for task in tasks:
+    def map(
+        self, ctx: AuditContext, tasks: list[Task], bar: tqdm, follow_up: FollowUp = no_follow_up
+    ) -> list[TaskResult]:
+        tasks, results = list(tasks), []
+        for task in tasks:  # grows as follow_up adds tasks
             bar.set_postfix_str(f"running 1, {task.attack} seed {task.seed}")
             outcome, error, seconds = timed_task(ctx, task)
             results.append(TaskResult(task, outcome, error, seconds))
             bar.update(task.units)
+            tasks += follow_up(results[-1])
         return results
 
     def close(self) -> None:
@@ -104,18 +108,27 @@ def run_attack_grid(
     progress: Callable[..., tqdm] = silent_progress,
 ) -> tuple[dict[float, dict], list[TaskResult]]:
     """Every attack at every sigma, each seed a task on the executor; returns {sigma: {attack:
-    report entry}} (skipped, failed or ok as `Attack.run` gives them) and every task's result."""
+    report entry}} (skipped, failed or ok as `Attack.run` gives them) and every task's result.
+    The first seeds of every (sigma, attack) start side by side; a further seed is queued as soon
+    as an attack's seeds so far have finished and their spread calls for it (Attack.next_seed)."""
     attacks = {name: get_attack(name) for name in names}
     runnable = [name for name, attack in attacks.items() if attack.missing(ctx) is None]
     by_key: dict[tuple[float, str], list[TaskResult]] = {(sigma, name): [] for sigma in sigmas for name in runnable}
-    results: list[TaskResult] = []
-    with progress(total=0, desc=f"attacks ({executor.name})", unit="task") as bar:
-        while tasks := next_seed_tasks(attacks, by_key, ctx.seeds):
-            bar.total += len(tasks)
+    first = [SeedTask(name, seed, sigma) for sigma, name in by_key for seed in first_seeds(ctx.seeds)]
+    unfinished = Counter((task.noise_sigma, task.attack) for task in first)
+    with progress(total=len(first), desc=f"attacks ({executor.name})", unit="task") as bar:
+
+        def follow_up(result: TaskResult) -> list[SeedTask]:
+            key = (result.task.noise_sigma, result.task.attack)
+            by_key[key].append(result)
+            unfinished[key] -= 1
+            further = [] if unfinished[key] else further_seed(attacks[key[1]], key, by_key[key], ctx.seeds)
+            unfinished[key] += len(further)
+            bar.total += len(further)
             bar.refresh()
-            for result in executor.map(ctx, tasks, bar):
-                by_key[(result.task.noise_sigma, result.task.attack)].append(result)
-                results.append(result)
+            return further
+
+        results = executor.map(ctx, first, bar, follow_up)
     grid = {}
     for sigma in sigmas:
         grid[sigma] = {}
@@ -125,23 +138,20 @@ def run_attack_grid(
     return grid, results
 
 
-def next_seed_tasks(
-    attacks: dict, by_key: dict[tuple[float, str], list[TaskResult]], seeds: list[int]
-) -> list[SeedTask]:
-    """One round of seed tasks: the first seeds (attacks.base.first_seeds) of every (sigma, attack) side by side,
-    then one more wherever Attack.next_seed still calls for it; none after a failed seed."""
-    tasks = []
-    for (sigma, name), done in by_key.items():
-        if not done:
-            tasks += [SeedTask(name, seed, sigma) for seed in first_seeds(seeds)]
-        elif all(r.error is None for r in done):
-            seed = attacks[name].next_seed(seeds, [r.outcome for r in done])
-            tasks += [] if seed is None else [SeedTask(name, seed, sigma)]
-    return tasks
+def further_seed(attack, key: tuple[float, str], done: list[TaskResult], seeds: list[int]) -> list[SeedTask]:
+    """The next seed of an (sigma, attack) whose seeds so far have all finished, as Attack.next_seed
+    decides from their outcomes in seed order; none after a failed seed."""
+    if any(r.error is not None for r in done):
+        return []
+    outcomes = [r.outcome for r in sorted(done, key=lambda r: r.task.seed)]
+    seed = attack.next_seed(seeds, outcomes)
+    return [] if seed is None else [SeedTask(key[1], seed, key[0])]
 
 
 def attack_entry(attack, results: list[TaskResult]) -> dict:
-    """The attack's report entry from its seeds' task results: failed if any seed failed."""
+    """The attack's report entry from its seeds' task results (in seed order, whichever finished
+    first): failed if any seed failed."""
+    results = sorted(results, key=lambda r: r.task.seed)
     seconds = sum(r.seconds for r in results)
     failures = [r for r in results if r.error is not None]
     if failures:

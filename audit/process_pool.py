@@ -31,7 +31,7 @@ from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
 from splitaudit.recipe import ContextRecipe, make_recipe, rebuild_context
-from splitaudit.tasks import Finished, Task, TaskResult, schedule, timed_task
+from splitaudit.tasks import Finished, FollowUp, Task, TaskResult, no_follow_up, schedule, timed_task
 
 STOP_SECONDS = 5.0  # how long a worker may take to exit when asked, before it is terminated
 
@@ -127,8 +127,10 @@ class ProcessPool:
         except (EOFError, OSError):
             pass
 
-    def map(self, ctx: AuditContext, tasks: list[Task], bar: tqdm) -> list[TaskResult]:
-        return schedule(self, tasks, bar, self.task_timeout)
+    def map(
+        self, ctx: AuditContext, tasks: list[Task], bar: tqdm, follow_up: FollowUp = no_follow_up
+    ) -> list[TaskResult]:
+        return schedule(self, tasks, bar, self.task_timeout, follow_up)
 
     def start(self, task: Task) -> int:
         worker = next(w for w in self.pool if w.token is None)

@@ -20,7 +20,7 @@ from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
 from splitaudit.recipe import ContextRecipe, make_recipe, rebuild_context
-from splitaudit.tasks import Finished, Task, TaskResult, schedule, timed_task
+from splitaudit.tasks import Finished, FollowUp, Task, TaskResult, no_follow_up, schedule, timed_task
 
 _CONTEXTS: dict[str, AuditContext] = {}  # per worker process: recipe key -> rebuilt context
 
@@ -78,8 +78,10 @@ class RayExecutor:
         )
         self.recipe_box = [uuid.uuid4().hex, ray.put(make_recipe(options, ctx))]
 
-    def map(self, ctx: AuditContext, tasks: list[Task], bar: tqdm) -> list[TaskResult]:
-        return schedule(self, tasks, bar, self.task_timeout)
+    def map(
+        self, ctx: AuditContext, tasks: list[Task], bar: tqdm, follow_up: FollowUp = no_follow_up
+    ) -> list[TaskResult]:
+        return schedule(self, tasks, bar, self.task_timeout, follow_up)
 
     def start(self, task: Task):
         return self.remote.remote(self.recipe_box, task)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Hashable, Protocol
+from typing import Callable, Hashable, Protocol
 
 import torch
 from tqdm import tqdm
@@ -70,6 +70,7 @@ class ShardTask:
 
 
 Task = SeedTask | ShardTask
+FollowUp = Callable[["TaskResult"], list[Task]]  # the tasks a settled result calls for
 
 
 @dataclass
@@ -96,13 +97,21 @@ class TaskResult:
         }
 
 
+def no_follow_up(result: TaskResult) -> list[Task]:
+    """No task depends on another's result (the dFIL shards)."""
+    return []
+
+
 class Executor(Protocol):
     name: str
     workers: int
     task_timeout: float | None
 
-    def map(self, ctx: AuditContext, tasks: list[Task], bar: tqdm) -> list[TaskResult]:
-        """Every task's result, in the tasks' order; a failing task never raises."""
+    def map(
+        self, ctx: AuditContext, tasks: list[Task], bar: tqdm, follow_up: FollowUp = no_follow_up
+    ) -> list[TaskResult]:
+        """Every task's result, and those of the tasks `follow_up` adds as results settle, in the
+        order given; a failing task never raises."""
 
     def close(self) -> None:
         """Release what the executor started."""
@@ -151,23 +160,40 @@ class Finished:
     worker: str
 
 
-def schedule(slots: Slots, tasks: list[Task], bar: tqdm, task_timeout: float | None) -> list[TaskResult]:
-    """Every task's result, in the tasks' order: at most `slots.workers` run at once, the heaviest
-    attacks first (so the last tasks to start are short ones and the workers finish together);
-    a task that fails, or a timed one (an attack seed) that passes `task_timeout` (counted from its
-    start), is retried once, then reported as failed."""
+def schedule(
+    slots: Slots,
+    tasks: list[Task],
+    bar: tqdm,
+    task_timeout: float | None,
+    follow_up: FollowUp = no_follow_up,
+) -> list[TaskResult]:
+    """Every task's result, in the order the tasks were given or followed up: at most
+    `slots.workers` run at once, the heaviest attacks first (so the last tasks to start are short
+    ones and the workers finish together); a task that fails, or a timed one (an attack seed) that
+    passes `task_timeout` (counted from its start), is retried once, then reported as failed.
+    `follow_up(result)` gives the tasks a settled result calls for (a further seed), queued at
+    once by their weight, so a worker never idles while another finishes a round."""
+    tasks = list(tasks)
     results: dict[int, TaskResult] = {}
-    order = sorted(range(len(tasks)), key=lambda i: -tasks[i].relative_cost)
-    queue = [(i, 1) for i in order]  # (task index, attempt)
+    queue: list[tuple[int, int]] = []  # (task index, attempt): retries first, then the heaviest
     running: dict = {}  # handle -> (index, attempt, start)
+
+    def enqueue(index: int, attempt: int) -> None:
+        queue.append((index, attempt))
+        queue.sort(key=lambda entry: (entry[1] == 1, -tasks[entry[0]].relative_cost))  # stable: ties keep their order
 
     def settle(index: int, attempt: int, result: TaskResult) -> None:
         if result.error is not None and attempt < MAX_ATTEMPTS:
-            queue.insert(0, (index, attempt + 1))
-        else:
-            results[index] = result
-            bar.update(tasks[index].units)
+            enqueue(index, attempt + 1)
+            return
+        results[index] = result
+        bar.update(tasks[index].units)
+        for task in follow_up(result):
+            tasks.append(task)
+            enqueue(len(tasks) - 1, 1)
 
+    for index in range(len(tasks)):
+        enqueue(index, 1)
     while queue or running:
         while queue and len(running) < slots.workers:
             index, attempt = queue.pop(0)

@@ -345,3 +345,45 @@ def test_auto_workers_take_the_cores_that_half_the_memory_holds(cancer_ctx, monk
     assert executor.local_workers(None, large) == 1  # its tasks already use every core
     assert executor.local_workers(3, full) == 3
     assert executor.worker_bytes(full) > executor.WORKER_BASE_BYTES
+
+
+class SimulatedSlots:
+    """Two workers on a simulated clock: a task takes `durations[attack]` time units; records when
+    each task started."""
+
+    workers = 2
+
+    def __init__(self, durations: dict[str, float]):
+        self.durations, self.now, self.running, self.started = durations, 0.0, {}, []
+
+    def start(self, task):
+        handle = len(self.started)
+        self.started.append((self.now, task))
+        self.running[handle] = (self.now + self.durations[task.attack], task)
+        return handle
+
+    def wait(self, handles, timeout):
+        from splitaudit.tasks import Finished
+
+        self.now = min(self.running[h][0] for h in handles)
+        done = [h for h in handles if self.running[h][0] == self.now]
+        return [(h, Finished(self.running.pop(h)[1].seed, None, 1.0, "sim")) for h in done]
+
+
+def test_a_further_seed_starts_when_its_attack_finishes_not_after_the_round():
+    """The scheduler queues a follow-up task as soon as the result that calls for it settles, by
+    weight: SDAR's third seed starts beside the short tasks (makespan 20) instead of after all of
+    them (22, as rounds did), and every task's result comes back in the order of creation."""
+    from splitaudit.tasks import schedule
+
+    first = [SeedTask("sdar", 0, 0.0), SeedTask("sdar", 1, 0.0)] + [SeedTask("kmeans", s, 0.0) for s in range(4)]
+    slots = SimulatedSlots({"sdar": 10.0, "kmeans": 1.0})
+
+    def follow_up(result):
+        return [SeedTask("sdar", 2, 0.0)] if result.task == SeedTask("sdar", 1, 0.0) else []
+
+    results = schedule(slots, first, NullBar(), None, follow_up)
+    starts = {(task.attack, task.seed): when for when, task in slots.started}
+    assert starts[("sdar", 2)] == 10.0 and slots.now == 20.0
+    assert [r.task for r in results] == first + [SeedTask("sdar", 2, 0.0)]
+    assert [r.outcome for r in results] == [0, 1, 0, 1, 2, 3, 2]
