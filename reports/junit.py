@@ -6,17 +6,28 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from splitaudit.reports.files import write_atomic
+from splitaudit.reports.view import QUICK_ALERT
 
 
 def write_junit(result: dict, path: Path) -> Path:
+    """The gate's checks as one test suite; a --quick run is named so and carries the quick-run
+    warning, since a CI view of passed checks must not read as a full audit's."""
     checks = result["gate"]["checks"]
+    quick = bool((result.get("run") or {}).get("quick"))
     suite = ET.Element(
-        "testsuite", name="splitaudit", tests=str(len(checks)), failures=str(sum(not c["passed"] for c in checks))
+        "testsuite",
+        name="splitaudit (quick run)" if quick else "splitaudit",
+        tests=str(len(checks)),
+        failures=str(sum(not c["passed"] for c in checks)),
     )
+    properties = ET.SubElement(suite, "properties")
+    ET.SubElement(properties, "property", name="quick", value=str(quick).lower())
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname="splitaudit.gate", name=check["name"])
         if not check["passed"]:
             ET.SubElement(case, "failure", message=check["message"]).text = check["message"]
+    if quick:  # after the test cases, where the JUnit schema puts it
+        ET.SubElement(suite, "system-out").text = QUICK_ALERT
     path.parent.mkdir(parents=True, exist_ok=True)
     xml = ET.tostring(suite, encoding="utf-8", xml_declaration=True)
     return write_atomic(path.parent, path.name, xml)

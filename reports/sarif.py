@@ -13,7 +13,7 @@ from pathlib import Path, PurePath
 from urllib.parse import quote
 
 from splitaudit.reports.files import to_strict_json, write_atomic
-from splitaudit.reports.view import CAUSE_WORDS
+from splitaudit.reports.view import CAUSE_WORDS, QUICK_ALERT
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 INFORMATION_URI = "https://github.com/splitaudit/splitaudit"
@@ -56,10 +56,26 @@ def sarif_log(result: dict, base: Path | None = None) -> dict:
             {
                 "tool": {"driver": driver},
                 "results": results,
-                "properties": {"passed": result["gate"]["passed"], "noise_sigma": result["noise_sigma"]},
+                "invocations": [_invocation(result)],
+                "properties": {
+                    "passed": result["gate"]["passed"],
+                    "noise_sigma": result["noise_sigma"],
+                    "quick": _quick(result),
+                },
             }
         ],
     }
+
+
+def _quick(result: dict) -> bool:
+    return bool((result.get("run") or {}).get("quick"))
+
+
+def _invocation(result: dict) -> dict:
+    """The run itself; a --quick run carries the quick-run warning, so a code-scanning view that
+    shows no finding does not read as a full audit's clean result."""
+    notes = [{"level": "warning", "message": {"text": QUICK_ALERT}}] if _quick(result) else []
+    return {"executionSuccessful": True, "toolExecutionNotifications": notes}
 
 
 def write_sarif(result: dict, path: Path) -> Path:

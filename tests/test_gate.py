@@ -184,6 +184,9 @@ def test_exit_1_when_a_gate_fails_and_every_report_is_still_written(fake_audit, 
     assert "short by" in (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
     suite = ET.parse(junit).getroot()
     assert suite.get("failures") == "3"  # the bound, attribute's and decoder's advantage
+    quick = saved["run"]["quick"]
+    assert suite.find("properties/property[@name='quick']").get("value") == str(quick).lower()
+    assert ("quick" in suite.get("name")) is quick and (suite.find("system-out") is not None) is quick
     assert "FAILED" in capsys.readouterr().out
 
 
@@ -241,3 +244,19 @@ def test_bound_gate_does_not_pass_on_a_failed_prior_that_fell_back_to_the_floor(
     assert not gate["passed"] and check(gate, "fail-under-mse")["cause"] == "prior-untrusted"
     stam = dict(result["prior"], valid=False, stam_limit=16.0, J_over_d_used=16.0)
     assert check(evaluate_gate(dict(result, prior=stam), fail_under_mse=threshold), "fail-under-mse")["passed"]
+
+
+def test_junit_of_a_quick_run_is_named_and_warned_as_one(tmp_path):
+    """CI views of a --quick audit's passed gates must not read as a full audit's."""
+    from splitaudit.reports import write_junit
+    from splitaudit.reports.view import QUICK_ALERT
+
+    checks = [{"name": "audit-complete", "passed": True, "message": "every selected attack ran"}]
+    for quick in (True, False):
+        suite = ET.parse(
+            write_junit({"gate": {"checks": checks}, "run": {"quick": quick}}, tmp_path / "g.xml")
+        ).getroot()
+        assert suite.get("name") == ("splitaudit (quick run)" if quick else "splitaudit")
+        assert suite.find("properties/property[@name='quick']").get("value") == str(quick).lower()
+        assert [e.text for e in suite.findall("system-out")] == ([QUICK_ALERT] if quick else [])
+        assert [case.tag for case in suite][-1] == ("system-out" if quick else "testcase")

@@ -71,3 +71,17 @@ def test_model_path_is_relative_to_the_source_root_when_inside_it(real_audit, tm
     assert artifact(tmp_path) == {"uri": "models%20dir/bottom.onnx", "uriBaseId": "%SRCROOT%"}
     assert artifact(tmp_path / "elsewhere") == {"uri": model.as_uri()}
     assert model.as_uri().endswith("/models%20dir/bottom.onnx")
+
+
+def test_a_quick_run_says_so_in_the_log_and_a_full_run_does_not(real_audit):
+    """A code-scanning view of a --quick audit with no findings must not read as a full audit's."""
+    from splitaudit.reports.view import QUICK_ALERT
+
+    for quick in (True, False):
+        result = copy.deepcopy(real_audit.data)
+        result["run"]["quick"] = quick
+        log = sarif_log(result)
+        run = log["runs"][0]
+        notes = run["invocations"][0]["toolExecutionNotifications"]
+        assert sarif_errors(log) == [] and run["properties"]["quick"] is quick
+        assert [n["message"]["text"] for n in notes] == ([QUICK_ALERT] if quick else [])
