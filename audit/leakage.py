@@ -22,7 +22,15 @@ from splitaudit.estimators.bounds import (
     van_trees_stderr,
 )
 from splitaudit.estimators.jacobian import FD_MAX_RELATIVE_ERROR, FD_STEP_RATIO, TraceEstimate
-from splitaudit.estimators.mean_trace import Z_95, JobRunner, MeanOptions, MeanTrace, estimate_mean_trace
+from splitaudit.estimators.mean_trace import (
+    LEAKIEST,
+    Z_95,
+    JobRunner,
+    MeanOptions,
+    MeanTrace,
+    default_method,
+    estimate_mean_trace,
+)
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS,
     PriorEstimate,
@@ -38,7 +46,6 @@ IMAGE_SMOOTHING = 0.25  # Maeng et al. (NeurIPS 2023), A.1: the randomized-smoot
 DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES = 2048, 256
 MAX_PROBES, QUICK_MAX_PROBES = 256, 64
 DFIL_RTOL = 0.02  # default target of the mean trace's relative standard error (--dfil-rtol)
-LEAKIEST = 5
 VIOLATION_Z = 2.0  # an attack violates the bound when it is below it by this many standard errors
 
 
@@ -136,7 +143,7 @@ def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, rtol: float, runner: Jo
     Autograd models: exact when affordable, else Hutchinson probes to the mean's rtol
     (estimators/mean_trace.py), cross-checked at run time; black-box models central differences.
     """
-    method = "auto" if ctx.encoder.differentiable else "finite-difference"
+    method = default_method(ctx.encoder.differentiable)
     options = MeanOptions(
         rtol=rtol,
         max_probes=QUICK_MAX_PROBES if ctx.quick else MAX_PROBES,
