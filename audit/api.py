@@ -13,8 +13,7 @@ from typing import Any, Callable
 
 from splitaudit.config import AuditOptions
 from splitaudit.errors import InputError
-
-DEFAULT_FORMATS = ("html", "md", "json")
+from splitaudit.registries import DEFAULT_FORMATS, check_formats
 
 
 class AuditResult:
@@ -44,9 +43,10 @@ class AuditResult:
         return render_html(self.data)
 
     def write(self, out_dir: str | Path, formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS) -> list[Path]:
-        """Write report.json/.html/.md (and .sarif when asked) into out_dir; returns the paths."""
+        """Write report.json/.html/.md (and .sarif, .junit.xml when asked) into out_dir; returns the paths."""
         from splitaudit.reports import write_reports
 
+        check_formats(list(formats), "report")
         return write_reports(self.data, Path(out_dir), list(formats))
 
     def _repr_html_(self) -> str:

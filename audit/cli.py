@@ -20,8 +20,9 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from splitaudit.attacks import ATTACK_NAMES, attack_class
-from splitaudit.config import DEVICES, EXECUTORS, FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
+from splitaudit.config import DEVICES, EXECUTORS, AuditOptions, load_config, parse_attack_option
 from splitaudit.errors import InputError
+from splitaudit.registries import PRIOR_NAMES, PRIORS, check_formats, formats_of
 from splitaudit.safety import display_path, display_text, displayable
 from splitaudit.version import __version__
 
@@ -97,7 +98,11 @@ def model_data_options(func, noise_sigma_option=None):
             help="Token inputs: vocabulary (JSON list of strings, or tokenizer.json); x holds token ids [N, T].",
         ),
         click.option(
-            "--prior", type=click.Choice(PRIORS), help="Prior-term estimator for the van Trees bound (default ssm)."
+            "--prior",
+            type=click.Choice(PRIOR_NAMES),
+            help="Prior-term estimator for the van Trees bound (default ssm): "
+            + "; ".join(f"{p.name}, {p.description}" for p in PRIORS.values())
+            + ".",
         ),
         click.option(
             "--smoothing", type=float, help="Randomized-smoothing tau (default 0.25 for [0,1] images, else 0)."
@@ -212,7 +217,10 @@ def cli() -> None:
 @attack_selection_options("The top model g (TorchScript/ONNX), for attacks that use one.")
 @click.option("--out", help="Output folder (default ./splitaudit-report).")
 @click.option(
-    "--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json,sarif (default html,md,json)."
+    "--format",
+    "formats",
+    callback=_comma_list(str),
+    help=f"Comma list of {','.join(formats_of('report'))} (default html,md,json).",
 )
 @click.option("--fail-under-mse", type=float, help="Gate: fail when the van Trees bound MSE is below T.")
 @click.option("--fail-under-attack-mse", type=float, help="Gate: fail when any reconstruction attack's MSE is below T.")
@@ -326,8 +334,8 @@ def render(report: str, formats: list[str], out: str | None, debug: bool) -> Non
     from splitaudit.reports.sweep import write_sweep_reports
     from splitaudit.reports.writer import claim_output_folder, output_lock
 
-    _check_formats(formats)
     result = load_result(Path(report))
+    check_formats(formats, "sweep" if result.get("kind") == "sweep" else "report")
     write = write_sweep_reports if result.get("kind") == "sweep" else write_reports
     out_dir = claim_output_folder(Path(report).parent if out is None else out)
     with output_lock(out_dir):
@@ -347,7 +355,7 @@ def compare(before: str, after: str, formats: list[str], out: str, debug: bool) 
     from splitaudit.reports.compare import check_comparable, differences
     from splitaudit.reports.writer import claim_output_folder, output_lock
 
-    _check_formats(formats)
+    check_formats(formats, "comparison")
     results = load_result(Path(before)), load_result(Path(after))
     check_comparable(*results, (display_path(before), display_path(after)))
     for warning in differences(*results):
@@ -393,7 +401,12 @@ def schema() -> None:
 @click.option("--max-utility-loss", type=float, help="Gate: fail when the recommended sigma costs more accuracy.")
 @attack_selection_options("The top model g; utility is its accuracy under noise (else a probe's).")
 @click.option("--out", help="Output folder (default ./splitaudit-report).")
-@click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json (default all).")
+@click.option(
+    "--format",
+    "formats",
+    callback=_comma_list(str),
+    help=f"Comma list of {','.join(formats_of('sweep'))} (default html,md,json).",
+)
 @click.option("--fail-under-mse", type=float, help="Gate: fail when the recommended sigma's bound MSE is below T.")
 @click.option(
     "--fail-under-attack-mse",
@@ -407,10 +420,7 @@ def schema() -> None:
 @executor_options
 def sweep(model: str | None, **flags) -> None:
     """Audit MODEL at several noise sigmas: bounds, attacks and utility, and a recommended sigma."""
-    options = build_options(model, given_flags(flags))
-    if "sarif" in options.formats:
-        raise InputError("a sweep writes json, html and md (SARIF is written by splitaudit run)")
-    _sweep_and_report(options)
+    _sweep_and_report(build_options(model, given_flags(flags)))
 
 
 def _sweep_and_report(options: AuditOptions) -> None:
@@ -443,12 +453,6 @@ def attacks() -> None:
         click.echo(f"{name}: {attack.title}; metrics {', '.join(attack.metrics)}")
         for line in options_help(attack.Options) or ["takes no options"]:
             click.echo(f"  {line}")
-
-
-def _check_formats(formats: list[str]) -> None:
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise InputError(f"--format takes a comma list of {', '.join(FORMATS)}; got {','.join(formats)!r}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from splitaudit.errors import InputError
+from splitaudit.registries import DEFAULT_FORMATS, PRIOR_NAMES, check_formats
 from splitaudit.safety import nested_deeper_than, require_regular_file
 
 if sys.version_info >= (3, 11):
@@ -15,8 +16,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-PRIORS = ("ssm", "dsm", "gaussian")
-FORMATS = ("html", "md", "json", "sarif")
 MAX_SCALE = 1e12  # --noise-sigma/--smoothing above this overflow float32 when squared or added
 MIN_SCALE = 1e-12  # a positive scale below this underflows float32 when squared (1/sigma^2 divides by 0)
 MAX_THRESHOLD = 1e12  # an MSE or advantage threshold beyond this is no threshold
@@ -62,7 +61,7 @@ class AuditOptions:
     attr_column: str | None = None
     target_fraction: float = 0.5
     out: str = "splitaudit-report"
-    formats: list[str] = field(default_factory=lambda: ["html", "md", "json"])  # sarif on request
+    formats: list[str] = field(default_factory=lambda: list(DEFAULT_FORMATS))
     fail_under_mse: float | None = None
     fail_under_attack_mse: float | None = None
     max_advantage: float | None = None
@@ -94,11 +93,9 @@ class AuditOptions:
         self._normalize_sigmas()
         if self.device not in DEVICES:
             raise InputError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r:.60}")
-        if self.prior not in PRIORS:
-            raise InputError(f"--prior must be one of {', '.join(PRIORS)}, got {self.prior!r}")
-        unknown = [f for f in self.formats if f not in FORMATS]
-        if unknown or not self.formats:
-            raise InputError(f"--format takes a comma list of {', '.join(FORMATS)}; got {','.join(self.formats)!r}")
+        if self.prior not in PRIOR_NAMES:
+            raise InputError(f"--prior must be one of {', '.join(PRIOR_NAMES)}, got {self.prior!r}")
+        check_formats(self.formats, "sweep" if self.noise_sigmas is not None or self.auto_sigma else "report")
         if not str(self.out).strip():
             raise InputError("--out is empty; name an output folder")
         if self.executor not in EXECUTORS:

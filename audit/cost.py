@@ -21,6 +21,7 @@ import torch
 from splitaudit.context import AuditContext
 from splitaudit.estimators.mean_trace import default_method, planned_products
 from splitaudit.estimators.prior import QUICK_SCORE_SETTINGS, ScoreSettings, score_training_step, within_work_cap
+from splitaudit.registries import PRIORS
 from splitaudit.threads import threads_for
 
 TIMING_BATCH = 16  # samples per timed pass (batches amortise per-call overhead, as the stages do)
@@ -119,8 +120,8 @@ def dfil_products(ctx: AuditContext, n: int) -> float:
 
 
 def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> float:
-    """The score network's training at most (early stopping may end it sooner), 0 for gaussian."""
-    if prior == "gaussian":
+    """The score network's training at most (early stopping may end it sooner), 0 for a closed-form prior."""
+    if not PRIORS[prior].trains:
         return 0.0
     x = ctx.aux.x
     settings = within_work_cap(len(x), x[0].numel(), QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings())

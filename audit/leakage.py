@@ -39,6 +39,7 @@ from splitaudit.estimators.prior import (
     mean_variance,
     within_work_cap,
 )
+from splitaudit.registries import PRIORS
 from splitaudit.stochastic import naming_randomness
 from splitaudit.tokens import mean_trace_per_mask_pattern
 
@@ -158,7 +159,7 @@ def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
     if ctx.tokens is not None:
         return ctx.tokens.smoothed_prior(method, tau, ctx.aux.x) if tau > 0 else ctx.tokens.unsmoothed_prior(method)
     settings = QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings()
-    if method == "gaussian":
+    if not PRIORS[method].trains:
         return estimate_prior(ctx.aux.x, method, tau)
     epochs = within_work_cap(len(ctx.aux.x), ctx.aux.x[0].numel(), settings).max_epochs
     with ctx.progress(total=epochs, desc=f"prior ({method})", unit="epoch") as bar:

@@ -14,6 +14,7 @@ from tabulate import tabulate
 
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
+from splitaudit.reports.junit import write_junit
 from splitaudit.reports.terminal import _wrap
 from splitaudit.reports.view import (
     DATA_LABELS,
@@ -352,11 +353,13 @@ def _point_view(point: dict, recommended: bool) -> PointView:
 
 
 def write_sweep_reports(sweep: dict, out_dir: Path, formats: list[str]) -> list[Path]:
-    """sweep.json / sweep.html / sweep.md in out_dir; returns the paths written."""
+    """sweep.json / .html / .md / .junit.xml (as asked) in out_dir; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [write_result_json(sweep, out_dir / "sweep.json", sweep_json_schema())] if "json" in formats else []
     if "html" in formats or "md" in formats:
         written += render_pages(build_sweep_view(sweep), out_dir, formats, "sweep")
+    if "junit" in formats:
+        written.append(write_junit(sweep, out_dir / "sweep.junit.xml"))
     return written
 
 

@@ -1,0 +1,87 @@
+"""The plugin families besides attacks (attacks/__init__.py), by name: prior estimators and
+report formats.
+
+Torch-free and in the core layer, so that the options (config.py), the CLI's choices, the result's
+schema (result.py) and the reports all read their names and words from here. The code of each
+entry lives with its family (the prior's score-matching loss in estimators/prior.py, a format's
+writer in reports/writer.py), found by the entry's name. Adding a prior or a format is one line
+here and its code there; the family's conformance suite (tests/test_prior.py,
+tests/test_formats.py) runs every entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitaudit.errors import InputError
+
+
+@dataclass(frozen=True)
+class PriorMethod:
+    """An estimator of the prior term J(pi)/d of the van Trees bound.
+
+    score_loss: the name of its score-matching loss in estimators/prior.py, or None for a
+    closed-form fit (no score network to train: no training cost, no progress bar).
+    needs_noise: the loss is defined only on noise-smoothed inputs, so without --smoothing it
+    smooths a little itself (and says so in the prior's notes).
+    """
+
+    name: str
+    description: str
+    score_loss: str | None = None
+    needs_noise: bool = False
+
+    @property
+    def trains(self) -> bool:
+        return self.score_loss is not None
+
+
+PRIORS: dict[str, PriorMethod] = {
+    prior.name: prior
+    for prior in (
+        PriorMethod("ssm", "sliced score matching with variance reduction (Song et al., UAI 2019)", "ssm_vr_loss"),
+        PriorMethod("dsm", "denoising score matching (Vincent, Neural Computation 2011)", "dsm_loss", True),
+        PriorMethod("gaussian", "an isotropic Gaussian fit: the lowest J any prior of that spread has"),
+    )
+}
+PRIOR_NAMES = tuple(PRIORS)
+
+
+@dataclass(frozen=True)
+class ReportFormat:
+    """A file a result can be written as: its name (--format), what it is, the documents it
+    renders ("report": splitaudit run and render; "sweep"; "comparison": splitaudit compare), and
+    whether run and sweep write it when --format is not given."""
+
+    name: str
+    description: str
+    documents: frozenset[str]
+    default: bool = False
+
+
+_ALL = frozenset({"report", "sweep", "comparison"})
+FORMATS: dict[str, ReportFormat] = {
+    fmt.name: fmt
+    for fmt in (
+        ReportFormat("html", "a self-contained web page", _ALL, default=True),
+        ReportFormat("md", "Markdown, its figures beside it", _ALL, default=True),
+        ReportFormat("json", "the result itself (report.json), checked against its schema", _ALL, default=True),
+        ReportFormat("sarif", "SARIF 2.1.0 findings for code-scanning tools", frozenset({"report"})),
+        ReportFormat("junit", "the gate's checks as JUnit XML test cases", frozenset({"report", "sweep"})),
+    )
+}
+DEFAULT_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.default)
+
+
+def formats_of(document: str) -> tuple[str, ...]:
+    """The formats a document can be written in, in the registry's order."""
+    return tuple(name for name, fmt in FORMATS.items() if document in fmt.documents)
+
+
+def check_formats(formats: list[str], document: str) -> None:
+    """InputError unless `formats` is a non-empty list of formats `document` can be written in."""
+    allowed = formats_of(document)
+    if not formats or any(f not in allowed for f in formats):
+        raise InputError(
+            f"--format takes a comma list of {', '.join(allowed)} for a {document}; got {','.join(formats)!r}"
+        )
