@@ -14,6 +14,7 @@ import torch
 
 from splitaudit.context import AuditContext
 from splitaudit.estimators.bounds import (
+    bound_mse,
     cramer_rao_mse,
     dfil,
     sigma_for_unbiased,
@@ -39,7 +40,7 @@ from splitaudit.estimators.prior import (
     mean_variance,
     within_work_cap,
 )
-from splitaudit.registries import PRIORS
+from splitaudit.registries import BOUNDS, GATED_BOUND, PRIORS
 from splitaudit.stochastic import naming_randomness
 from splitaudit.tokens import mean_trace_per_mask_pattern
 
@@ -388,12 +389,12 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
             f"independent sends gains up to {ctx.queries} times the Fisher information (independent draws and "
             f"noise add up), so its van Trees bound is {van_trees_mse(ctx.queries * upper, j):.4g}"
         )
+    values = {key: bound_mse(bound, upper, j) for key, bound in BOUNDS.items()}
+    at_estimate = {f"{key}_point": bound_mse(bound, mean, j) for key, bound in BOUNDS.items()}
     return {
-        "cramer_rao_mse": cramer_rao_mse(upper),
-        "cramer_rao_mse_point": cramer_rao_mse(mean),
+        **values,
+        **at_estimate,
         "cramer_rao_mse_leakiest": cramer_rao_mse(float(per_sample.max())),
-        "van_trees_mse": van_trees_mse(upper, j),
-        "van_trees_mse_point": van_trees_mse(mean, j),
         "dfil_used": upper,
         "van_trees_stderr": van_trees_stderr(mean, stderr, j, m.prior.stderr),
         "van_trees_stam_mse": None if stam is None else van_trees_mse(upper, stam),
@@ -437,7 +438,7 @@ def check_against_bound(bounds: dict, attacks: dict[str, dict], smoothing: float
     the bounds listing (with the likely causes) every one whose MSE is below the van Trees bound
     by more than VIOLATION_Z standard errors (attack spread over seeds and the bound's own error).
     The sections given are left as they are, so a result is assembled once, already checked."""
-    bound, bound_se = bounds["van_trees_mse"], bounds.get("van_trees_stderr", 0.0)
+    bound, bound_se = bounds[GATED_BOUND.key], bounds.get(GATED_BOUND.stderr_key, 0.0)
     checked, violated = {}, []
     for name, attack in attacks.items():
         if attack.get("status") != "ok" or attack.get("kind") != "reconstruction":
@@ -448,7 +449,7 @@ def check_against_bound(bounds: dict, attacks: dict[str, dict], smoothing: float
         margin = VIOLATION_Z * math.hypot(spread if math.isfinite(spread) else 0.0, bound_se)
         checked[name] = {
             **attack,
-            "bound_check": {"van_trees_mse": bound, "margin": margin, "violated": mse < bound - margin},
+            "bound_check": {GATED_BOUND.key: bound, "margin": margin, "violated": mse < bound - margin},
         }
         if mse < bound - margin:
             violated.append(name)
@@ -458,7 +459,7 @@ def check_against_bound(bounds: dict, attacks: dict[str, dict], smoothing: float
         flagged["violation_causes"] = causes
         flagged["notes"] = [
             *bounds.get("notes", []),
-            f"{', '.join(violated)} reconstructed below the van Trees bound: the bound's assumptions failed "
+            f"{', '.join(violated)} reconstructed below the {GATED_BOUND.name} bound: the bound's assumptions failed "
             f"({'; '.join(causes)}), so it is not a guarantee here",
         ]
     return checked, flagged

@@ -1,12 +1,13 @@
-"""The plugin families besides attacks (attacks/__init__.py), by name: prior estimators and
-report formats.
+"""The plugin families besides attacks (attacks/__init__.py) and trace methods
+(estimators/methods.py), by name: the bounds, the prior estimators and the report formats.
 
 Torch-free and in the core layer, so that the options (config.py), the CLI's choices, the result's
 schema (result.py) and the reports all read their names and words from here. The code of each
 entry lives with its family (the prior's score-matching loss in estimators/prior.py, a format's
-writer in reports/writer.py), found by the entry's name. Adding a prior or a format is one line
-here and its code there; the family's conformance suite (tests/test_prior.py,
-tests/test_formats.py) runs every entry.
+writer in reports/writer.py, a bound's formula in estimators/bounds.py), found by the entry's
+name. Adding a bound, a prior or a format is one line here and its code there; the family's
+conformance suite (tests/test_bounds.py, tests/test_prior.py, tests/test_formats.py) runs every
+entry.
 """
 
 from __future__ import annotations
@@ -14,6 +15,62 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splitaudit.errors import InputError
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A lower bound on an attacker's reconstruction MSE per input dimension, 1 / (dFIL + J/d)
+    with or without the prior term (estimators/bounds.py: bound_mse), and how reports state it.
+
+    key: its value in the result's bounds section (`{key}_point`: at the estimate of E[dFIL]
+    rather than the upper end of its interval); stderr_key: its standard error, where one is kept.
+    audience: who it holds against, in a few words (charts, tables); holds_against: in full.
+    gated: the bound --fail-under-mse gates on, attacks are checked against, and a sweep's
+    recommended sigma must reach (exactly one is).
+    """
+
+    name: str
+    key: str
+    formula: str
+    audience: str
+    holds_against: str
+    uses_prior: bool
+    chart_color: str
+    gated: bool = False
+    stderr_key: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The bound's name with its audience: a chart's legend, a table's row."""
+        return f"{self.name} bound ({self.audience})"
+
+
+BOUNDS: dict[str, Bound] = {
+    bound.key: bound
+    for bound in (
+        Bound(
+            "van Trees",
+            "van_trees_mse",
+            "1 / (mean dFIL + J(π)/d)",
+            "any attacker",
+            "any attacker, including one who knows the data distribution",
+            uses_prior=True,
+            chart_color="#2f855a",
+            gated=True,
+            stderr_key="van_trees_stderr",
+        ),
+        Bound(
+            "Cramér-Rao",
+            "cramer_rao_mse",
+            "1 / mean dFIL",
+            "unbiased attackers",
+            "unbiased attackers (no prior knowledge)",
+            uses_prior=False,
+            chart_color="#805ad5",
+        ),
+    )
+}
+GATED_BOUND = next(bound for bound in BOUNDS.values() if bound.gated)
 
 
 @dataclass(frozen=True)
