@@ -492,7 +492,11 @@ def calibrate(
 ) -> dict:
     """The answer of `splitaudit calibrate --json`: the sigma for the van Trees bound (and the
     unbiased one) to reach target_mse, or why no sigma can."""
-    m = measure(ctx, prior, smoothing, dfil_rtol, dfil_samples)
+    return calibration_answer(ctx, measure(ctx, prior, smoothing, dfil_rtol, dfil_samples), target_mse)
+
+
+def calibration_answer(ctx: AuditContext, m: Measurement, target_mse: float) -> dict:
+    """calibrate's answer from an existing measurement."""
     answer = _calibration_section(ctx, m, target_mse)
     del answer["target_source"]
     return {
