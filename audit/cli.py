@@ -103,7 +103,8 @@ SCALARS = {"float": float, "float | None": float, "int": int, "int | None": int}
 
 def _click_option(f, command: str):
     """One option of the table as a click option: its type from the field's annotation (comma
-    lists, numbers, flags), choices, metavar and help from its OptionSpec."""
+    lists, numbers, flags; --workers takes a count or auto), choices, metavar and help from its
+    OptionSpec."""
     spec = option_spec(f)
     words = spec.help_in(command).format(
         attacks=",".join(ATTACK_NAMES), formats=",".join(formats_of("sweep" if command == SWEEP else "report"))

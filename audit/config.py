@@ -50,7 +50,8 @@ class OptionSpec:
     commands: the CLI commands taking it as a flag (--name-with-dashes, or `flag`); help_for: a
     command's own help where it differs; api: whether splitaudit.audit() takes it as a keyword
     (those that say how reports are written belong to AuditResult.write instead); choices: the
-    values a flag accepts; workers: the flag takes a count or auto."""
+    values a flag accepts; is_path: the flag names a file; required_in: the commands that need it.
+    The flag's type comes from the field's annotation (cli._click_option)."""
 
     help: str
     commands: frozenset[str] = AUDITING
