@@ -415,7 +415,7 @@ def _calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | 
     return {
         "target_mse": target_mse,
         "target_source": source,
-        "bound": "van-trees",
+        "bound": GATED_BOUND.slug,
         "sigma": van_trees.sigma,
         "feasible": van_trees.feasible,
         "reason": van_trees.reason,

@@ -40,6 +40,11 @@ class Bound:
     stderr_key: str | None = None
 
     @property
+    def slug(self) -> str:
+        """Its name in the result's words (the calibration's `bound`): van_trees_mse -> van-trees."""
+        return self.key.removesuffix("_mse").replace("_", "-")
+
+    @property
     def label(self) -> str:
         """The bound's name with its audience: a chart's legend, a table's row."""
         return f"{self.name} bound ({self.audience})"
@@ -70,7 +75,7 @@ BOUNDS: dict[str, Bound] = {
         ),
     )
 }
-GATED_BOUND = next(bound for bound in BOUNDS.values() if bound.gated)
+GATED_BOUND = next(bound for bound in BOUNDS.values() if bound.gated)  # also the bound noise is calibrated for
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from splitaudit.registries import PRIOR_NAMES
+from splitaudit.registries import GATED_BOUND, PRIOR_NAMES
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
@@ -230,7 +230,7 @@ class Calibration(TypedDict):
 
     target_mse: float
     target_source: str
-    bound: Literal["van-trees"]
+    bound: Literal[GATED_BOUND.slug]
     sigma: float | None
     feasible: bool
     reason: str

@@ -126,6 +126,10 @@ def test_every_bound_is_its_formula(bound):
 
 def test_one_bound_is_gated_and_every_key_is_in_the_schema():
     assert [b for b in BOUNDS.values() if b.gated] == [GATED_BOUND]
+    # leakage's calibration solves 1/(E[dFIL] + J/d) = target (sigma_for_van_trees) and names it by
+    # the gated bound's slug: the two must be the same bound
+    assert GATED_BOUND.uses_prior and GATED_BOUND.slug == "van-trees"
+    assert [b.slug for b in BOUNDS.values()] == ["van-trees", "cramer-rao"]
     fields = set(get_type_hints(result.Bounds))
     for key, bound in BOUNDS.items():
         assert {key, f"{key}_point"} <= fields
