@@ -7,14 +7,15 @@ the report.json content with ways to render and save it.
 
 from __future__ import annotations
 
+import inspect
 import json
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from splitaudit.config import AuditOptions
+from splitaudit.config import AuditOptions, option_spec
 from splitaudit.errors import InputError
-
-DEFAULT_FORMATS = ("html", "md", "json")
+from splitaudit.registries import DEFAULT_FORMATS, check_formats
 
 
 class AuditResult:
@@ -44,9 +45,10 @@ class AuditResult:
         return render_html(self.data)
 
     def write(self, out_dir: str | Path, formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS) -> list[Path]:
-        """Write report.json/.html/.md (and .sarif when asked) into out_dir; returns the paths."""
+        """Write report.json/.html/.md (and .sarif, .junit.xml when asked) into out_dir; returns the paths."""
         from splitaudit.reports import write_reports
 
+        check_formats(list(formats), "report")
         return write_reports(self.data, Path(out_dir), list(formats))
 
     def _repr_html_(self) -> str:
@@ -68,32 +70,8 @@ def audit(
     attacks: str | list[str] = "all",
     noise_sigma: float = 0.0,
     *,
-    top_model: Any = None,
-    prior: str = "ssm",
-    smoothing: float | None = None,
-    input_shape: list[int] | None = None,
-    normalize: list[float] | None = None,
-    label_column: str | None = None,
-    attr_column: str | None = None,
-    vocab: str | None = None,
-    target_fraction: float = 0.5,
-    fail_under_mse: float | None = None,
-    fail_under_attack_mse: float | None = None,
-    max_advantage: float | None = None,
-    attack_options: dict[str, dict] | None = None,
-    seed: int = 0,
-    device: str = "auto",
-    quick: bool = False,
-    workers: int | None = 1,
-    executor: str = "local",
-    ray_address: str | None = None,
-    task_timeout: float | None = None,
-    output_name: str | None = None,
-    dfil_rtol: float = 0.02,
-    dfil_samples: int | None = None,
-    model_mode: str = "saved",
-    queries: int = 1,
     progress: bool = False,
+    **options: Any,
 ) -> AuditResult:
     """Audit a bottom model and return the result.
 
@@ -109,42 +87,49 @@ def audit(
     queries: how many queries of one input a query-access attacker averages (stochastic models).
     vocab: a vocabulary file declaring that x holds token ids [N, T] of a model file over ids
     (split LLMs). The keywords are `splitaudit run`'s options but those that say how reports are
-    written (out, formats, junit: see AuditResult.write), with the same defaults (tests/test_options.py).
+    written (out, formats, junit: see AuditResult.write), with the same defaults: this signature is
+    made from the option table (config.AuditOptions), as the CLI's flags are.
     Bad input raises splitaudit.errors.InputError.
     """
-    options = AuditOptions(
+    unknown = sorted(set(options) - set(API_KEYWORDS))
+    if unknown:
+        raise TypeError(f"audit() got unexpected keyword(s) {', '.join(unknown)}; it takes {', '.join(API_KEYWORDS)}")
+    if options.get("top_model") is not None:
+        options["top_model"] = _model_source(options["top_model"])
+    if options.get("attack_options") is None:
+        options.pop("attack_options", None)
+    chosen = AuditOptions(
         model=_model_source(model),
         aux=_data_source(aux, "aux"),
         target=_data_source(target, "target"),
         attacks=_attack_names(attacks),
         noise_sigma=noise_sigma,
-        prior=prior,
-        smoothing=smoothing,
-        top_model=None if top_model is None else _model_source(top_model),
-        input_shape=input_shape,
-        normalize=normalize,
-        label_column=label_column,
-        attr_column=attr_column,
-        vocab=vocab,
-        target_fraction=target_fraction,
-        fail_under_mse=fail_under_mse,
-        fail_under_attack_mse=fail_under_attack_mse,
-        max_advantage=max_advantage,
-        attack_options=attack_options or {},
-        seed=seed,
-        device=device,
-        workers=workers,
-        executor=executor,
-        ray_address=ray_address,
-        task_timeout=task_timeout,
-        output_name=output_name,
-        dfil_rtol=dfil_rtol,
-        dfil_samples=dfil_samples,
-        quick=quick,
-        model_mode=model_mode,
-        queries=queries,
+        **options,
     )
-    return run(options, progress=_stderr_progress if progress else None)
+    return run(chosen, progress=_stderr_progress if progress else None)
+
+
+POSITIONAL = ("model", "aux", "target", "attacks", "noise_sigma")
+# audit()'s keywords: the options of the table that the API takes, with their defaults
+# (attack_options: None for none).
+API_KEYWORDS = {
+    f.name: None if f.name == "attack_options" else (f.default_factory() if f.default is MISSING else f.default)
+    for f in fields(AuditOptions)
+    if option_spec(f).api and f.name not in POSITIONAL
+}
+TYPES = {f.name: f.type for f in fields(AuditOptions)}
+_parameters = list(inspect.signature(audit).parameters.values())
+audit.__signature__ = inspect.Signature(
+    [
+        *_parameters[: len(POSITIONAL)],
+        *(
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=TYPES[n])
+            for n, d in API_KEYWORDS.items()
+        ),
+        _parameters[len(POSITIONAL)],  # progress
+    ],
+    return_annotation=AuditResult,
+)
 
 
 def run(options: AuditOptions, progress: Callable | None = None, on_cost: Callable | None = None) -> AuditResult:

@@ -20,8 +20,20 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from splitaudit.attacks import ATTACK_NAMES, attack_class
-from splitaudit.config import DEVICES, EXECUTORS, FORMATS, PRIORS, AuditOptions, load_config, parse_attack_option
+from splitaudit.config import (
+    AUDITING,
+    CALIBRATE,
+    DEVICES,
+    RUN,
+    SWEEP,
+    AuditOptions,
+    load_config,
+    option_flag,
+    option_spec,
+    parse_attack_option,
+)
 from splitaudit.errors import InputError
+from splitaudit.registries import check_formats, formats_of
 from splitaudit.safety import display_path, display_text, displayable
 from splitaudit.version import __version__
 
@@ -53,60 +65,21 @@ def _worker_count(_ctx, param, value):
         raise click.BadParameter(f"expected a worker count or auto, got {value!r}", param=param) from exc
 
 
-def apply_options(func, decorators: list):
-    """func decorated by click options listed in the order --help shows them."""
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
-
-
-def attack_selection_options(top_model_help: str):
-    """--attacks, --top-model and --attack-option, shared by run and sweep."""
-    decorators = [
-        click.option(
-            "--attacks", callback=_comma_list(str), help=f"all, none, or a comma list of {','.join(ATTACK_NAMES)}."
-        ),
-        click.option("--top-model", help=top_model_help),
-        click.option(
-            "--attack-option",
-            "attack_option",
-            multiple=True,
-            metavar="NAME.KEY=VALUE",
-            help="An attack setting, e.g. sdar.ablation=true (repeatable; `splitaudit attacks` lists them).",
-        ),
-    ]
-    return lambda func: apply_options(func, decorators)
-
-
-def model_data_options(func, noise_sigma_option=None):
-    """Options shared by every command that loads a model and its data (a sweep passes its own
-    --noise-sigma, a list)."""
-    decorators = [
-        click.option("--aux", help="Auxiliary data: .npz (x, y, attr), CSV, or an image folder."),
-        click.option("--target", help="Separate target data (default: a seeded split of --aux)."),
-        click.option("--input-shape", callback=_comma_list(int), help="Per-sample input shape, e.g. 3,32,32."),
-        click.option(
-            "--normalize",
-            callback=_comma_list(float),
-            help="MEAN,STD (or C means then C stds) folded into the encoder; MSEs stay in data space.",
-        ),
-        click.option("--label-column", help="CSV column with class labels."),
-        click.option("--attr-column", help="CSV column with the sensitive attribute."),
-        click.option(
-            "--vocab",
-            help="Token inputs: vocabulary (JSON list of strings, or tokenizer.json); x holds token ids [N, T].",
-        ),
-        click.option(
-            "--prior", type=click.Choice(PRIORS), help="Prior-term estimator for the van Trees bound (default ssm)."
-        ),
-        click.option(
-            "--smoothing", type=float, help="Randomized-smoothing tau (default 0.25 for [0,1] images, else 0)."
-        ),
-        noise_sigma_option
-        or click.option("--noise-sigma", type=float, help="Std of the Gaussian noise added to embeddings (default 0)."),
-        click.option("--seed", type=int, help="Seed for splits, attacks and estimators (default 0)."),
-        click.option("--device", type=click.Choice(DEVICES), help="Where to compute (default auto)."),
-        click.option("--quick", is_flag=True, help="Smoke run: fewer seeds, epochs and probes."),
+def audit_options(command: str):
+    """The click options of `command`, made from the option table (config.AuditOptions) in its
+    order, then the flags that control the CLI itself (--attack-option, --config, --debug)."""
+    decorators = [_click_option(f, command) for f in fields(AuditOptions) if command in option_spec(f).commands]
+    if command in AUDITING:
+        decorators.append(
+            click.option(
+                "--attack-option",
+                "attack_option",
+                multiple=True,
+                metavar="NAME.KEY=VALUE",
+                help="An attack setting, e.g. sdar.ablation=true (repeatable; `splitaudit attacks` lists them).",
+            )
+        )
+    decorators += [
         click.option(
             "--config",
             "config_file",
@@ -114,62 +87,42 @@ def model_data_options(func, noise_sigma_option=None):
             help="TOML file with the same options; command-line flags win.",
         ),
         click.option("--debug", is_flag=True, help="Show tracebacks for errors."),
-        click.option(
-            "--output-name", help="Which output of a multi-output ONNX model is the embedding (default: the first)."
-        ),
-        click.option(
-            "--model-mode",
-            type=click.Choice(["saved", "eval", "train"]),
-            help="Audit the bottom model in the mode it was saved in (default: dropout stays as saved), "
-            "in eval mode (dropout off) or in training mode (dropout on).",
-        ),
-        click.option(
-            "--queries",
-            type=click.IntRange(1, 1000),
-            help="Queries of one input a query-access attacker averages, for stochastic models (default 1; "
-            "above 1 the decoder reports single-shot and k-query numbers).",
-        ),
-        click.option(
-            "--dfil-rtol",
-            type=float,
-            help="Target relative standard error of the mean dFIL when it is estimated (default 0.02).",
-        ),
-        click.option(
-            "--dfil-samples",
-            type=int,
-            help="At most this many target samples for dFIL (default 2048, 256 with --quick).",
-        ),
     ]
-    return apply_options(func, decorators)
+
+    def apply(func):
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
 
 
-def executor_options(func):
-    """Where the attack tasks run (--executor local|ray, --workers), shared by run and sweep."""
-    decorators = [
-        click.option(
-            "--executor",
-            type=click.Choice(EXECUTORS),
-            help='Run attack tasks in this process (local, default) or on Ray (ray; pip install "splitaudit[ray]").',
-        ),
-        click.option(
-            "--ray-address", help="An existing Ray cluster (ray start --head); default: start a local instance."
-        ),
-        click.option(
-            "--task-timeout",
-            type=float,
-            metavar="S",
-            help="Seconds one attack task (one seed at one sigma) may run before it is retried once, then failed "
-            "(dFIL shards are not bound by it: without all of them there is no bound).",
-        ),
-        click.option(
-            "--workers",
-            callback=_worker_count,
-            metavar="N|auto",
-            help="Worker processes of the local executor (default 1: tasks run in this process; "
-            "auto: one per CPU core).",
-        ),
-    ]
-    return apply_options(func, decorators)
+LIST_ITEMS = {"list[str]": str, "list[int] | None": int, "list[float] | None": float}
+SCALARS = {"float": float, "float | None": float, "int": int, "int | None": int}
+
+
+def _click_option(f, command: str):
+    """One option of the table as a click option: its type from the field's annotation (comma
+    lists, numbers, flags; --workers takes a count or auto), choices, metavar and help from its
+    OptionSpec."""
+    spec = option_spec(f)
+    words = spec.help_in(command).format(
+        attacks=",".join(ATTACK_NAMES), formats=",".join(formats_of("sweep" if command == SWEEP else "report"))
+    )
+    kwargs = {"help": words, "metavar": spec.metavar, "required": command in spec.required_in}
+    if f.type == "bool":
+        kwargs["is_flag"] = True
+    elif f.name == "workers":
+        kwargs["callback"] = _worker_count
+    elif f.type in LIST_ITEMS:
+        kwargs["callback"] = _comma_list(LIST_ITEMS[f.type])
+    elif spec.choices:
+        kwargs["type"] = click.Choice(spec.choices)
+    elif spec.is_path:
+        kwargs["type"] = click.Path(dir_okay=False)
+    elif f.type in SCALARS:
+        kwargs["type"] = SCALARS[f.type]
+    return click.option(spec.flag or option_flag(f.name), f.name, **kwargs)
 
 
 def given_flags(flags: dict) -> dict:
@@ -208,17 +161,7 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("model", required=False)
-@model_data_options
-@attack_selection_options("The top model g (TorchScript/ONNX), for attacks that use one.")
-@click.option("--out", help="Output folder (default ./splitaudit-report).")
-@click.option(
-    "--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json,sarif (default html,md,json)."
-)
-@click.option("--fail-under-mse", type=float, help="Gate: fail when the van Trees bound MSE is below T.")
-@click.option("--fail-under-attack-mse", type=float, help="Gate: fail when any reconstruction attack's MSE is below T.")
-@click.option("--max-advantage", type=float, help="Gate: fail when any attack's advantage over its baseline exceeds A.")
-@click.option("--junit", type=click.Path(dir_okay=False), help="Also write the gates as JUnit XML test cases.")
-@executor_options
+@audit_options(RUN)
 def run(model: str | None, **flags) -> None:
     """Audit MODEL (.onnx or TorchScript .pt) with auxiliary data."""
     options = build_options(model, given_flags(flags))
@@ -298,8 +241,7 @@ def print_long_cost(estimate) -> None:
 
 @cli.command()
 @click.argument("model", required=False)
-@model_data_options
-@click.option("--target-mse", type=float, required=True, help="The bound MSE the noise should guarantee.")
+@audit_options(CALIBRATE)
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> None:
     """The noise sigma that makes MODEL's provable bound reach --target-mse."""
@@ -326,8 +268,8 @@ def render(report: str, formats: list[str], out: str | None, debug: bool) -> Non
     from splitaudit.reports.sweep import write_sweep_reports
     from splitaudit.reports.writer import claim_output_folder, output_lock
 
-    _check_formats(formats)
     result = load_result(Path(report))
+    check_formats(formats, "sweep" if result.get("kind") == "sweep" else "report")
     write = write_sweep_reports if result.get("kind") == "sweep" else write_reports
     out_dir = claim_output_folder(Path(report).parent if out is None else out)
     with output_lock(out_dir):
@@ -347,7 +289,7 @@ def compare(before: str, after: str, formats: list[str], out: str, debug: bool) 
     from splitaudit.reports.compare import check_comparable, differences
     from splitaudit.reports.writer import claim_output_folder, output_lock
 
-    _check_formats(formats)
+    check_formats(formats, "comparison")
     results = load_result(Path(before)), load_result(Path(after))
     check_comparable(*results, (display_path(before), display_path(after)))
     for warning in differences(*results):
@@ -371,46 +313,10 @@ def schema() -> None:
 
 @cli.command()
 @click.argument("model", required=False)
-@lambda func: model_data_options(
-    func,
-    click.option(
-        "--noise-sigma",
-        "noise_sigmas",
-        callback=_comma_list(float),
-        help="Comma list of noise sigmas to audit, e.g. 0,0.1,0.3,1.",
-    ),
-)
-@click.option(
-    "--auto-sigma",
-    is_flag=True,
-    help="Also audit the sigma calibrated for --target-mse and points around it (log scale).",
-)
-@click.option(
-    "--target-mse",
-    type=float,
-    help="The bound MSE the recommended sigma must guarantee (default --fail-under-mse, else half the mean-guess MSE).",
-)
-@click.option("--max-utility-loss", type=float, help="Gate: fail when the recommended sigma costs more accuracy.")
-@attack_selection_options("The top model g; utility is its accuracy under noise (else a probe's).")
-@click.option("--out", help="Output folder (default ./splitaudit-report).")
-@click.option("--format", "formats", callback=_comma_list(str), help="Comma list of html,md,json (default all).")
-@click.option("--fail-under-mse", type=float, help="Gate: fail when the recommended sigma's bound MSE is below T.")
-@click.option(
-    "--fail-under-attack-mse",
-    type=float,
-    help="Gate: fail when an attack at the recommended sigma reconstructs with MSE below T.",
-)
-@click.option(
-    "--max-advantage", type=float, help="Gate: fail when an attack's advantage at the recommended sigma exceeds A."
-)
-@click.option("--junit", type=click.Path(dir_okay=False), help="Also write the gates as JUnit XML test cases.")
-@executor_options
+@audit_options(SWEEP)
 def sweep(model: str | None, **flags) -> None:
     """Audit MODEL at several noise sigmas: bounds, attacks and utility, and a recommended sigma."""
-    options = build_options(model, given_flags(flags))
-    if "sarif" in options.formats:
-        raise InputError("a sweep writes json, html and md (SARIF is written by splitaudit run)")
-    _sweep_and_report(options)
+    _sweep_and_report(build_options(model, given_flags(flags)))
 
 
 def _sweep_and_report(options: AuditOptions) -> None:
@@ -443,12 +349,6 @@ def attacks() -> None:
         click.echo(f"{name}: {attack.title}; metrics {', '.join(attack.metrics)}")
         for line in options_help(attack.Options) or ["takes no options"]:
             click.echo(f"  {line}")
-
-
-def _check_formats(formats: list[str]) -> None:
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise InputError(f"--format takes a comma list of {', '.join(FORMATS)}; got {','.join(formats)!r}")
 
 
 def main(argv: list[str] | None = None) -> None:

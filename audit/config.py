@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from splitaudit.errors import InputError
+from splitaudit.registries import DEFAULT_FORMATS, PRIOR_NAMES, PRIORS, check_formats
 from splitaudit.safety import nested_deeper_than, require_regular_file
 
 if sys.version_info >= (3, 11):
@@ -15,8 +16,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-PRIORS = ("ssm", "dsm", "gaussian")
-FORMATS = ("html", "md", "json", "sarif")
 MAX_SCALE = 1e12  # --noise-sigma/--smoothing above this overflow float32 when squared or added
 MIN_SCALE = 1e-12  # a positive scale below this underflows float32 when squared (1/sigma^2 divides by 0)
 MAX_THRESHOLD = 1e12  # an MSE or advantage threshold beyond this is no threshold
@@ -34,58 +33,187 @@ MODEL_MODES = ("saved", "eval", "train")  # --model-mode (audit/stochastic.py ap
 MAX_QUERIES = 1000  # --queries: repeated queries of one input a query-access attacker averages
 
 
-# Where the options are set: every field of AuditOptions is a flag (or the MODEL argument) of
-# `splitaudit run` and `sweep`, a key of the TOML file and a keyword of splitaudit.audit(), except
-# as these say; tests/test_options.py holds the click commands and audit() to it.
-SWEEP_ONLY = ("noise_sigmas", "auto_sigma", "target_mse", "max_utility_loss")
-RUN_ONLY = ("noise_sigma",)  # a sweep takes a list (noise_sigmas)
-NOT_ON_CLI = ("target_fraction", "attack_options")  # the file's; the CLI adds attack options one by one
-NOT_IN_API = ("out", "formats", "junit", *SWEEP_ONLY)  # how reports are written: AuditResult.write
+# The options are declared once, here: each field of AuditOptions is a key of the TOML file, and
+# its `option(...)` says which commands take it as a flag (with its help), and whether
+# splitaudit.audit() takes it as a keyword. cli.py makes the click options from this table and
+# api.py the keywords of audit(); tests/test_options.py checks that the three accept one set.
+RUN, SWEEP, CALIBRATE = "run", "sweep", "calibrate"
+MEASURING = frozenset({RUN, SWEEP, CALIBRATE})  # the commands that load a model and its data
+AUDITING = frozenset({RUN, SWEEP})  # ... and run attacks
 CLI_CONTROLS = ("attack_option", "config_file", "debug")  # flags that are not options of the audit
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """Where an option is set besides the TOML file, and its words.
+
+    commands: the CLI commands taking it as a flag (--name-with-dashes, or `flag`); help_for: a
+    command's own help where it differs; api: whether splitaudit.audit() takes it as a keyword
+    (those that say how reports are written belong to AuditResult.write instead); choices: the
+    values a flag accepts; is_path: the flag names a file; required_in: the commands that need it.
+    The flag's type comes from the field's annotation (cli._click_option)."""
+
+    help: str
+    commands: frozenset[str] = AUDITING
+    api: bool = True
+    help_for: tuple[tuple[str, str], ...] = ()
+    flag: str | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    is_path: bool = False
+    required_in: frozenset[str] = frozenset()
+
+    def help_in(self, command: str) -> str:
+        return dict(self.help_for).get(command, self.help)
+
+
+def option(default=MISSING, help: str = "", *, factory=MISSING, **where):
+    """A field of AuditOptions with its OptionSpec (`where`: OptionSpec's fields but help)."""
+    return field(default=default, default_factory=factory, metadata={"option": OptionSpec(help, **where)})
+
+
+def option_spec(f) -> OptionSpec:
+    return f.metadata["option"]
+
+
+PRIOR_HELP = "Prior-term estimator for the van Trees bound (default ssm): " + "; ".join(
+    f"{p.name}, {p.description}" for p in PRIORS.values()
+)
+SWEEP_GATE = "Gate: fail when {} at the recommended sigma."
 
 
 @dataclass
 class AuditOptions:
-    """Everything `splitaudit run` can be told. Field names match the TOML keys."""
+    """Everything `splitaudit run` and `sweep` can be told. Field names match the TOML keys."""
 
-    model: str = ""  # the Python API may pass an nn.Module here, and Datasets as aux/target
-    aux: str = ""
-    target: str | None = None
-    attacks: list[str] = field(default_factory=lambda: ["all"])
-    noise_sigma: float = 0.0
-    prior: str = "ssm"
-    smoothing: float | None = None  # None: 0.25 for [0,1] images, 0 otherwise
-    top_model: str | None = None
-    input_shape: list[int] | None = None
-    normalize: list[float] | None = None
-    label_column: str | None = None
-    attr_column: str | None = None
-    target_fraction: float = 0.5
-    out: str = "splitaudit-report"
-    formats: list[str] = field(default_factory=lambda: ["html", "md", "json"])  # sarif on request
-    fail_under_mse: float | None = None
-    fail_under_attack_mse: float | None = None
-    max_advantage: float | None = None
-    junit: str | None = None
-    seed: int = 0
-    device: str = "auto"
-    quick: bool = False
-    attack_options: dict[str, dict] = field(default_factory=dict)
-    vocab: str | None = None  # token inputs: the vocabulary file; declares that x holds token ids
-    output_name: str | None = None  # which output of a multi-output ONNX model is the embedding
-    executor: str = "local"  # where the attack tasks run: in this process, or on Ray
-    ray_address: str | None = None  # an existing Ray cluster (default: start a local instance)
-    task_timeout: float | None = None  # seconds one task may run before it is retried, then failed
-    workers: int | None = 1  # local executor's worker processes; None: one per CPU core (auto)
-    dfil_rtol: float = 0.02  # target relative standard error of the mean Jacobian trace
-    dfil_samples: int | None = None  # at most this many target samples for dFIL (None: 2048, 256 quick)
-    model_mode: str = "saved"  # audit the bottom model as saved, in eval mode, or in training mode
-    queries: int = 1  # a query-access attacker averages this many queries of one input (stochastic models)
+    # The Python API may pass an nn.Module as model and top_model, and Datasets as aux and target.
+    model: str = option("", "The bottom model (.onnx or TorchScript .pt): the MODEL argument.", commands=frozenset())
+    aux: str = option("", "Auxiliary data: .npz (x, y, attr), CSV, or an image folder.", commands=MEASURING)
+    target: str | None = option(None, "Separate target data (default: a seeded split of --aux).", commands=MEASURING)
+    attacks: list[str] = option(help="all, none, or a comma list of {attacks}.", factory=lambda: ["all"])
+    noise_sigma: float = option(
+        0.0, "Std of the Gaussian noise added to embeddings (default 0).", commands=frozenset({RUN, CALIBRATE})
+    )
+    prior: str = option("ssm", PRIOR_HELP + ".", commands=MEASURING, choices=PRIOR_NAMES)
+    smoothing: float | None = option(
+        None, "Randomized-smoothing tau (default 0.25 for [0,1] images, else 0).", commands=MEASURING
+    )
+    top_model: str | None = option(
+        None,
+        "The top model g (TorchScript/ONNX), for attacks that use one.",
+        help_for=((SWEEP, "The top model g; utility is its accuracy under noise (else a probe's)."),),
+    )
+    input_shape: list[int] | None = option(None, "Per-sample input shape, e.g. 3,32,32.", commands=MEASURING)
+    normalize: list[float] | None = option(
+        None,
+        "MEAN,STD (or C means then C stds) folded into the encoder; MSEs stay in data space.",
+        commands=MEASURING,
+    )
+    label_column: str | None = option(None, "CSV column with class labels.", commands=MEASURING)
+    attr_column: str | None = option(None, "CSV column with the sensitive attribute.", commands=MEASURING)
+    target_fraction: float = option(0.5, "Share of --aux held out as the target set.", commands=frozenset())
+    out: str = option("splitaudit-report", "Output folder (default ./splitaudit-report).", api=False)
+    formats: list[str] = option(
+        help="Comma list of {formats} (default html,md,json).",
+        factory=lambda: list(DEFAULT_FORMATS),
+        api=False,
+        flag="--format",
+    )
+    fail_under_mse: float | None = option(
+        None,
+        "Gate: fail when the van Trees bound MSE is below T.",
+        help_for=((SWEEP, "Gate: fail when the recommended sigma's bound MSE is below T."),),
+    )
+    fail_under_attack_mse: float | None = option(
+        None,
+        "Gate: fail when any reconstruction attack's MSE is below T.",
+        help_for=((SWEEP, SWEEP_GATE.format("an attack reconstructs with MSE below T")),),
+    )
+    max_advantage: float | None = option(
+        None,
+        "Gate: fail when any attack's advantage over its baseline exceeds A.",
+        help_for=((SWEEP, SWEEP_GATE.format("an attack's advantage exceeds A")),),
+    )
+    junit: str | None = option(None, "Also write the gates as JUnit XML test cases.", api=False, is_path=True)
+    seed: int = option(0, "Seed for splits, attacks and estimators (default 0).", commands=MEASURING)
+    device: str = option("auto", "Where to compute (default auto).", commands=MEASURING, choices=DEVICES)
+    quick: bool = option(False, "Smoke run: fewer seeds, epochs and probes.", commands=MEASURING)
+    attack_options: dict[str, dict] = option(
+        help="Attack settings by attack (the file's [attack.NAME] tables; on the CLI --attack-option).",
+        factory=dict,
+        commands=frozenset(),
+    )
+    vocab: str | None = option(
+        None,
+        "Token inputs: vocabulary (JSON list of strings, or tokenizer.json); x holds token ids [N, T].",
+        commands=MEASURING,
+    )
+    output_name: str | None = option(
+        None, "Which output of a multi-output ONNX model is the embedding (default: the first).", commands=MEASURING
+    )
+    executor: str = option(
+        "local",
+        'Run attack tasks in this process (local, default) or on Ray (ray; pip install "splitaudit[ray]").',
+        choices=EXECUTORS,
+    )
+    ray_address: str | None = option(
+        None, "An existing Ray cluster (ray start --head); default: start a local instance."
+    )
+    task_timeout: float | None = option(
+        None,
+        "Seconds one attack task (one seed at one sigma) may run before it is retried once, then failed "
+        "(dFIL shards are not bound by it: without all of them there is no bound).",
+        metavar="S",
+    )
+    workers: int | None = option(
+        1,
+        "Worker processes of the local executor (default 1: tasks run in this process; auto: one per CPU core).",
+        metavar="N|auto",
+    )
+    dfil_rtol: float = option(
+        0.02, "Target relative standard error of the mean dFIL when it is estimated (default 0.02).", commands=MEASURING
+    )
+    dfil_samples: int | None = option(
+        None, "At most this many target samples for dFIL (default 2048, 256 with --quick).", commands=MEASURING
+    )
+    model_mode: str = option(
+        "saved",
+        "Audit the bottom model in the mode it was saved in (default: dropout stays as saved), "
+        "in eval mode (dropout off) or in training mode (dropout on).",
+        commands=MEASURING,
+        choices=MODEL_MODES,
+    )
+    queries: int = option(
+        1,
+        "Queries of one input a query-access attacker averages, for stochastic models (default 1; "
+        "above 1 the decoder reports single-shot and k-query numbers).",
+        commands=MEASURING,
+    )
     # splitaudit sweep
-    noise_sigmas: list[float] | None = None
-    auto_sigma: bool = False
-    target_mse: float | None = None
-    max_utility_loss: float | None = None
+    noise_sigmas: list[float] | None = option(
+        None,
+        "Comma list of noise sigmas to audit, e.g. 0,0.1,0.3,1.",
+        commands=frozenset({SWEEP}),
+        api=False,
+        flag="--noise-sigma",
+    )
+    auto_sigma: bool = option(
+        False,
+        "Also audit the sigma calibrated for --target-mse and points around it (log scale).",
+        commands=frozenset({SWEEP}),
+        api=False,
+    )
+    target_mse: float | None = option(
+        None,
+        "The bound MSE the recommended sigma must guarantee (default --fail-under-mse, else half the mean-guess MSE).",
+        commands=frozenset({SWEEP, CALIBRATE}),
+        api=False,
+        help_for=((CALIBRATE, "The bound MSE the noise should guarantee."),),
+        required_in=frozenset({CALIBRATE}),
+    )
+    max_utility_loss: float | None = option(
+        None, "Gate: fail when the recommended sigma costs more accuracy.", commands=frozenset({SWEEP}), api=False
+    )
 
     def validate(self) -> "AuditOptions":
         """Raise InputError for values that no audit can use."""
@@ -94,11 +222,9 @@ class AuditOptions:
         self._normalize_sigmas()
         if self.device not in DEVICES:
             raise InputError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r:.60}")
-        if self.prior not in PRIORS:
-            raise InputError(f"--prior must be one of {', '.join(PRIORS)}, got {self.prior!r}")
-        unknown = [f for f in self.formats if f not in FORMATS]
-        if unknown or not self.formats:
-            raise InputError(f"--format takes a comma list of {', '.join(FORMATS)}; got {','.join(self.formats)!r}")
+        if self.prior not in PRIOR_NAMES:
+            raise InputError(f"--prior must be one of {', '.join(PRIOR_NAMES)}, got {self.prior!r}")
+        check_formats(self.formats, "sweep" if self.noise_sigmas is not None or self.auto_sigma else "report")
         if not str(self.out).strip():
             raise InputError("--out is empty; name an output folder")
         if self.executor not in EXECUTORS:

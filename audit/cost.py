@@ -2,7 +2,7 @@
 
 Forward and backward passes of the encoder (and one step of the score network) are timed on
 a small batch, then multiplied by the work each stage plans: the Jacobian products of the dFIL
-traces (the choice estimators/mean_trace.py's auto makes), the prior's capped training, and each
+traces (estimators/mean_trace.py's own plan: planned_products), the prior's capped training, and each
 attack's own cost model (Attack.estimated_seconds: the optimization attack's inversion steps in
 encoder passes, SDAR's training iterations and the decoder's steps up to its epoch cap, timed on
 the model and data), over every seed. The
@@ -19,24 +19,14 @@ from dataclasses import dataclass, field
 import torch
 
 from splitaudit.context import AuditContext
-from splitaudit.estimators.jacobian import measure_plan
-from splitaudit.estimators.mean_trace import (
-    CHECK_PROBES,
-    CHECK_SAMPLES,
-    EXACT_PREFERENCE,
-    EXACT_PRODUCTS,
-    PILOT_PROBES,
-    MeanOptions,
-    exact_draws,
-)
-from splitaudit.estimators.methods import exact_costs
+from splitaudit.estimators.mean_trace import default_method, planned_products
 from splitaudit.estimators.prior import QUICK_SCORE_SETTINGS, ScoreSettings, score_training_step, within_work_cap
+from splitaudit.registries import PRIORS
 from splitaudit.threads import threads_for
 
 TIMING_BATCH = 16  # samples per timed pass (batches amortise per-call overhead, as the stages do)
 MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 3, 100, 1.5  # each timing repeats its step for this long
 PRIOR_TIMING_BATCH = 2  # samples per timed score-network step
-RANDOMISED_PROBES = 2 * PILOT_PROBES  # a typical Hutchinson run's probes per sample (the pilot's, doubled)
 EVAL_PASSES_PER_EPOCH = 1  # the held-out loss: about one training step per held-out sample
 MIN_VALUES_TO_ESTIMATE = 2**20  # input values (aux + target); the bundled digits hold 115k
 
@@ -125,22 +115,13 @@ def _timed(step) -> float:
 
 
 def dfil_products(ctx: AuditContext, n: int) -> float:
-    """Jacobian products the dFIL traces of n samples need: exact when auto would pick it
-    (estimators/mean_trace.py), else a typical randomised run; plus the runtime cross-check."""
-    x = ctx.target.x[:2]
-    randomised = min(n, MeanOptions().min_samples) * RANDOMISED_PROBES + CHECK_SAMPLES * CHECK_PROBES
-    if not ctx.encoder.differentiable:
-        return 4 * randomised  # central differences at two steps: four forward passes per probe
-    costs = exact_costs(ctx.encoder, x, measure_plan(ctx.encoder, x))
-    cheapest = min(costs.values()) * exact_draws(ctx.encoder) if costs else None
-    if cheapest is not None and (cheapest <= EXACT_PRODUCTS or n * cheapest <= EXACT_PREFERENCE * randomised):
-        return n * cheapest + CHECK_SAMPLES * CHECK_PROBES
-    return randomised
+    """Jacobian products the dFIL traces of n samples need (estimators/mean_trace.py's own plan)."""
+    return planned_products(ctx.encoder, ctx.target.x[:2], n, default_method(ctx.encoder.differentiable))
 
 
 def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> float:
-    """The score network's training at most (early stopping may end it sooner), 0 for gaussian."""
-    if prior == "gaussian":
+    """The score network's training at most (early stopping may end it sooner), 0 for a closed-form prior."""
+    if not PRIORS[prior].trains:
         return 0.0
     x = ctx.aux.x
     settings = within_work_cap(len(x), x[0].numel(), QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings())

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from splitaudit.registries import GATED_BOUND
+
 
 def evaluate_gate(
     result: dict,
@@ -85,14 +87,14 @@ def _prior_trusted(prior: dict) -> bool:
 
 def _bound_check(result: dict, threshold: float) -> dict:
     bounds = result.get("bounds") or {}
-    bound = bounds.get("van_trees_mse")
+    bound = bounds.get(GATED_BOUND.key)
     violated = bounds.get("violated_by") or []
     if not isinstance(bound, (int, float)) or math.isnan(bound):
         return _check(
             "fail-under-mse",
             False,
             "bound-missing",
-            "no van Trees bound was computed, so the bound gate cannot pass",
+            f"no {GATED_BOUND.name} bound was computed, so the bound gate cannot pass",
             None,
             threshold,
         )
@@ -102,7 +104,7 @@ def _bound_check(result: dict, threshold: float) -> dict:
             False,
             "bound-approximate",
             "the dFIL is approximate: its finite-difference error (black-box model) could not be bounded, "
-            "so the van Trees bound is no guarantee and the bound gate cannot pass",
+            f"so the {GATED_BOUND.name} bound is no guarantee and the bound gate cannot pass",
             bound,
             threshold,
         )
@@ -112,7 +114,7 @@ def _bound_check(result: dict, threshold: float) -> dict:
             False,
             "prior-untrusted",
             "the prior estimate J/d failed its sanity check and, without smoothing, no limit that holds for "
-            "every prior replaces it: the van Trees bound may be too optimistic, so the bound gate cannot pass "
+            f"every prior replaces it: the {GATED_BOUND.name} bound may be too optimistic, so the bound gate cannot pass "
             "(set --smoothing)",
             bound,
             threshold,
@@ -122,7 +124,7 @@ def _bound_check(result: dict, threshold: float) -> dict:
             "fail-under-mse",
             False,
             "bound-untrusted",
-            f"the van Trees bound is not trustworthy: attack(s) {', '.join(violated)} beat it",
+            f"the {GATED_BOUND.name} bound is not trustworthy: attack(s) {', '.join(violated)} beat it",
             bound,
             threshold,
         )
@@ -131,13 +133,18 @@ def _bound_check(result: dict, threshold: float) -> dict:
             "fail-under-mse",
             False,
             "bound-too-low",
-            f"van Trees bound MSE {bound:.4g} is below the threshold "
+            f"{GATED_BOUND.name} bound MSE {bound:.4g} is below the threshold "
             f"{threshold:.4g} (short by {threshold - bound:.4g})",
             bound,
             threshold,
         )
     return _check(
-        "fail-under-mse", True, "bound-met", f"van Trees bound MSE {bound:.4g} >= {threshold:.4g}", bound, threshold
+        "fail-under-mse",
+        True,
+        "bound-met",
+        f"{GATED_BOUND.name} bound MSE {bound:.4g} >= {threshold:.4g}",
+        bound,
+        threshold,
     )
 
 

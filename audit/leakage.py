@@ -14,6 +14,7 @@ import torch
 
 from splitaudit.context import AuditContext
 from splitaudit.estimators.bounds import (
+    bound_mse,
     cramer_rao_mse,
     dfil,
     sigma_for_unbiased,
@@ -22,7 +23,15 @@ from splitaudit.estimators.bounds import (
     van_trees_stderr,
 )
 from splitaudit.estimators.jacobian import FD_MAX_RELATIVE_ERROR, FD_STEP_RATIO, TraceEstimate
-from splitaudit.estimators.mean_trace import Z_95, JobRunner, MeanOptions, MeanTrace, estimate_mean_trace
+from splitaudit.estimators.mean_trace import (
+    LEAKIEST,
+    Z_95,
+    JobRunner,
+    MeanOptions,
+    MeanTrace,
+    default_method,
+    estimate_mean_trace,
+)
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS,
     PriorEstimate,
@@ -31,6 +40,7 @@ from splitaudit.estimators.prior import (
     mean_variance,
     within_work_cap,
 )
+from splitaudit.registries import BOUNDS, GATED_BOUND, PRIORS
 from splitaudit.stochastic import naming_randomness
 from splitaudit.tokens import mean_trace_per_mask_pattern
 
@@ -38,7 +48,6 @@ IMAGE_SMOOTHING = 0.25  # Maeng et al. (NeurIPS 2023), A.1: the randomized-smoot
 DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES = 2048, 256
 MAX_PROBES, QUICK_MAX_PROBES = 256, 64
 DFIL_RTOL = 0.02  # default target of the mean trace's relative standard error (--dfil-rtol)
-LEAKIEST = 5
 VIOLATION_Z = 2.0  # an attack violates the bound when it is below it by this many standard errors
 
 
@@ -136,7 +145,7 @@ def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, rtol: float, runner: Jo
     Autograd models: exact when affordable, else Hutchinson probes to the mean's rtol
     (estimators/mean_trace.py), cross-checked at run time; black-box models central differences.
     """
-    method = "auto" if ctx.encoder.differentiable else "finite-difference"
+    method = default_method(ctx.encoder.differentiable)
     options = MeanOptions(
         rtol=rtol,
         max_probes=QUICK_MAX_PROBES if ctx.quick else MAX_PROBES,
@@ -151,7 +160,7 @@ def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
     if ctx.tokens is not None:
         return ctx.tokens.smoothed_prior(method, tau, ctx.aux.x) if tau > 0 else ctx.tokens.unsmoothed_prior(method)
     settings = QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings()
-    if method == "gaussian":
+    if not PRIORS[method].trains:
         return estimate_prior(ctx.aux.x, method, tau)
     epochs = within_work_cap(len(ctx.aux.x), ctx.aux.x[0].numel(), settings).max_epochs
     with ctx.progress(total=epochs, desc=f"prior ({method})", unit="epoch") as bar:
@@ -380,12 +389,12 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
             f"independent sends gains up to {ctx.queries} times the Fisher information (independent draws and "
             f"noise add up), so its van Trees bound is {van_trees_mse(ctx.queries * upper, j):.4g}"
         )
+    values = {key: bound_mse(bound, upper, j) for key, bound in BOUNDS.items()}
+    at_estimate = {f"{key}_point": bound_mse(bound, mean, j) for key, bound in BOUNDS.items()}
     return {
-        "cramer_rao_mse": cramer_rao_mse(upper),
-        "cramer_rao_mse_point": cramer_rao_mse(mean),
+        **values,
+        **at_estimate,
         "cramer_rao_mse_leakiest": cramer_rao_mse(float(per_sample.max())),
-        "van_trees_mse": van_trees_mse(upper, j),
-        "van_trees_mse_point": van_trees_mse(mean, j),
         "dfil_used": upper,
         "van_trees_stderr": van_trees_stderr(mean, stderr, j, m.prior.stderr),
         "van_trees_stam_mse": None if stam is None else van_trees_mse(upper, stam),
@@ -406,7 +415,7 @@ def _calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | 
     return {
         "target_mse": target_mse,
         "target_source": source,
-        "bound": "van-trees",
+        "bound": GATED_BOUND.slug,
         "sigma": van_trees.sigma,
         "feasible": van_trees.feasible,
         "reason": van_trees.reason,
@@ -429,7 +438,7 @@ def check_against_bound(bounds: dict, attacks: dict[str, dict], smoothing: float
     the bounds listing (with the likely causes) every one whose MSE is below the van Trees bound
     by more than VIOLATION_Z standard errors (attack spread over seeds and the bound's own error).
     The sections given are left as they are, so a result is assembled once, already checked."""
-    bound, bound_se = bounds["van_trees_mse"], bounds.get("van_trees_stderr", 0.0)
+    bound, bound_se = bounds[GATED_BOUND.key], bounds.get(GATED_BOUND.stderr_key, 0.0)
     checked, violated = {}, []
     for name, attack in attacks.items():
         if attack.get("status") != "ok" or attack.get("kind") != "reconstruction":
@@ -440,7 +449,7 @@ def check_against_bound(bounds: dict, attacks: dict[str, dict], smoothing: float
         margin = VIOLATION_Z * math.hypot(spread if math.isfinite(spread) else 0.0, bound_se)
         checked[name] = {
             **attack,
-            "bound_check": {"van_trees_mse": bound, "margin": margin, "violated": mse < bound - margin},
+            "bound_check": {GATED_BOUND.key: bound, "margin": margin, "violated": mse < bound - margin},
         }
         if mse < bound - margin:
             violated.append(name)
@@ -450,7 +459,7 @@ def check_against_bound(bounds: dict, attacks: dict[str, dict], smoothing: float
         flagged["violation_causes"] = causes
         flagged["notes"] = [
             *bounds.get("notes", []),
-            f"{', '.join(violated)} reconstructed below the van Trees bound: the bound's assumptions failed "
+            f"{', '.join(violated)} reconstructed below the {GATED_BOUND.name} bound: the bound's assumptions failed "
             f"({'; '.join(causes)}), so it is not a guarantee here",
         ]
     return checked, flagged
@@ -483,7 +492,11 @@ def calibrate(
 ) -> dict:
     """The answer of `splitaudit calibrate --json`: the sigma for the van Trees bound (and the
     unbiased one) to reach target_mse, or why no sigma can."""
-    m = measure(ctx, prior, smoothing, dfil_rtol, dfil_samples)
+    return calibration_answer(ctx, measure(ctx, prior, smoothing, dfil_rtol, dfil_samples), target_mse)
+
+
+def calibration_answer(ctx: AuditContext, m: Measurement, target_mse: float) -> dict:
+    """calibrate's answer from an existing measurement."""
     answer = _calibration_section(ctx, m, target_mse)
     del answer["target_source"]
     return {

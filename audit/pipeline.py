@@ -1,6 +1,9 @@
-"""The audit pipeline: load -> embed once -> estimators and attacks -> one result -> gate.
+"""The audit engine: load -> embed once -> measure once -> one audit point per sigma (bounds,
+attacks checked against them, utility) -> one result -> gate.
 
-Data flows one way; this module wires the stages and never prints or renders.
+AuditEngine holds what every command prepares (context, attacks, executor, measurement); run_audit,
+run_calibration and sweep.run_sweep are its three uses. Data flows one way; this module wires the
+stages and never prints or renders.
 """
 
 from __future__ import annotations
@@ -107,56 +110,123 @@ def prepare_audit(options: AuditOptions, progress: Callable[..., tqdm]) -> tuple
     return ctx, names
 
 
+class AuditEngine:
+    """A prepared audit: options checked, context loaded, attacks selected, the executor open
+    (none for calibrate, which only measures), and the measurement (Jacobian traces and prior
+    term: they do not depend on sigma, dFIL scales as 1/sigma^2) taken once, when first asked for.
+
+    Each audit point is one call, `point(sigma, attacks)`: run is one point and its gate, a sweep
+    many points and a recommendation, calibrate the measurement alone. The CLI and the Python API
+    reach it through run_audit, run_sweep and run_calibration alike.
+    """
+
+    def __init__(
+        self,
+        options: AuditOptions,
+        ctx: AuditContext,
+        names: list[str],
+        executor: Executor | None,
+        progress: Callable[..., tqdm],
+    ) -> None:
+        self.options, self.ctx, self.names, self.executor, self.progress = options, ctx, names, executor, progress
+        self._measured: tuple[Measurement, ShardRunner | None] | None = None
+        self._clean_utility: dict | None = None
+
+    @classmethod
+    @contextmanager
+    def prepared(
+        cls, options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, attacks: bool = True
+    ) -> Iterator["AuditEngine"]:
+        """The engine for `options`, its executor (when `attacks`) closed however the audit ends."""
+        ctx, names = prepare_audit(options, progress)
+        if not attacks:
+            yield cls(options, ctx, names, None, progress)
+            return
+        with opened_executor(options, ctx) as executor:
+            yield cls(options, ctx, names, executor, progress)
+
+    @property
+    def measurement(self) -> Measurement:
+        """The dFIL traces (in shards on the executor's workers, when it has any) and the prior term."""
+        if self._measured is None:
+            from splitaudit import leakage
+
+            shards = trace_runner(self.executor, self.ctx) if self.executor is not None else None
+            o = self.options
+            measured = leakage.measure(self.ctx, o.prior, o.smoothing, o.dfil_rtol, o.dfil_samples, runner=shards)
+            self._measured = measured, shards
+        return self._measured[0]
+
+    @property
+    def clean_utility(self) -> dict:
+        """Utility without noise, measured once: what each point's utility loss is measured from."""
+        if self._clean_utility is None:
+            from splitaudit.utility import measure_utility
+
+            self._clean_utility = measure_utility(self.ctx.at_sigma(0.0))
+        return self._clean_utility
+
+    def assess(self, sigma: float, target_mse: float | None = None) -> dict:
+        """The dfil, prior, bounds and calibration sections at sigma, from the shared measurement."""
+        from splitaudit import leakage
+
+        return leakage.assess_measurement(self.ctx.at_sigma(sigma, self.options.seed), self.measurement, target_mse)
+
+    def run_attacks(self, sigmas: list[float]) -> tuple[dict[float, dict], dict]:
+        """Every selected attack at every sigma on the executor, as {sigma: {attack: entry}}, and
+        the run section's keys for it (executor, workers, each task's wall time, dFIL shards)."""
+        grid, results = run_attack_grid(self.ctx, self.names, sigmas, self.executor, self.progress)
+        shards = self._measured[1] if self._measured is not None else None
+        return grid, describe_executor(self.executor, results, shards)
+
+    def point(
+        self, sigma: float, attacks: dict[str, dict], target_mse: float | None = None, utility: dict | None = None
+    ) -> dict:
+        """One audit point: the sections at sigma, the attacks' entries (run at sigma) checked
+        against the bound, and utility (its loss against clean_utility; measured unless given)."""
+        from splitaudit import leakage
+        from splitaudit.utility import utility_section
+
+        sections = self.assess(sigma, target_mse)
+        checked, bounds = leakage.check_against_bound(sections["bounds"], attacks, sections["prior"]["smoothing"])
+        if utility is None:
+            utility = utility_section(self.ctx.at_sigma(sigma, self.options.seed), self.clean_utility)
+        return {"noise_sigma": sigma, **sections, "bounds": bounds, "attacks": checked, "utility": utility}
+
+
 def run_audit(
     options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, on_cost: Callable[..., None] | None = None
 ) -> dict:
-    """Run the whole audit and return the result object (report.json's content).
+    """Run the whole audit and return the result object (report.json's content): one audit point
+    at options.noise_sigma, and its gate.
 
     on_cost, when given, receives the up-front cost estimate (splitaudit.cost.CostEstimate)
     before the long stages start."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    ctx, names = prepare_audit(options, progress)
-    from splitaudit import leakage
+    with AuditEngine.prepared(options, progress) as engine:
+        ctx, names = engine.ctx, engine.names
+        header = describe_run(ctx, options, started)
+        from splitaudit.utility import utility_section
 
-    header = describe_run(ctx, options, started)
-    from splitaudit.utility import utility_section
-
-    utility = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
-    from splitaudit.cost import estimate_cost, worth_estimating
-
-    if on_cost is not None and worth_estimating(ctx):
-        on_cost(
-            estimate_cost(
-                ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), names, options.dfil_samples
-            )
+        utility = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
+        if on_cost is not None:
+            _announce_cost(ctx, options, names, on_cost)
+        with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
+            stages.set_postfix_str("dFIL and bounds")
+            measurement = engine.measurement
+            stages.update()
+            stages.set_postfix_str("attacks")
+            grid, executed = engine.run_attacks([ctx.noise_sigma])
+            stages.update(len(names))
+        point = engine.point(ctx.noise_sigma, grid[ctx.noise_sigma], options.fail_under_mse, utility)
+    result = {**header, "run": {**header["run"], **executed}, "utility": point["utility"]}
+    result.update({key: point[key] for key in ("dfil", "prior", "bounds", "calibration")})
+    if ctx.tokens is not None:
+        result["tokens"] = token_statement(
+            ctx.tokens, point["bounds"], measurement.smoothing, ctx.seed, real_share(ctx.target)
         )
-    with (
-        opened_executor(options, ctx) as executor,
-        progress(total=1 + len(names), desc="audit", unit="stage") as stages,
-    ):
-        stages.set_postfix_str("dFIL and bounds")
-        measurement, shards = measure_leakage(ctx, options, executor)
-        sections = leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse)
-        if ctx.tokens is not None:
-            sections["tokens"] = token_statement(
-                ctx.tokens, sections["bounds"], measurement.smoothing, ctx.seed, real_share(ctx.target)
-            )
-        stages.update()
-        stages.set_postfix_str("attacks")
-        grid, executed = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, shards)
-        stages.update(len(names))
-    attacks, bounds = leakage.check_against_bound(
-        sections["bounds"], grid[ctx.noise_sigma], sections["prior"]["smoothing"]
-    )
-    result = {
-        **header,
-        "run": {**header["run"], **executed},
-        "utility": utility,
-        **sections,
-        "bounds": bounds,
-        "attacks": attacks,
-    }
+    result["attacks"] = point["attacks"]
     if ctx.tokens is not None:
         flag_token_violations(result)  # the token statement's ceiling, into its own and the bounds' sections
     gate = evaluate_gate(
@@ -168,20 +238,23 @@ def run_audit(
     return {**result, "gate": gate, "run": {**result["run"], "seconds": time.perf_counter() - clock}}
 
 
+def _announce_cost(ctx: AuditContext, options: AuditOptions, names: list[str], on_cost: Callable[..., None]) -> None:
+    """The up-front cost estimate, to on_cost, where the data is large enough to be worth it."""
+    from splitaudit import leakage
+    from splitaudit.cost import estimate_cost, worth_estimating
+
+    if worth_estimating(ctx):
+        smoothing = leakage.resolve_smoothing(ctx, options.smoothing)
+        on_cost(estimate_cost(ctx, options.prior, smoothing, names, options.dfil_samples))
+
+
 def run_calibration(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
     """`splitaudit calibrate`: the measurement alone (no attack), and the noise sigma that makes its
-    van Trees bound reach options.target_mse (splitaudit.leakage.calibrate's answer)."""
+    van Trees bound reach options.target_mse (splitaudit.leakage.calibration_answer)."""
     from splitaudit import leakage
 
-    ctx = prepare_context(options, progress)
-    return leakage.calibrate(
-        ctx,
-        options.target_mse,
-        prior=options.prior,
-        smoothing=options.smoothing,
-        dfil_rtol=options.dfil_rtol,
-        dfil_samples=options.dfil_samples,
-    )
+    with AuditEngine.prepared(options, progress, attacks=False) as engine:
+        return leakage.calibration_answer(engine.ctx, engine.measurement, options.target_mse)
 
 
 def check_executor(options: AuditOptions) -> None:
@@ -199,35 +272,6 @@ def opened_executor(options: AuditOptions, ctx: AuditContext) -> Iterator[Execut
         yield executor
     finally:
         executor.close()
-
-
-def measure_leakage(
-    ctx: AuditContext, options: AuditOptions, executor: Executor
-) -> tuple[Measurement, ShardRunner | None]:
-    """The dFIL traces (in shards on the executor's workers, when it has any) and the prior term,
-    once per audit or sweep; with the shard runner, for the run section's summary."""
-    from splitaudit import leakage
-
-    shards = trace_runner(executor, ctx)
-    measurement = leakage.measure(
-        ctx, options.prior, options.smoothing, options.dfil_rtol, options.dfil_samples, runner=shards
-    )
-    return measurement, shards
-
-
-def attack_grid(
-    ctx: AuditContext,
-    executor: Executor,
-    names: list[str],
-    sigmas: list[float],
-    progress: Callable[..., tqdm],
-    shards: ShardRunner | None = None,
-) -> tuple[dict[float, dict], dict]:
-    """Every selected attack at every sigma on the executor, as {sigma: {attack: entry}}, and the
-    run section's keys for it: the executor, its workers, each task's wall time and the dFIL
-    shards' summary."""
-    grid, results = run_attack_grid(ctx, names, sigmas, executor, progress)
-    return grid, describe_executor(executor, results, shards)
 
 
 def describe_run(ctx: AuditContext, options: AuditOptions, started: datetime) -> dict:

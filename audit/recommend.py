@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from splitaudit.gate import evaluate_gate, no_recommendation_check, utility_loss_check
+from splitaudit.registries import GATED_BOUND
 
 REACHES_RTOL = 1e-9  # the calibrated sigma's bound equals the target up to rounding
 
@@ -26,14 +27,14 @@ def recommend(
     """The smallest audited sigma whose van Trees bound reaches target_mse and that no attack
     beats, with its utility loss and whether that loss is within max_utility_loss
     (auto_sigma_reason: what --auto-sigma's calibration said, when it was asked for)."""
-    safe = [p for p in points if reaches(p["bounds"]["van_trees_mse"], target_mse) and not p["bounds"]["violated_by"]]
+    safe = [p for p in points if reaches(p["bounds"][GATED_BOUND.key], target_mse) and not p["bounds"]["violated_by"]]
     entry = {"target_mse": target_mse, "max_utility_loss": max_utility_loss}
     if not safe:
         return {
             **entry,
             "noise_sigma": None,
             "point_index": None,
-            "van_trees_mse": None,
+            GATED_BOUND.key: None,
             "utility_loss": None,
             "meets_utility": None,
             "reason": _no_safe_point(points, target_mse, auto_sigma_reason),
@@ -45,7 +46,7 @@ def recommend(
         **entry,
         "noise_sigma": best["noise_sigma"],
         "point_index": points.index(best),
-        "van_trees_mse": best["bounds"]["van_trees_mse"],
+        GATED_BOUND.key: best["bounds"][GATED_BOUND.key],
         "utility_loss": loss,
         "meets_utility": meets,
         "reason": _recommendation_words(best, target_mse, max_utility_loss, meets),
@@ -53,25 +54,25 @@ def recommend(
 
 
 def _no_safe_point(points: list[dict], target_mse: float, auto_sigma_reason: str | None) -> str:
-    reaching = [p for p in points if reaches(p["bounds"]["van_trees_mse"], target_mse)]
+    reaching = [p for p in points if reaches(p["bounds"][GATED_BOUND.key], target_mse)]
     if reaching:
         beaten = "; ".join(f"sigma {p['noise_sigma']:.4g} by {', '.join(p['bounds']['violated_by'])}" for p in reaching)
         return (
-            f"every audited sigma whose van Trees bound reaches MSE {target_mse:.4g} is beaten by an attack "
+            f"every audited sigma whose {GATED_BOUND.name} bound reaches MSE {target_mse:.4g} is beaten by an attack "
             f"({beaten}), so the bound is no guarantee there: no sigma can be recommended"
         )
-    finite = [p for p in points if math.isfinite(p["bounds"]["van_trees_mse"])]
-    top = max(finite, key=lambda p: p["bounds"]["van_trees_mse"]) if finite else None
-    largest = f"; the largest is {top['bounds']['van_trees_mse']:.4g} at sigma {top['noise_sigma']:.4g}" if top else ""
+    finite = [p for p in points if math.isfinite(p["bounds"][GATED_BOUND.key])]
+    top = max(finite, key=lambda p: p["bounds"][GATED_BOUND.key]) if finite else None
+    largest = f"; the largest is {top['bounds'][GATED_BOUND.key]:.4g} at sigma {top['noise_sigma']:.4g}" if top else ""
     hint = "or use --auto-sigma" if auto_sigma_reason is None else f"--auto-sigma: {auto_sigma_reason}"
-    return f"no audited sigma gives a van Trees bound of at least MSE {target_mse:.4g}{largest}: audit larger sigmas ({hint})"
+    return f"no audited sigma gives a {GATED_BOUND.name} bound of at least MSE {target_mse:.4g}{largest}: audit larger sigmas ({hint})"
 
 
 def _recommendation_words(point: dict, target_mse: float, max_loss: float | None, meets: bool | None) -> str:
-    sigma, bound = point["noise_sigma"], point["bounds"]["van_trees_mse"]
+    sigma, bound = point["noise_sigma"], point["bounds"][GATED_BOUND.key]
     checked = [n for n, a in point["attacks"].items() if a.get("kind") == "reconstruction" and a.get("status") == "ok"]
     words = (
-        f"sigma {sigma:.4g} is the smallest audited noise whose van Trees bound (MSE {bound:.4g}) reaches the "
+        f"sigma {sigma:.4g} is the smallest audited noise whose {GATED_BOUND.name} bound (MSE {bound:.4g}) reaches the "
         f"target {target_mse:.4g}"
     )
     words += (

@@ -17,6 +17,8 @@ from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from splitaudit.registries import GATED_BOUND, PRIOR_NAMES
+
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
 else:  # pragma: no cover - exercised on Python 3.10 only (typing.TypedDict ignores NotRequired there)
@@ -177,7 +179,7 @@ class Dfil(TypedDict):
 class Prior(TypedDict):
     """The prior term J(pi)/d of the van Trees bound and its sanity checks."""
 
-    method: Literal["ssm", "dsm", "gaussian"]
+    method: Literal[PRIOR_NAMES]
     smoothing: float
     J_over_d: float
     J_over_d_used: float
@@ -228,7 +230,7 @@ class Calibration(TypedDict):
 
     target_mse: float
     target_source: str
-    bound: Literal["van-trees"]
+    bound: Literal[GATED_BOUND.slug]
     sigma: float | None
     feasible: bool
     reason: str

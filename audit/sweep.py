@@ -1,10 +1,10 @@
 """`splitaudit sweep`: the privacy-utility frontier over a grid of noise sigmas.
 
-One loaded context and one measurement (Jacobian traces and prior term: they do not depend on
-sigma, and dFIL scales as 1/sigma^2) are shared by every audit point; the attacks at every sigma
-run first, as one grid of tasks on the executor. Each point is then a plain call,
-`audit_point(ctx, measurement, sigma, attacks, seed)` -> a JSON-ready dict. The recommendation and
-the sweep's gate (splitaudit.recommend) read only the points.
+One prepared engine (pipeline.AuditEngine: the loaded context and one measurement, since the
+Jacobian traces and the prior term do not depend on sigma) serves every audit point; the attacks at
+every sigma run first, as one grid of tasks on the executor. Each point is then one call,
+`engine.point(sigma, attacks)`. The recommendation and the sweep's gate (splitaudit.recommend)
+read only the points.
 """
 
 from __future__ import annotations
@@ -16,45 +16,16 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from splitaudit import leakage, utility
 from splitaudit.attacks import ATTACK_NAMES
 from splitaudit.config import AuditOptions, sigma_key
 from splitaudit.context import AuditContext, silent_progress
 from splitaudit.errors import InputError
-from splitaudit.pipeline import (
-    attack_grid,
-    describe_run,
-    measure_leakage,
-    opened_executor,
-    prepare_audit,
-)
+from splitaudit.pipeline import AuditEngine, describe_run
 from splitaudit.recommend import recommend, sweep_gate
 
 KIND = "sweep"
 AUTO_FACTORS = (0.5, 1.0, 2.0)  # around the calibrated sigma, on a log scale (each point costs every attack)
-
-
-def audit_point(
-    ctx: AuditContext,
-    measurement: leakage.Measurement,
-    sigma: float,
-    attacks: dict[str, dict],
-    seed: int,
-    target_mse: float | None = None,
-    clean_utility: dict | None = None,
-) -> dict:
-    """One audit point: dFIL and bounds from the shared measurement, the attacks' entries at this
-    sigma checked against the bound, and utility (its loss against clean_utility, measured if None)."""
-    point_ctx = ctx.at_sigma(sigma, seed)
-    sections = leakage.assess_measurement(point_ctx, measurement, target_mse)
-    checked, bounds = leakage.check_against_bound(sections["bounds"], attacks, sections["prior"]["smoothing"])
-    return {
-        "noise_sigma": sigma,
-        "dfil": sections["dfil"],
-        "bounds": bounds,
-        "attacks": checked,
-        "utility": utility.utility_section(point_ctx, clean_utility),
-    }
+POINT_KEYS = ("noise_sigma", "dfil", "bounds", "attacks", "utility")  # a point's sections (prior: once per sweep)
 
 
 def sweep_sigmas(grid: list[float], calibrated: float | None) -> list[tuple[float, str]]:
@@ -77,13 +48,11 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
     options.validate()  # before the sigma check below, whose message assumes valid options
     if not options.noise_sigmas and not options.auto_sigma:
         raise InputError("no noise sigmas to sweep: pass --noise-sigma S1,S2,... and/or --auto-sigma")
-    ctx, names = prepare_audit(options, progress)
-    clean_utility = utility.measure_utility(ctx.at_sigma(0.0))
-    header = describe_sweep(ctx, options, started)
-    with opened_executor(options, ctx) as executor:
-        measurement, shards = measure_leakage(ctx, options, executor)
+    with AuditEngine.prepared(options, progress) as engine:
+        ctx, clean_utility = engine.ctx, engine.clean_utility
+        header = describe_sweep(ctx, options, started)
         target = options.target_mse if options.target_mse is not None else options.fail_under_mse
-        shared = leakage.assess_measurement(ctx.at_sigma(0.0), measurement, target)
+        shared = engine.assess(0.0, target)
         calibration = shared["calibration"]
         auto = calibration["sigma"] if options.auto_sigma and calibration["feasible"] else None
         sigmas = sweep_sigmas(options.noise_sigmas or [], auto)
@@ -92,16 +61,14 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
                 f"--auto-sigma found no sigma for the target MSE {calibration['target_mse']:.4g} "
                 f"({calibration['reason']}) and no --noise-sigma was given: nothing to audit"
             )
-        grid, executed = attack_grid(ctx, executor, names, [sigma for sigma, _ in sigmas], progress, shards)
-    points = []
-    with progress(total=len(sigmas), desc="sweep", unit="sigma") as bar:
-        for sigma, origin in sigmas:
-            bar.set_postfix_str(f"sigma {sigma:.4g}")
-            point = audit_point(
-                ctx, measurement, sigma, grid[sigma], options.seed, calibration["target_mse"], clean_utility
-            )
-            points.append({**point, "origin": origin})
-            bar.update()
+        grid, executed = engine.run_attacks([sigma for sigma, _ in sigmas])
+        points = []
+        with progress(total=len(sigmas), desc="sweep", unit="sigma") as bar:
+            for sigma, origin in sigmas:
+                bar.set_postfix_str(f"sigma {sigma:.4g}")
+                point = engine.point(sigma, grid[sigma], calibration["target_mse"])
+                points.append({**{key: point[key] for key in POINT_KEYS}, "origin": origin})
+                bar.update()
     body = {
         **header,
         "run": {**header["run"], **executed},

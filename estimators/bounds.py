@@ -1,6 +1,6 @@
 """dFIL, the Cramér-Rao and van Trees bounds, and the noise that makes a bound reach a target.
 
-Paper 004: dFIL (Eq. 4-5), the unbiased bound (Eq. 3), Corollary 1 (Eq. 6, from the van Trees
+Maeng et al. (NeurIPS 2023): dFIL (Eq. 4-5), the unbiased bound (Eq. 3), Corollary 1 (Eq. 6, from the van Trees
 inequality, A.3-A.4). MSE here is per dimension, E||x_hat - x||^2 / d.
 """
 
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from splitaudit.registries import Bound
 
 
 def dfil(trace_sq: Tensor, d: int, sigma: float) -> Tensor:
@@ -37,6 +39,11 @@ def van_trees_mse(mean_dfil: float, prior_j_over_d: float) -> float:
     """E_pi MSE >= 1 / (E_pi[dFIL] + J(pi)/d) for any attacker with prior pi (Eq. 6)."""
     total = mean_dfil + prior_j_over_d
     return math.inf if total == 0 else 1.0 / total
+
+
+def bound_mse(bound: Bound, mean_dfil: float, prior_j_over_d: float) -> float:
+    """A registered bound's MSE: van Trees with the prior term, Cramér-Rao (its J/d = 0) without."""
+    return van_trees_mse(mean_dfil, prior_j_over_d if bound.uses_prior else 0.0)
 
 
 def van_trees_stderr(mean_dfil: float, mean_dfil_stderr: float, prior_j_over_d: float, prior_stderr: float) -> float:

@@ -30,7 +30,7 @@ import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Literal
 
 import torch
 from torch import Tensor
@@ -85,14 +85,25 @@ class TraceEstimate:
 
 @dataclass(frozen=True)
 class Method:
-    """A registered trace method.
+    """A registered trace method (the table is estimators/methods.py).
 
-    compute(f, x, options, plan) -> TraceEstimate. products(f, x, plan) -> products per sample
-    when the method is exact and applies to (f, x), else None; "auto" picks the fewest.
+    name: its name in the table and in TraceEstimate.method. side: the products it takes, "inputs"
+    (J v, forward mode), "outputs" (J^T u, reverse mode) or "differences" (J v by central
+    differences, black-box); the runtime cross-check (estimators/mean_trace.py) takes the other
+    AD side's products, so that the check is independent of the method. compute(f, x, options,
+    plan) -> TraceEstimate. products(f, x, plan): the cost model, products per sample when the
+    method is exact and applies to (f, x), else None; "auto" picks the fewest.
     """
 
+    name: str
+    side: Literal["inputs", "outputs", "differences"]
     compute: Callable[[BatchFn, Tensor, TraceOptions, "Plan"], TraceEstimate]
     products: Callable[[BatchFn, Tensor, "Plan"], int | None]
+
+    @property
+    def differentiates(self) -> bool:
+        """Whether the method needs autograd (every side but differences)."""
+        return self.side != "differences"
 
 
 @dataclass(frozen=True)

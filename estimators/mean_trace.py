@@ -57,13 +57,13 @@ from splitaudit.estimators.jacobian import (
     rademacher,
     seeded_draws,
 )
-from splitaudit.estimators.methods import exact_costs, jacobian_trace
+from splitaudit.estimators.methods import cheapest_exact, differentiates, jacobian_trace, method_named
 
 EXACT_PRODUCTS = 128  # exact whenever it needs at most this many products per sample
 EXACT_PREFERENCE = 2.0  # ... or at most this many times the randomised estimate's products
 PILOT_SAMPLES, PILOT_PROBES = 16, 4
 MIN_PROBES = 2  # per sample: the least that gives a per-sample standard error
-LEAKIEST = 5
+LEAKIEST = 5  # samples refined to their own rtol, and listed in the report
 CHECK_SAMPLES, CHECK_PROBES, CHECK_MAX_PROBES = 4, 16, 256
 CHECK_RTOL = 0.05  # the cross-check adds probes until its relative standard error is this
 CHECK_Z = 5.0  # disagreement beyond this many standard errors fails (false alarm ~ 1e-6)
@@ -73,6 +73,7 @@ Z_95 = 1.959964
 PROBE_SHARD = 32  # samples per shard of random probes (at most what the memory budget allows)
 EXACT_SHARD = 128  # samples per shard of an exact method
 STOCHASTIC_DRAWS = 4  # an exact method's repetitions per sample over a stochastic encoder's draws
+RANDOMISED_PROBES = 2 * PILOT_PROBES  # planned_products: a typical Hutchinson run's probes per sample
 
 
 class TraceCheckError(RuntimeError):
@@ -237,7 +238,7 @@ def estimate_mean_trace(
 ) -> MeanTrace:
     """E||J_f||_F^2 over the samples x (see the module docstring); on_samples(n) reports progress."""
     with torch.no_grad():
-        plan = measure_plan(f, x, differentiable=method != "finite-difference")
+        plan = measure_plan(f, x, differentiable=differentiates(method))
         if method == "auto":
             return _auto(f, x, plan, options, on_samples)
         if method == "hutchinson":
@@ -245,15 +246,39 @@ def estimate_mean_trace(
         return _exact(f, x, method, options, on_samples)
 
 
+def default_method(differentiable: bool) -> str:
+    """The method an audit asks for: auto on an autograd model, central differences on a black box."""
+    return "auto" if differentiable else "finite-difference"
+
+
+def exact_is_preferred(products_per_sample: int, n: int, randomised_products: float) -> bool:
+    """auto's choice: exact on every one of n samples when that needs at most EXACT_PRODUCTS
+    products per sample, or at most EXACT_PREFERENCE times the randomised estimate's products."""
+    return products_per_sample <= EXACT_PRODUCTS or n * products_per_sample <= EXACT_PREFERENCE * randomised_products
+
+
+def planned_products(f: BatchFn, x: Tensor, n: int, method: str) -> int:
+    """Jacobian products estimate_mean_trace is expected to take over n samples, measured on the
+    few samples x: exact where auto would choose it, else a typical randomised run, plus the
+    cross-check. Rough (a randomised run stops when its error target is met): audit/cost.py's
+    up-front estimate."""
+    randomised = min(n, MeanOptions().min_samples) * RANDOMISED_PROBES + CHECK_SAMPLES * CHECK_PROBES
+    if not differentiates(method):
+        return 4 * randomised  # central differences at two steps: four forward passes per probe
+    products = cheapest_exact(f, x, measure_plan(f, x))[1] * exact_draws(f)
+    if exact_is_preferred(products, n, randomised):
+        return n * products + CHECK_SAMPLES * CHECK_PROBES
+    return randomised
+
+
 def _auto(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samples) -> MeanTrace:
-    costs = exact_costs(f, x, plan)
-    cheapest = min(costs, key=costs.get)
-    products = costs[cheapest] * exact_draws(f)
-    if products <= EXACT_PRODUCTS:
+    cheapest, per_sample = cheapest_exact(f, x, plan)
+    products = per_sample * exact_draws(f)
+    if products <= EXACT_PRODUCTS:  # exact whatever the pilot would find: no pilot
         return _exact(f, x, cheapest, options, on_samples)
     sampler = ProbeSampler(f, x, plan, options)
     sampler.pilot()
-    if len(x) * products <= EXACT_PREFERENCE * sampler.predicted_products():
+    if exact_is_preferred(products, len(x), sampler.predicted_products()):
         return _exact(f, x, cheapest, options, on_samples)
     return sampler.finish(on_samples)
 
@@ -290,8 +315,7 @@ def _exact(f: BatchFn, x: Tensor, method: str, options: MeanOptions, on_samples)
     index = torch.arange(len(x), device=x.device)
     result = summarised(traces, index, options.rtol, traces.products * len(x))
     result.fd_choice = choice
-    side = {"forward": "inputs", "structured": "inputs", "finite-difference": "differences"}.get(method, "outputs")
-    result.check = cross_check(f, x, result, side, options)
+    result.check = cross_check(f, x, result, method_named(method).side, options)
     return result
 
 

@@ -33,15 +33,34 @@ from splitaudit.estimators.structured import STRUCTURED
 
 DEFAULT_OPTIONS = TraceOptions()
 
-# Name -> method, in the order "auto" breaks ties in. Each exact method says how many products
-# per sample it needs on (f, x), or None where it does not apply; "auto" picks the fewest.
+# The trace methods: name, AD side, computation and cost model (estimators/jacobian.py: Method),
+# in the order "auto" breaks ties in. Each exact method says how many products per sample it needs
+# on (f, x), or None where it does not apply; "auto" picks the fewest. A new method is one Method
+# and one line here; tests/test_trace_methods.py runs every one against a closed form.
 METHODS: dict[str, Method] = {
-    "forward": Method(forward_trace, lambda f, x, plan: plan.d if forward_mode_works(f, x) else None),
-    "reverse": Method(reverse_trace, lambda f, x, plan: plan.m),
-    "hutchinson": Method(hutchinson_trace, lambda f, x, plan: None),
-    "finite-difference": Method(finite_difference_trace, lambda f, x, plan: None),
-    "structured": STRUCTURED,
+    method.name: method
+    for method in (
+        Method("forward", "inputs", forward_trace, lambda f, x, plan: plan.d if forward_mode_works(f, x) else None),
+        Method("reverse", "outputs", reverse_trace, lambda f, x, plan: plan.m),
+        # forward-mode probes, reverse-mode ones where forward mode does not work
+        Method("hutchinson", "inputs", hutchinson_trace, lambda f, x, plan: None),
+        Method("finite-difference", "differences", finite_difference_trace, lambda f, x, plan: None),
+        STRUCTURED,
+    )
 }
+METHOD_NAMES = ("auto", *METHODS)
+
+
+def method_named(name: str) -> Method:
+    """The registered method `name`; ValueError naming the choices for any other name."""
+    if name not in METHODS:
+        raise ValueError(f"unknown Jacobian method {name!r}; choose {', '.join(METHOD_NAMES)}")
+    return METHODS[name]
+
+
+def differentiates(method: str) -> bool:
+    """Whether `method` ("auto" included: it picks among the exact AD methods) needs autograd."""
+    return method == "auto" or method_named(method).differentiates
 
 
 def jacobian_sq_norm(f: BatchFn, x: Tensor, method: str = "auto", **options) -> Tensor:
@@ -66,9 +85,7 @@ def jacobian_trace(
     autograd level records nothing, so a module whose parameters require grad does not keep every
     chunk's graph alive (memory stays within options.memory_bytes whatever the caller passes).
     """
-    if method != "auto" and method not in METHODS:
-        raise ValueError(f"unknown Jacobian method {method!r}; choose auto or {', '.join(METHODS)}")
-    plan = measure_plan(f, x, differentiable=method != "finite-difference")
+    plan = measure_plan(f, x, differentiable=differentiates(method))
     name = choose_method(f, x, plan) if method == "auto" else method
     choice = None
     if name == "finite-difference" and options.fd_step is None:  # one step for every chunk of samples
@@ -81,8 +98,14 @@ def jacobian_trace(
 
 def choose_method(f: BatchFn, x: Tensor, plan: Plan) -> str:
     """The exact method needing the fewest Jacobian products per sample."""
+    return cheapest_exact(f, x, plan)[0]
+
+
+def cheapest_exact(f: BatchFn, x: Tensor, plan: Plan) -> tuple[str, int]:
+    """(name, products per sample) of the exact method needing the fewest products on (f, x)."""
     costs = exact_costs(f, x, plan)
-    return min(costs, key=costs.get)
+    name = min(costs, key=costs.get)
+    return name, costs[name]
 
 
 def exact_costs(f: BatchFn, x: Tensor, plan: Plan) -> dict[str, int]:

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from splitaudit.memory import PROBE_SAMPLES, batch_within, per_sample_bytes
+from splitaudit.registries import PRIOR_NAMES, PRIORS
 from splitaudit.threads import threads_for
 
-PRIOR_METHODS = ("ssm", "dsm", "gaussian")
 DSM_NOISE_FRACTION = 0.1  # dsm without smoothing: noise level as a fraction of the data's std
 FLOOR_SLACK_STDERRS = 3.0  # an estimate this many standard errors below the Gaussian floor fails
 FULL_RESOLUTION_SIDE = 32  # images up to this side get the full-resolution score network
@@ -113,12 +113,18 @@ def estimate_prior(
     settings: ScoreSettings = ScoreSettings(),
     on_epoch: Callable[[], None] | None = None,
 ) -> PriorEstimate:
-    """J(pi_tau)/d from samples x of pi (tau = smoothing), checked against its limits."""
-    if method == "gaussian":
+    """J(pi_tau)/d from samples x of pi (tau = smoothing) by the registered prior `method`
+    (splitaudit.registries.PRIORS), checked against its limits."""
+    if method not in PRIORS:
+        raise ValueError(f"unknown prior method {method!r}; choose {', '.join(PRIOR_NAMES)}")
+    if not PRIORS[method].trains:
         return checked(gaussian_prior(x, smoothing))
-    if method in ("ssm", "dsm"):
-        return checked(score_matching_prior(x, method, smoothing, seed, settings, on_epoch))
-    raise ValueError(f"unknown prior method {method!r}; choose {', '.join(PRIOR_METHODS)}")
+    return checked(score_matching_prior(x, method, smoothing, seed, settings, on_epoch))
+
+
+def score_loss(method: str) -> Callable[[nn.Module, Tensor, float, tuple[Tensor, Tensor]], Tensor]:
+    """The score-matching loss the registered prior `method` names (a function of this module)."""
+    return globals()[PRIORS[method].score_loss]
 
 
 def mean_variance(x: Tensor) -> tuple[float, float]:
@@ -209,10 +215,10 @@ def score_matching_prior(
     variance, _ = mean_variance(x)
     noise = smoothing
     notes = []
-    if method == "dsm" and noise == 0:
+    if PRIORS[method].needs_noise and noise == 0:
         noise = DSM_NOISE_FRACTION * math.sqrt(variance)
         notes.append(
-            f"dsm needs a noise level: it estimates the prior smoothed by N(0, {noise:.3g}^2) "
+            f"{method} needs a noise level: it estimates the prior smoothed by N(0, {noise:.3g}^2) "
             "(no --smoothing given), which slightly underestimates J"
         )
     asked, settings = settings, within_work_cap(len(x), x[0].numel(), settings)
@@ -225,7 +231,7 @@ def score_matching_prior(
         )
     generator = torch.Generator(device=x.device).manual_seed(seed)
     train, heldout = _split(x, settings, generator)
-    loss = _ssm_vr_loss if method == "ssm" else _dsm_loss
+    loss = score_loss(method)
     with threads_for(x.numel(), x.device):
         net, info = train_score_net(x, train, heldout, loss, noise, settings, generator, seed, on_epoch)
         j, se = _score_energy(net, x, heldout, noise, settings.eval_draws, generator, info["batch_size"])
@@ -309,7 +315,7 @@ def score_training_step(x: Tensor, method: str, noise: float, samples: int = 2) 
     (the audit's up-front cost estimate times it)."""
     probe = x[:samples]
     net = make_score_net(x, torch.arange(len(probe), device=x.device), noise, 0)
-    loss_fn = _ssm_vr_loss if method == "ssm" else _dsm_loss
+    loss_fn = score_loss(method)
     generator = torch.Generator(device=x.device).manual_seed(0)
     noise = noise if noise > 0 else DSM_NOISE_FRACTION
     return lambda: loss_fn(net, probe, noise, _draws(probe, generator)).backward()
@@ -353,7 +359,7 @@ def _draws(x: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     return eps, 2 * bits - 1
 
 
-def _ssm_vr_loss(net: nn.Module, x: Tensor, noise: float, draws: tuple[Tensor, Tensor]) -> Tensor:
+def ssm_vr_loss(net: nn.Module, x: Tensor, noise: float, draws: tuple[Tensor, Tensor]) -> Tensor:
     """SSM-VR: E[v^T grad_x(v^T s(x)) + 1/2 ||s(x)||^2] at x ~ pi_tau (Song et al. 2019, Eq. 8)."""
     eps, v = draws
     point = (x + noise * eps).requires_grad_(True)
@@ -362,7 +368,7 @@ def _ssm_vr_loss(net: nn.Module, x: Tensor, noise: float, draws: tuple[Tensor, T
     return ((grad_vs * v).flatten(1).sum(1) + 0.5 * score.pow(2).flatten(1).sum(1)).mean()
 
 
-def _dsm_loss(net: nn.Module, x: Tensor, noise: float, draws: tuple[Tensor, Tensor]) -> Tensor:
+def dsm_loss(net: nn.Module, x: Tensor, noise: float, draws: tuple[Tensor, Tensor]) -> Tensor:
     """DSM: E||s(x~) + (x~ - x)/tau^2||^2 with x~ = x + tau eps; minimised by the score of pi_tau."""
     eps, _ = draws
     return (net(x + noise * eps) + eps / noise).pow(2).flatten(1).sum(1).mean()

@@ -95,7 +95,9 @@ def structured_products(f: BatchFn, x: Tensor, plan: Plan) -> int | None:
     return None if colouring is None else colouring.count
 
 
-STRUCTURED = Method(structured_trace, structured_products)
+# Colours either side; declared "inputs" so that its cross-check takes reverse-mode probes, which
+# every differentiable model has (forward mode may be missing).
+STRUCTURED = Method("structured", "inputs", structured_trace, structured_products)
 
 
 def coloured_sq_norm(f: BatchFn, x: Tensor, colouring: Colouring, per_pass: int, signs: Tensor | None = None) -> Tensor:

@@ -13,7 +13,6 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 import numpy as np  # noqa: E402
 
 ATTACK_COLOR, BASELINE_COLOR, VIOLATION_COLOR = "#2b6cb0", "#a0aec0", "#c53030"
-BOUND_COLOR, CR_COLOR = "#2f855a", "#805ad5"
 STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
 
 
@@ -52,7 +51,16 @@ class MseBar:
     violates: bool
 
 
-def bounds_chart(bars: list[MseBar], van_trees: float | None, cramer_rao: float | None) -> bytes:
+@dataclass
+class BoundLine:
+    """A bound drawn across the attacks' bars: its label, value (None: not computed) and colour."""
+
+    label: str
+    value: float | None
+    color: str
+
+
+def bounds_chart(bars: list[MseBar], bounds: list[BoundLine]) -> bytes:
     """Each reconstruction attack's MSE against the bounds and its mean-guess baseline."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(6.5, 0.55 * len(bars) + 1.4))
@@ -71,12 +79,9 @@ def bounds_chart(bars: list[MseBar], van_trees: float | None, cramer_rao: float 
                 zorder=3,
                 label="guessing the average input",
             )
-        for value, color, label in (
-            (van_trees, BOUND_COLOR, "van Trees bound (any attacker)"),
-            (cramer_rao, CR_COLOR, "Cramér-Rao bound (unbiased attackers)"),
-        ):
-            if value is not None and math.isfinite(value):
-                ax.axvline(value, color=color, linestyle="--", label=f"{label}: {value:.3g}")
+        for line in bounds:
+            if line.value is not None and math.isfinite(line.value):
+                ax.axvline(line.value, color=line.color, linestyle="--", label=f"{line.label}: {line.value:.3g}")
         ax.set_yticks(rows, [b.name + (" (beats the bound!)" if b.violates else "") for b in bars])
         ax.invert_yaxis()
         ax.set_xlabel("reconstruction MSE per input dimension (lower = attack recovers more)")
@@ -271,17 +276,19 @@ def _plot_series(ax, x: list[float], series: SweepSeries, marker: str, color=Non
 
 def sweep_mse_chart(
     sigmas: list[float],
-    van_trees: SweepSeries,
+    bounds: list[tuple[SweepSeries, str]],
     attacks: list[SweepSeries],
     mean_guess: float | None,
     target: float | None,
 ) -> bytes:
-    """The van Trees bound and every reconstruction attack's MSE against sigma, log-log, with the
-    mean-guess MSE (what no information gives) and the target bound as horizontal lines."""
+    """The bounds (each with its colour) and every reconstruction attack's MSE against sigma,
+    log-log, with the mean-guess MSE (what no information gives) and the target bound as
+    horizontal lines."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(6.5, 3.6))
         x = _sigma_axis(ax, sigmas)
-        _plot_series(ax, x, van_trees, "s", BOUND_COLOR, positive_only=True)
+        for series, color in bounds:
+            _plot_series(ax, x, series, "s", color, positive_only=True)
         for series, marker in zip(attacks, SERIES_MARKERS):
             _plot_series(ax, x, series, marker, positive_only=True)
         ax.set_yscale("log")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from splitaudit.errors import InputError
+from splitaudit.registries import BOUNDS
 from splitaudit.reports import charts
 from splitaudit.reports.files import write_json
 from splitaudit.reports.formatting import is_finite, is_number, number, signed
@@ -60,8 +61,7 @@ def _bounds(before: dict, after: dict) -> Table | None:
     rows = [
         _delta_row(label, _get(before, *keys), _get(after, *keys), safer)
         for label, keys, safer in (
-            ("van Trees bound MSE", ("bounds", "van_trees_mse"), True),
-            ("Cramér-Rao bound MSE", ("bounds", "cramer_rao_mse"), True),
+            *((f"{bound.name} bound MSE", ("bounds", key), True) for key, bound in BOUNDS.items()),
             ("mean dFIL", ("dfil", "mean"), False),
             ("noise σ", ("noise_sigma",), True),
         )

@@ -11,6 +11,7 @@ import math
 from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
 from splitaudit.recommend import recommend, sweep_gate
+from splitaudit.registries import GATED_BOUND
 
 RUN_THRESHOLDS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage")
 SWEEP_THRESHOLDS = (*RUN_THRESHOLDS, "max_utility_loss")
@@ -71,10 +72,10 @@ def _recommendation_problem(rec: dict, points: list[dict]) -> str | None:
     point = points[index]
     if sigma != point["noise_sigma"]:
         return f"recommendation.noise_sigma {sigma} is not its point's sigma {point['noise_sigma']}"
-    if not _same(rec.get("van_trees_mse"), point["bounds"]["van_trees_mse"]):
+    if not _same(rec.get(GATED_BOUND.key), point["bounds"][GATED_BOUND.key]):
         return (
-            f"recommendation.van_trees_mse {rec.get('van_trees_mse')} is not its point's bound "
-            f"{point['bounds']['van_trees_mse']}"
+            f"recommendation.{GATED_BOUND.key} {rec.get(GATED_BOUND.key)} is not its point's bound "
+            f"{point['bounds'][GATED_BOUND.key]}"
         )
     return None
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path, PurePath
 from urllib.parse import quote
 
+from splitaudit.registries import GATED_BOUND
 from splitaudit.reports.files import to_strict_json, write_atomic
 from splitaudit.reports.view import CAUSE_WORDS, QUICK_ALERT
 
@@ -20,10 +21,10 @@ INFORMATION_URI = "https://github.com/splitaudit/splitaudit"
 LEVELS = {"error": "error", "warning": "warning", "note": "note", "none": "none"}  # severity -> SARIF level
 RULES = {
     "audit-complete": "Every selected attack ran (or was skipped with a reason).",
-    "fail-under-mse": "The van Trees bound on any attacker's reconstruction MSE reaches --fail-under-mse.",
+    "fail-under-mse": f"The {GATED_BOUND.name} bound on any attacker's reconstruction MSE reaches --fail-under-mse.",
     "fail-under-attack-mse": "No reconstruction attack gets an MSE below --fail-under-attack-mse.",
     "max-advantage": "No attack's advantage over its baseline exceeds --max-advantage.",
-    "bound-violated": "No reconstruction attack beats the van Trees bound (otherwise its assumptions failed).",
+    "bound-violated": f"No reconstruction attack beats the {GATED_BOUND.name} bound (otherwise its assumptions failed).",
 }
 VIOLATION_LEVEL = "warning"  # a beaten bound is a finding; the gate makes it an error when a threshold rests on it
 
@@ -121,11 +122,11 @@ def _violation_finding(name: str, result: dict) -> dict:
         "ruleId": "bound-violated",
         "level": VIOLATION_LEVEL,
         "message": {
-            "text": f"The {name} attack reconstructs with MSE {mse:.4g}, below the van Trees bound "
-            f"{bounds['van_trees_mse']:.4g}: the bound cannot be trusted here. Likely causes: "
+            "text": f"The {name} attack reconstructs with MSE {mse:.4g}, below the {GATED_BOUND.name} bound "
+            f"{bounds[GATED_BOUND.key]:.4g}: the bound cannot be trusted here. Likely causes: "
             f"{causes}."
         },
-        "properties": {"attack": name, "mse": mse, "van_trees_mse": bounds["van_trees_mse"]},
+        "properties": {"attack": name, "mse": mse, GATED_BOUND.key: bounds[GATED_BOUND.key]},
     }
 
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from splitaudit.registries import BOUNDS, GATED_BOUND
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
+from splitaudit.reports.junit import write_junit
 from splitaudit.reports.terminal import _wrap
 from splitaudit.reports.view import (
     DATA_LABELS,
@@ -150,7 +152,7 @@ def recommendation_words(sweep: dict) -> Item:
     )
     words = (
         f"Add Gaussian noise with σ = {number(sigma)} to the embeddings. This guarantees that no attacker "
-        f"reconstructs inputs with a mean squared error below {number(rec.get('van_trees_mse'))} per dimension"
+        f"reconstructs inputs with a mean squared error below {number(rec.get(GATED_BOUND.key))} per dimension"
         f"{condition}, meeting the target {number(rec.get('target_mse'))}."
     )
     checked = [
@@ -187,7 +189,7 @@ def recommendation_words(sweep: dict) -> Item:
 def _summary(sweep: dict) -> list[Item]:
     items = [recommendation_words(sweep)]
     target = (
-        f"van Trees bound MSE ≥ {number(sweep.get('target_mse'))} ({sweep.get('target_source')}); "
+        f"{GATED_BOUND.name} bound MSE ≥ {number(sweep.get('target_mse'))} ({sweep.get('target_source')}); "
         "the bound holds against any attacker that knows the data distribution (Maeng et al., NeurIPS 2023)."
     )
     items.append(Item("Target", target))
@@ -222,7 +224,7 @@ def _alerts(sweep: dict) -> list[str]:
         where = "; ".join(f"σ = {number(p.get('noise_sigma'))} by {text(p['bounds']['violated_by'])}" for p in beaten)
         causes = (beaten[0].get("bounds") or {}).get("violation_causes") or []
         alerts.append(
-            f"The van Trees bound is beaten ({where}), so it is no guarantee at those σ"
+            f"The {GATED_BOUND.name} bound is beaten ({where}), so it is no guarantee at those σ"
             + (f" ({'; '.join(causes)})." if causes else ".")
         )
     for point in _points(sweep):
@@ -260,8 +262,7 @@ def _frontier(sweep: dict) -> Table:
             [
                 number(point.get("noise_sigma")) + (" ★" if i == rec_index else ""),
                 ORIGIN_WORDS.get(point.get("origin"), str(point.get("origin") or "")),
-                number(bounds.get("van_trees_mse")),
-                number(bounds.get("cramer_rao_mse")),
+                *(number(bounds.get(key)) for key in BOUNDS),
                 f"{number(best[1])} ({best[0]})" if best else "—",
                 "BEATEN by " + text(violated) if violated else ("holds" if best else "not checked"),
                 mean_std(utility.get("accuracy"), utility.get("accuracy_std")),
@@ -270,7 +271,15 @@ def _frontier(sweep: dict) -> Table:
         )
         classes.append("failed" if violated else ("ok" if i == rec_index else ""))
     return Table(
-        ["σ", "origin", "van Trees MSE", "Cramér-Rao MSE", "best attack MSE", "bound", "utility", "utility loss"],
+        [
+            "σ",
+            "origin",
+            *(f"{b.name} MSE" for b in BOUNDS.values()),
+            "best attack MSE",
+            "bound",
+            "utility",
+            "utility loss",
+        ],
         rows,
         classes,
     )
@@ -279,9 +288,7 @@ def _frontier(sweep: dict) -> Table:
 def _mse_series(sweep: dict) -> tuple:
     points = _points(sweep)
     sigmas = [p.get("noise_sigma") for p in points]
-    van_trees = charts.SweepSeries(
-        "van Trees bound (any attacker)", [(p.get("bounds") or {}).get("van_trees_mse") for p in points]
-    )
+    gated = charts.SweepSeries(GATED_BOUND.label, [(p.get("bounds") or {}).get(GATED_BOUND.key) for p in points])
     attacks = []
     for name in _attack_names(points, "reconstruction"):
         entries = [(p.get("attacks") or {}).get(name) or {} for p in points]
@@ -294,7 +301,7 @@ def _mse_series(sweep: dict) -> tuple:
         )
     guesses = [(p.get("bounds") or {}).get("mean_guess_mse") for p in points]
     mean_guess = next((g for g in guesses if is_finite(g)), None)
-    return sigmas, van_trees, attacks, mean_guess, sweep.get("target_mse")
+    return sigmas, [(gated, GATED_BOUND.chart_color)], attacks, mean_guess, sweep.get("target_mse")
 
 
 def _attack_names(points: list[dict], kind: str) -> list[str]:
@@ -332,8 +339,12 @@ def _point_view(point: dict, recommended: bool) -> PointView:
     bounds = point.get("bounds") or {}
     dfil = point.get("dfil") or {}
     rows = [
-        ["van Trees bound MSE (any attacker)", mean_std(bounds.get("van_trees_mse"), bounds.get("van_trees_stderr"))],
-        ["Cramér-Rao bound MSE (unbiased attackers)", number(bounds.get("cramer_rao_mse"))],
+        *(
+            [f"{b.name} bound MSE ({b.audience})", mean_std(bounds.get(key), bounds.get(b.stderr_key))]
+            if b.stderr_key
+            else [f"{b.name} bound MSE ({b.audience})", number(bounds.get(key))]
+            for key, b in BOUNDS.items()
+        ),
         ["mean dFIL", mean_std(dfil.get("mean"), dfil.get("stderr"))],
         ["guessing the average input", number(bounds.get("mean_guess_mse"))],
         ["bound beaten by", text(bounds.get("violated_by") or None)],
@@ -352,11 +363,13 @@ def _point_view(point: dict, recommended: bool) -> PointView:
 
 
 def write_sweep_reports(sweep: dict, out_dir: Path, formats: list[str]) -> list[Path]:
-    """sweep.json / sweep.html / sweep.md in out_dir; returns the paths written."""
+    """sweep.json / .html / .md / .junit.xml (as asked) in out_dir; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [write_result_json(sweep, out_dir / "sweep.json", sweep_json_schema())] if "json" in formats else []
     if "html" in formats or "md" in formats:
         written += render_pages(build_sweep_view(sweep), out_dir, formats, "sweep")
+    if "junit" in formats:
+        written.append(write_junit(sweep, out_dir / "sweep.junit.xml"))
     return written
 
 

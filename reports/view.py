@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from splitaudit.registries import BOUNDS, GATED_BOUND
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import (
     advantage_words,
@@ -406,10 +407,10 @@ def _mean_guess_mse(attacks: dict[str, dict]) -> float | None:
 def _protection(result: dict, attacks: dict[str, dict]) -> Item:
     """The provable bound in plain words (or plainly: nothing is guaranteed)."""
     bounds = _section(result, "bounds")
-    bound = bounds.get("van_trees_mse")
+    bound = bounds.get(GATED_BOUND.key)
     sigma = result.get("noise_sigma")
     if not is_number(bound):
-        return Item("Provable protection", "Not computed: the result holds no van Trees bound.", "warn")
+        return Item("Provable protection", f"Not computed: the result holds no {GATED_BOUND.name} bound.", "warn")
     if bound <= 0 or not math.isfinite(bound):
         cause = (
             "the embeddings are sent without noise (σ = 0), so the Fisher information is infinite"
@@ -425,7 +426,7 @@ def _protection(result: dict, attacks: dict[str, dict]) -> Item:
     smoothing = _section(result, "prior").get("smoothing")
     words = (
         f"No attacker can reconstruct inputs with a mean squared error below {number(bound)} "
-        "(per input dimension, on average over inputs like the audited data; van Trees bound"
+        f"(per input dimension, on average over inputs like the audited data; {GATED_BOUND.name} bound"
     )
     words += (
         f", for inputs smoothed with noise τ = {number(smoothing)})."
@@ -596,20 +597,11 @@ def _bounds(result: dict, figures: Figures) -> BoundsView:
 
 
 def _bounds_table(bounds: dict) -> Table | None:
-    rows = []
-    if "van_trees_mse" in bounds:
-        rows.append(
-            [
-                "van Trees",
-                number(bounds["van_trees_mse"]),
-                "any attacker, including one who knows the data distribution",
-                "1 / (mean dFIL + J(π)/d)",
-            ]
-        )
-    if "cramer_rao_mse" in bounds:
-        rows.append(
-            ["Cramér-Rao", number(bounds["cramer_rao_mse"]), "unbiased attackers (no prior knowledge)", "1 / mean dFIL"]
-        )
+    rows = [
+        [bound.name, number(bounds[key]), bound.holds_against, bound.formula]
+        for key, bound in BOUNDS.items()
+        if key in bounds
+    ]
     return Table(["bound", "MSE at least", "holds against", "formula"], rows) if rows else None
 
 
@@ -634,8 +626,7 @@ def _bounds_chart(result: dict, figures: Figures) -> Figure | None:
         "Reconstruction attacks' MSE against the bounds",
         charts.bounds_chart,
         bars,
-        bounds.get("van_trees_mse"),
-        bounds.get("cramer_rao_mse"),
+        [charts.BoundLine(bound.label, bounds.get(key), bound.chart_color) for key, bound in BOUNDS.items()],
     )
 
 

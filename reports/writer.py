@@ -19,6 +19,7 @@ from tabulate import tabulate
 from splitaudit.errors import InputError
 from splitaudit.reports.consistency import check_consistency
 from splitaudit.reports.files import from_strict_json, to_strict_json, write_atomic, write_json
+from splitaudit.reports.junit import write_junit
 from splitaudit.reports.view import Figure, Table, build_view
 from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
 from splitaudit.safety import display_path, displayable, nested_deeper_than, require_regular_file
@@ -184,7 +185,7 @@ def write_result_json(result: dict, path: Path, schema: dict | None = None) -> P
 
 
 def write_reports(result: dict, out_dir: Path, formats: list[str]) -> list[Path]:
-    """Write report.html / .md / .sarif (as asked), then report.json last, into out_dir; returns
+    """Write report.html / .md / .sarif / .junit.xml (as asked), then report.json last, into out_dir; returns
     the paths written. A stale report.json is removed first, so that a complete report.json always
     belongs with complete pages of the same run (a crash in between leaves no report.json at all)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -199,6 +200,8 @@ def write_reports(result: dict, out_dir: Path, formats: list[str]) -> list[Path]
         from splitaudit.reports.sarif import write_sarif
 
         written.append(write_sarif(result, out_dir / "report.sarif"))
+    if "junit" in formats:
+        written.append(write_junit(result, out_dir / "report.junit.xml"))
     if "json" in formats:
         written.append(write_result_json(result, out_dir / "report.json"))
     return written

@@ -1,15 +1,20 @@
-"""dFIL, the Cramér-Rao and van Trees bounds and calibration, against closed forms, and paper
-004's synthetic experiment (Section 3.3.1, Figure 2) with plain solvers as the attacks."""
+"""dFIL, the Cramér-Rao and van Trees bounds and calibration, against closed forms, and the
+synthetic experiment of Maeng et al. (NeurIPS 2023, Section 3.3.1, Figure 2) with plain solvers
+as the attacks; and the conformance suite of the bound registry."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 import torch
 
+from splitaudit import result
 from splitaudit.estimators import jacobian_sq_norm
 from splitaudit.estimators.bounds import (
+    bound_mse,
     cramer_rao_mse,
     dfil,
     sigma_for_unbiased,
@@ -18,6 +23,7 @@ from splitaudit.estimators.bounds import (
     van_trees_stderr,
 )
 from splitaudit.estimators.prior import gaussian_prior
+from splitaudit.registries import BOUNDS, GATED_BOUND
 
 
 def orthonormal_columns(m: int, d: int, seed: int) -> torch.Tensor:
@@ -103,3 +109,63 @@ def test_paper_004_figure_2_unbiased_attack_meets_cramer_rao_and_map_attack_only
         if mse_map < cr * (1 - tolerance):
             broke_cramer_rao += 1
     assert broke_cramer_rao >= 2  # Attack-b breaks Bound-ub once the prior matters (large sigma)
+
+
+# --- the bound registry's conformance suite (splitaudit.registries.BOUNDS) ----------------------
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("bound", list(BOUNDS.values()), ids=list(BOUNDS))
+def test_every_bound_is_its_formula(bound):
+    """1 / (dFIL + J/d) with the prior term, 1 / dFIL without; inf at zero information, 0 at infinite."""
+    for mean_dfil, j in [(4.0, 0.25), (0.0, 2.0), (math.inf, 1.0), (1e-300, 0.0)]:
+        expected = van_trees_mse(mean_dfil, j) if bound.uses_prior else cramer_rao_mse(mean_dfil)
+        assert bound_mse(bound, mean_dfil, j) == expected
+    assert bound_mse(bound, 4.0, 0.25) == (1 / 4.25 if bound.uses_prior else 1 / 4.0)
+
+
+def test_one_bound_is_gated_and_every_key_is_in_the_schema():
+    assert [b for b in BOUNDS.values() if b.gated] == [GATED_BOUND]
+    # leakage's calibration solves 1/(E[dFIL] + J/d) = target (sigma_for_van_trees) and names it by
+    # the gated bound's slug: the two must be the same bound
+    assert GATED_BOUND.uses_prior and GATED_BOUND.slug == "van-trees"
+    assert [b.slug for b in BOUNDS.values()] == ["van-trees", "cramer-rao"]
+    fields = set(get_type_hints(result.Bounds))
+    for key, bound in BOUNDS.items():
+        assert {key, f"{key}_point"} <= fields
+        assert bound.stderr_key is None or bound.stderr_key in fields
+    # a bound with the prior term is never above one without: more information, lower MSE
+    with_prior = [b for b in BOUNDS.values() if b.uses_prior]
+    assert all(bound_mse(b, 3.0, 0.5) <= bound_mse(c, 3.0, 0.5) for b in with_prior for c in BOUNDS.values())
+
+
+def _markdown(write, *args, tmp_path: Path) -> str:
+    return "\n".join(p.read_text() for p in write(*args, tmp_path, ["md"]) if p.suffix == ".md")
+
+
+def test_a_new_bound_is_one_registry_line(tmp_path, monkeypatch):
+    """A bound added to the registry alone is stated by the report, the comparison and the sweep
+    (table rows, formula, audience) without other code. (The leakage stage computes every entry by
+    bound_mse; the schema's Bounds section still lists its keys by hand.)"""
+    from splitaudit import registries
+    from splitaudit.reports.compare import write_comparison
+    from splitaudit.reports.sweep import write_sweep_reports
+    from splitaudit.reports.writer import load_result, write_reports
+
+    extra = registries.Bound(
+        "Test", "test_mse", "1 / (2 x mean dFIL)", "test attackers", "attackers in a test", False, "#000"
+    )
+    monkeypatch.setitem(registries.BOUNDS, extra.key, extra)
+    report = load_result(FIXTURES / "image_audit.json")
+    report["bounds"]["test_mse"] = 0.123
+    page = _markdown(write_reports, report, tmp_path=tmp_path / "r")
+    assert "Test" in page and "0.123" in page and "1 / (2 x mean dFIL)" in page and "attackers in a test" in page
+    before = load_result(FIXTURES / "sigma0_audit.json")
+    before["bounds"]["test_mse"] = 0.5
+    page = _markdown(write_comparison, before, report, tmp_path=tmp_path / "c")
+    assert "Test bound MSE" in page and "0.5" in page
+    sweep = load_result(FIXTURES / "tabular_sweep.json")
+    for point in sweep["points"]:
+        point["bounds"]["test_mse"] = 0.0456
+    page = _markdown(write_sweep_reports, sweep, tmp_path=tmp_path / "s")
+    assert "Test MSE" in page and "Test bound MSE (test attackers)" in page and "0.0456" in page

@@ -545,8 +545,9 @@ def test_calibrate_json_is_strict_json(tmp_path, capsys, monkeypatch):
     )
     from splitaudit import leakage
 
-    monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: None)
-    monkeypatch.setattr(leakage, "calibrate", lambda *a, **k: {"sigma": math.inf, "sigma_unbiased": math.nan})
+    monkeypatch.setattr(pipeline, "prepare_audit", lambda *a, **k: (None, []))
+    monkeypatch.setattr(leakage, "measure", lambda *a, **k: None)
+    monkeypatch.setattr(leakage, "calibration_answer", lambda *a, **k: {"sigma": math.inf, "sigma_unbiased": math.nan})
     code, out, _ = run_cli(["calibrate", MLP, "--aux", CANCER, "--json", "--target-mse", "1"], capsys)
 
     def no_constants(name):

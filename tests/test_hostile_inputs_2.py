@@ -26,8 +26,7 @@ import torch.nn as nn
 from conftest import sample
 from test_hostile_inputs import assert_refused, run_cli
 
-from splitaudit import audit, pipeline
-from splitaudit import sweep as sweep_module
+from splitaudit import audit, leakage, pipeline
 from splitaudit.attacks import ATTACK_NAMES, attack_class
 from splitaudit.attacks.base import option_rule
 from splitaudit.config import NUMERIC_RANGES, AuditOptions
@@ -339,8 +338,7 @@ def test_attack_options_out_of_any_useful_range_are_refused_before_loading(
 
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_a_tv_prior_on_tabular_data_is_refused_before_any_measurement(tmp_path, capsys, monkeypatch, command):
-    monkeypatch.setattr(pipeline, "measure_leakage", lambda *a, **k: pytest.fail("measured before refusing"))
-    monkeypatch.setattr(sweep_module, "measure_leakage", lambda *a, **k: pytest.fail("measured before refusing"))
+    monkeypatch.setattr(leakage, "measure", lambda *a, **k: pytest.fail("measured before refusing"))
     args = [command, MLP, "--aux", CANCER, "--attacks", "optimization", "--attack-option", "optimization.prior=tv"]
     args += ["--noise-sigma", "0.5", "--quick"]
     assert_refused(args, capsys, tmp_path, "optimization.prior=tv needs images or sequences")
@@ -385,7 +383,7 @@ CANCER_X = np.load(CANCER)["x"].astype(np.float32)
     ],
 )
 def test_the_api_raises_input_error_for_bad_input(kwargs, fragment, monkeypatch):
-    monkeypatch.setattr(pipeline, "measure_leakage", lambda *a, **k: pytest.fail("measured bad input"))
+    monkeypatch.setattr(leakage, "measure", lambda *a, **k: pytest.fail("measured bad input"))
     with pytest.raises(InputError) as raised:
         audit(TinyEncoder(), **{"attacks": "none", **kwargs})
     assert fragment in str(raised.value)

@@ -1,6 +1,8 @@
-"""The options are declared once, in AuditOptions: `splitaudit run` and `sweep` take every field as
-a flag, and splitaudit.audit() as a keyword with the same default, but for the exceptions
-splitaudit.config names (a missing flag or keyword would silently fall back to a default)."""
+"""The options are declared once, in the option table (config.AuditOptions, each field with its
+OptionSpec): the click options of `run`, `sweep` and `calibrate` and the keywords of
+splitaudit.audit() are made from it. These tests check what the generation must give: the CLI,
+the API and the config file accept the same set of options (but as the table says), with the
+same defaults, and each value reaches AuditOptions under its own name."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ from dataclasses import MISSING, fields
 import pytest
 
 from splitaudit.api import audit
-from splitaudit.cli import cli
-from splitaudit.config import CLI_CONTROLS, NOT_IN_API, NOT_ON_CLI, RUN_ONLY, SWEEP_ONLY, AuditOptions
+from splitaudit.cli import cli, main
+from splitaudit.config import CALIBRATE, CLI_CONTROLS, RUN, SWEEP, AuditOptions, load_config, option_spec
 
 FIELDS = {f.name: f for f in fields(AuditOptions)}
+COMMAND_OWN = {RUN: set(), SWEEP: set(), CALIBRATE: {"as_json"}}  # flags a command adds for itself
 
 
 def _default(name: str):
@@ -21,26 +24,110 @@ def _default(name: str):
     return f.default_factory() if f.default is MISSING else f.default
 
 
-@pytest.mark.parametrize("command, excluded", [("run", SWEEP_ONLY), ("sweep", RUN_ONLY)])
-def test_each_command_takes_every_option_it_should(command, excluded):
-    params = {p.name for p in cli.commands[command].params}
-    assert params - set(FIELDS) == set(CLI_CONTROLS), "a flag that sets no option"
-    assert set(FIELDS) - params == set(excluded) | set(NOT_ON_CLI), "an option the command cannot set"
+def _taken_by(command: str) -> set[str]:
+    return {name for name, f in FIELDS.items() if command in option_spec(f).commands}
 
 
-def test_the_api_takes_every_option_with_its_default():
+@pytest.mark.parametrize("command", [RUN, SWEEP, CALIBRATE])
+def test_each_command_takes_the_options_the_table_gives_it(command):
+    params = {p.name for p in cli.commands[command].params} - {"model"}
+    controls = set(CLI_CONTROLS) if command != CALIBRATE else set(CLI_CONTROLS) - {"attack_option"}
+    assert params == _taken_by(command) | controls | COMMAND_OWN[command]
+    # run and sweep together take every option but the model (an argument) and the file's own
+    assert set(FIELDS) - _taken_by(RUN) - _taken_by(SWEEP) == {"model", "target_fraction", "attack_options"}
+
+
+def test_the_api_takes_the_table_s_keywords_with_their_defaults():
     signature = inspect.signature(audit).parameters
     keywords = set(signature) - {"progress"}
-    assert keywords == set(FIELDS) - set(NOT_IN_API)
+    assert keywords == {name for name, f in FIELDS.items() if option_spec(f).api}
     for name in keywords - {"model", "aux", "attacks", "attack_options"}:
         assert signature[name].default == _default(name), name
     assert signature["attacks"].default == "all" and _default("attacks") == ["all"]
     assert signature["attack_options"].default is None and _default("attack_options") == {}
+    with pytest.raises(TypeError, match="unexpected keyword.*formats"):
+        audit("model.onnx", "aux.npz", formats=["html"])
 
 
-def test_the_exceptions_name_real_options():
-    for group in (SWEEP_ONLY, RUN_ONLY, NOT_ON_CLI, NOT_IN_API):
-        assert set(group) <= set(FIELDS)
+def test_the_config_file_takes_every_option_and_nothing_else(tmp_path):
+    """Each field of the table is a key of the TOML file (attack options as [attack.NAME])."""
+    values = {name: _default(name) for name in FIELDS if _default(name) is not None}
+    values["model"], values["aux"] = "m.onnx", "a.npz"
+    values["attack_options"] = {}
+    lines = [f"{k} = {_toml(v)}" for k, v in values.items() if k != "attack_options"]
+    path = tmp_path / "c.toml"
+    path.write_text("\n".join(lines) + "\n[attack.sdar]\nablation = true\n")
+    loaded = load_config(path)
+    assert set(loaded) == (set(values) - {"attack_options"}) | {"attack_options"}
+    path.write_text("nosie_sigma = 0.1\n")
+    with pytest.raises(Exception, match="unknown keys: nosie_sigma"):
+        load_config(path)
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
+
+
+def test_every_flag_reaches_its_option(tmp_path, monkeypatch, capsys):
+    """Each generated flag of `run` sets the option of its own name: a value other than the default
+    for every flag, read back from the AuditOptions that the audit is given."""
+    from splitaudit import api
+
+    seen = {}
+
+    def stop(options, **_):
+        seen["options"] = options  # what the audit would run, then no audit
+        raise SystemExit(0)
+
+    monkeypatch.setattr(api, "run", stop)
+    flags = {
+        "aux": "a.npz",
+        "target": "t.npz",
+        "attacks": "decoder",
+        "noise_sigma": "0.5",
+        "prior": "dsm",
+        "smoothing": "0.1",
+        "top_model": "top.onnx",
+        "input_shape": "1,8,8",
+        "normalize": "0.5,0.25",
+        "label_column": "label",
+        "attr_column": "attr",
+        "out": str(tmp_path / "o"),
+        "formats": "html",
+        "fail_under_mse": "0.01",
+        "fail_under_attack_mse": "0.02",
+        "max_advantage": "0.3",
+        "junit": str(tmp_path / "j.xml"),
+        "seed": "7",
+        "device": "cpu",
+        "quick": None,
+        "vocab": "v.json",
+        "output_name": "z",
+        "executor": "ray",
+        "ray_address": "auto",
+        "task_timeout": "60",
+        "dfil_rtol": "0.05",
+        "dfil_samples": "128",
+        "model_mode": "eval",
+        "queries": "4",
+    }
+    assert set(flags) | {"workers"} == _taken_by(RUN)  # workers: ray takes none (checked by validate)
+    argv = ["run", "m.onnx"]
+    for name, value in flags.items():
+        flag = option_spec(FIELDS[name]).flag or f"--{name.replace('_', '-')}"
+        argv += [flag] if value is None else [flag, value]
+    with pytest.raises(SystemExit):
+        main(argv)
+    options = seen["options"]
+    assert options.model == "m.onnx" and options.quick is True
+    for name in flags:
+        assert getattr(options, name) != _default(name), name
 
 
 def test_audit_passes_each_keyword_through(monkeypatch):
@@ -84,4 +171,5 @@ def test_audit_passes_each_keyword_through(monkeypatch):
     for name, value in values.items():
         assert value != _default(name), f"{name}: pick a value other than the default"
         assert getattr(options, name) == value, name
-    assert set(values) | {"model", "aux", "target", "attacks", "noise_sigma"} == set(FIELDS) - set(NOT_IN_API)
+    api_options = {name for name, f in FIELDS.items() if option_spec(f).api}
+    assert set(values) | {"model", "aux", "target", "attacks", "noise_sigma"} == api_options

@@ -312,7 +312,10 @@ def test_sweep_cli_writes_the_reports_gates_the_utility_and_renders_again(tmp_pa
         (["--noise-sigma", "0,x"], "comma-separated list"),
         (["--noise-sigma", "1", "--target-mse", "0"], "--target-mse must lie in (0, 1e+12], got 0.0"),
         (["--noise-sigma", "1", "--max-utility-loss", "2"], "--max-utility-loss"),
-        (["--noise-sigma", "1", "--format", "html,sarif"], "SARIF is written by splitaudit run"),
+        (
+            ["--noise-sigma", "1", "--format", "html,sarif"],
+            "--format takes a comma list of html, md, json, junit for a sweep",
+        ),
     ],
 )
 def test_sweep_bad_input_is_one_line_and_exit_2(args, fragment, capsys):
