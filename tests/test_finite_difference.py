@@ -171,10 +171,12 @@ def test_a_zero_fine_trace_beside_a_nonzero_coarse_one_is_an_unbounded_error():
 @pytest.fixture
 def no_conversion(monkeypatch):
     """ONNX conversion fails, so the audit runs black-box through onnxruntime."""
-    import splitaudit.models as models
+    import splitaudit.onnx_loading as onnx_loading
 
     monkeypatch.setattr(
-        models, "_convert_onnx", lambda proto, device: iter([models.Conversion("test", None, "conversion disabled")])
+        onnx_loading,
+        "convert_onnx",
+        lambda proto, device: iter([onnx_loading.Conversion("test", None, "conversion disabled")]),
     )
 
 
