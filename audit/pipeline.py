@@ -32,10 +32,9 @@ from splitaudit.gate import evaluate_gate
 from splitaudit.models import RawModel, resolve_device, within_time_limit
 from splitaudit.result import SCHEMA_VERSION
 from splitaudit.tokens import (
-    flag_token_violations,
+    checked_against_attacks,
     load_audited_data,
     open_audited_model,
-    real_share,
     token_statement,
 )
 from splitaudit.version import __version__
@@ -138,10 +137,10 @@ def run_audit(
         stages.set_postfix_str("dFIL and bounds")
         measurement, shards = measure_leakage(ctx, options, executor)
         sections = leakage.assess_measurement(ctx, measurement, target_mse=options.fail_under_mse)
+        statement = None
         if ctx.tokens is not None:
-            sections["tokens"] = token_statement(
-                ctx.tokens, sections["bounds"], measurement.smoothing, ctx.seed, real_share(ctx.target)
-            )
+            hidden = ctx.clean_embeddings("target")
+            statement = token_statement(ctx.tokens, hidden, ctx.noise_sigma, ctx.aux, ctx.target.mask)
         stages.update()
         stages.set_postfix_str("attacks")
         grid, executed = attack_grid(ctx, executor, names, [ctx.noise_sigma], progress, shards)
@@ -149,6 +148,8 @@ def run_audit(
     attacks, bounds = leakage.check_against_bound(
         sections["bounds"], grid[ctx.noise_sigma], sections["prior"]["smoothing"]
     )
+    if statement is not None:
+        sections["tokens"], bounds = checked_against_attacks(statement, bounds, attacks)
     result = {
         **header,
         "run": {**header["run"], **executed},
@@ -157,8 +158,6 @@ def run_audit(
         "bounds": bounds,
         "attacks": attacks,
     }
-    if ctx.tokens is not None:
-        flag_token_violations(result)  # the token statement's ceiling, into its own and the bounds' sections
     gate = evaluate_gate(
         result,
         fail_under_mse=options.fail_under_mse,

@@ -224,7 +224,7 @@ def test_malicious_strings_are_escaped(render, fmt):
 
 
 def test_minimal_result_renders_without_empty_sections(render):
-    minimal = {"schema_version": 3, "gate": {"passed": True, "reasons": [], "checks": []}}
+    minimal = {"schema_version": 4, "gate": {"passed": True, "reasons": [], "checks": []}}
     html, md = render(None, minimal)
     assert empty_html_sections(html) == [] and empty_markdown_sections(md) == []
     assert "Not computed" in html
