@@ -33,7 +33,6 @@ import math
 
 import torch
 
-from splitaudit.attacks.text_metrics import position_counts
 from splitaudit.estimators.mean_trace import Z_95
 
 MOMENT_CHUNK = 2**24  # hidden-state values whose moments are computed at a time (float64)
@@ -91,6 +90,16 @@ def wilson_upper(successes: float, trials: int, z: float = Z_95) -> float:
     centre = (successes + z**2 / 2) / (trials + z**2)
     half = z / (trials + z**2) * math.sqrt(successes * (trials - successes) / trials + z**2 / 4)
     return min(1.0, centre + half)
+
+
+def position_counts(aux_ids: torch.Tensor, vocab_size: int, aux_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """How often each token occurs at each position of the aux sentences [T, V], counting real
+    (unpadded) positions only."""
+    valid = torch.ones_like(aux_ids, dtype=torch.bool) if aux_valid is None else aux_valid.to(aux_ids.device)
+    counts = torch.zeros(aux_ids.shape[1], vocab_size, device=aux_ids.device)
+    positions = torch.arange(aux_ids.shape[1], device=aux_ids.device).expand_as(aux_ids)
+    counts.index_put_((positions[valid], aux_ids[valid]), torch.ones(()), accumulate=True)
+    return counts
 
 
 def position_blind_guess(ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int) -> list[float]:
