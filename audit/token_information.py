@@ -4,8 +4,8 @@ the noisy hidden states carry about the sentence (generalised Fano). Pure comput
 The channel is the one audited: Z = f(X) + N(0, sigma^2 I), the noise added on the hidden states
 (--noise-sigma), X the sentence (its ids and, when the data has one, its attention mask).
 
-Information. For any input distribution, I(X; Z) = h(Z) - h(Z | X) <= 1/2 log det(I + Cov(f)/sigma^2)
-<= 1/2 sum_j log(1 + Var(f_j)/sigma^2): the Gaussian maximises entropy at a given covariance,
+Information (Cover & Thomas, 2006, chapters 8 and 17). For any input distribution,
+I(X; Z) = h(Z) - h(Z | X) <= 1/2 log det(I + Cov(f)/sigma^2) <= 1/2 sum_j log(1 + Var(f_j)/sigma^2): the Gaussian maximises entropy at a given covariance,
 h(Z | X = x) >= h(N) since the noise is independent of f (also when f itself is random: a
 stochastic encoder's Var(f_j) is then over the inputs and the encoder's draws), and Hadamard's
 inequality bounds the determinant by its diagonal. No smoothing and no prior are needed. Var(f_j),
@@ -13,8 +13,8 @@ one per hidden coordinate, is estimated on the audited data: each is replaced by
 confidence bound s_j^2 + z se(s_j^2), se from the sample fourth moment, and as the bound grows with
 every Var(f_j), the sum with these upper bounds is an upper bound on I whenever each holds.
 
-Ceiling (Chen, Guntuboyina & Zhang, JMLR 2016, generalised Fano). An attacker guessing a discrete
-X' from Z (with any computation, randomness or auxiliary data independent of the target) succeeds
+Ceiling (Chen, Guntuboyina & Zhang, JMLR 2016, generalised Fano; Wilson, JASA 1927, for the
+blind guess). An attacker guessing a discrete X' from Z (with any computation, randomness or auxiliary data independent of the target) succeeds
 with probability p; against P_X' x P_Z (Z independent of X') the same guess succeeds with
 probability q <= p0 = max_a P(X' = a). Data processing of the indicator "guess correct" gives
 kl(p || q) <= I(X'; Z) <= I(X; Z), hence kl(p || p0) <= I(X; Z) when p >= p0 (kl(p || .) falls on
