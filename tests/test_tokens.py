@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import sample
 from test_cli import assert_one_line_error, run_cli
 from token_models import LENGTH, TokenBottom, save_token_data, save_token_model
 
@@ -196,6 +197,26 @@ def test_no_attack_beats_the_token_statement_and_the_report_shows_sentences(tmp_
     html = (out / "report.html").read_text()
     assert "&lt;b&gt;w" in html and "<b>w" not in html and "generalised Fano" in html
     assert "original sentence" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_token_ceiling_says_something_on_the_demo_sample_at_large_noise(capsys):
+    """The shipped text bottom at sigma = 60: the hidden states (256 coordinates, std about 3.5)
+    carry under 1 nat, the token ceiling is below 1 (from sigma ~ 35 on: measured 34.6) and the
+    exact-match ceiling below 0.5, and no attack beats either."""
+    args = ["run", sample("text_bottom.onnx"), "--aux", sample("text.npz"), "--vocab", sample("text_vocab.json")]
+    code, _, err = run_cli([*args, "--quick", "--noise-sigma", "60", "--out", "out", "--workers", "1"], capsys)
+    result = json.loads(open("out/report.json").read())
+    assert_done_or_only_failed_attacks(code, err, result)
+    statement = result["tokens"]
+    assert 0 < statement["information_nats"] < 1 and 30 < statement["informative_from_sigma"] < 40
+    assert statement["token_accuracy_ceiling"] < 1 and statement["exact_match_ceiling"] < 0.5
+    assert set(statement["compared_with"]) == {"decoder", "optimization", "token-inversion"}
+    for name in statement["compared_with"]:
+        metrics = result["attacks"][name]["metrics"]
+        assert metrics["token_accuracy"] <= statement["token_accuracy_ceiling"], name
+        assert metrics["exact_match"] <= statement["exact_match_ceiling"], name
+    assert statement["violated_by"] == []
 
 
 @pytest.mark.slow
