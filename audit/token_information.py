@@ -35,7 +35,7 @@ import torch
 
 from splitaudit.estimators.mean_trace import Z_95
 
-MOMENT_CHUNK = 2**24  # hidden-state values whose moments are computed at a time (float64)
+MOMENT_CHUNK = 2**22  # hidden-state values whose moments are computed at a time (float64, 32 MiB)
 SIGMA_SEARCH_STEPS = 60  # bisection steps for the noise at which the ceiling first says something
 
 
