@@ -580,8 +580,9 @@ def _statement_assumptions(noise_sigma: float, padded: bool) -> list[str]:
         "the noise is added on the hidden states as audited (Z = f(X) + N(0, sigma^2 I)); the ceilings hold "
         "for any attacker (any computation, auxiliary data or model access independent of the target)",
         "I(X; Z) <= 1/2 sum_j log(1 + Var(f_j)/sigma^2) over the hidden coordinates (Gaussian maximum "
-        "entropy, Hadamard); each Var(f_j) is taken at its upper 95% bound on the audited sentences (for a "
-        "stochastic encoder the variance over the inputs and its draws)",
+        "entropy, Hadamard); each Var(f_j) is taken at its upper 95% bound on the audited sentences (normal "
+        "approximation, per coordinate rather than simultaneous; for a stochastic encoder the variance over "
+        "the inputs and its draws)",
         "the blind guesses (the most frequent token at each position, the most frequent sentence) come from "
         "aux at their upper 95% bounds: aux is assumed drawn like the target, with its positions as the target's",
         "the ceilings concern the expected accuracy over sentences like the audited ones; a measured accuracy "
@@ -591,8 +592,9 @@ def _statement_assumptions(noise_sigma: float, padded: bool) -> list[str]:
         notes.append("no noise (sigma = 0): the hidden states may determine the sentence, so the ceilings are 1")
     if padded:
         notes.append(
-            "padding: each position's guess is a token or 'padding' and accuracy counts real positions only, "
-            "so a position's ceiling is divided by its share of real tokens (at most 1)"
+            "padding: the mask counts as part of the private sentence in the information; each position's "
+            "guess is a token or 'padding' and accuracy counts real positions only, so a position's ceiling is "
+            "divided by its share of real tokens (at most 1)"
         )
     return notes
 
