@@ -206,6 +206,10 @@ def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys, fmt):
     assert tokens["sentences"] and all("w0" not in s["original"].split() for s in tokens["sentences"])
     assert len(tokens["position_accuracy"]) == LENGTH
     assert any("held fixed per sample" in w for w in result["model"]["warnings"])
+    statement = result["tokens"]  # padded: no whole-sentence term, positions guessed as a token or padding
+    assert statement["sentence_blind_guess"] is None and any("padding" in a for a in statement["assumptions"])
+    assert inversion["metrics"]["token_accuracy"] <= statement["token_accuracy_ceiling"]
+    assert statement["violated_by"] == [] and statement["compared_with"] == ["token-inversion"]
 
 
 def test_an_onnx_second_input_that_is_not_a_mask_is_refused(tmp_path, files, bottom, capsys):
