@@ -36,7 +36,7 @@ from splitaudit.attacks.reconstruction import (
     reconstruction_metrics,
 )
 from splitaudit.attacks.text_metrics import with_token_metrics
-from splitaudit.attacks.token_relaxation import VocabularySimplex, vocabulary_simplex
+from splitaudit.attacks.token_relaxation import VocabularySimplex, quick_token_sentences, vocabulary_simplex
 from splitaudit.context import AuditContext
 from splitaudit.data import in_unit_range
 from splitaudit.errors import InputError
@@ -89,7 +89,8 @@ class OptimizationAttack(Attack):
 
     Metrics: "mse"/"psnr"/"ssim" of the stronger variant (the audit reports the worst case),
     plus "mse_unbiased" and "mse_map". Options (`[attack.optimization]`): steps (quick_steps
-    under --quick), samples (quick_samples): how many target samples are inverted, lr (Adam
+    under --quick), samples (quick_samples; on token inputs under --quick also at most
+    QUICK_TOKEN_POSITIONS positions' worth of sentences): how many target samples are inverted, lr (Adam
     step in units of the data range, cosine-decayed), prior: "gaussian" or "tv" (images and
     sequences), patience and min_improvement: the inversion stops once its objective has not
     fallen by min_improvement (relative) in `patience` checks, every OBJECTIVE_EVERY steps, and
@@ -113,9 +114,8 @@ class OptimizationAttack(Attack):
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
         """Encoder passes: steps x samples x 2 (unbiased and MAP inverted together), every seed."""
         settings = dataclasses.asdict(self.options(ctx))
-        n = min(len(ctx.target), settings["quick_samples"] if ctx.quick else settings["samples"])
         steps = settings["quick_steps"] if ctx.quick else settings["steps"]
-        return len(ctx.seeds) * steps * 2 * n * pass_seconds
+        return len(ctx.seeds) * steps * 2 * inverted_samples(ctx, settings) * pass_seconds
 
     def check_inputs(self, ctx: AuditContext) -> None:
         """Total variation sums differences of neighbouring pixels: tabular rows have none."""
@@ -129,7 +129,7 @@ class OptimizationAttack(Attack):
         self.check_inputs(ctx)
         settings = dataclasses.asdict(self.options(ctx))
         gen = ctx.generator(seed)
-        n = min(len(ctx.target), settings["quick_samples"] if ctx.quick else settings["samples"])
+        n = inverted_samples(ctx, settings)
         index = torch.randperm(len(ctx.target), generator=gen, device=gen.device)[:n].sort().values
         z = ctx.observed_embeddings("target", gen)[index]
         x_true, is_image = ctx.target.x[index], ctx.target.is_image
@@ -166,6 +166,15 @@ class OptimizationAttack(Attack):
             },
         )
         return with_token_metrics(ctx, outcome, x_best, index)
+
+
+def inverted_samples(ctx: AuditContext, settings: dict) -> int:
+    """How many target samples are inverted: samples (quick_samples under --quick), and under
+    --quick on token inputs no more sentences than quick_token_sentences allows."""
+    n = min(len(ctx.target), settings["quick_samples"] if ctx.quick else settings["samples"])
+    if ctx.quick and ctx.tokens is not None:
+        n = min(n, quick_token_sentences(ctx.target.token_ids.shape[1]))
+    return n
 
 
 def map_weight(ctx: AuditContext) -> float:

@@ -19,6 +19,8 @@ import torch
 from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu
 from rouge_score import rouge_scorer
 
+from splitaudit.token_information import position_counts
+
 RARE_SENTENCE_FRACTION = 0.01  # a token in fewer than 1% of the aux sentences is rare
 TOKEN_METRICS = ("token_accuracy", "exact_match", "rouge_l", "bleu", "rare_token_recall")
 EXAMPLE_SENTENCES = 5
@@ -85,16 +87,6 @@ def position_accuracy(true_ids: torch.Tensor, pred_ids: torch.Tensor, valid: tor
     hits = ((true_ids == pred_ids.cpu()) & valid).sum(dim=0)
     counts = valid.sum(dim=0)
     return [float(h / c) if c else math.nan for h, c in zip(hits, counts)]
-
-
-def position_counts(aux_ids: torch.Tensor, vocab_size: int, aux_valid: torch.Tensor | None = None) -> torch.Tensor:
-    """How often each token occurs at each position of the aux sentences [T, V], counting real
-    (unpadded) positions only."""
-    valid = _all_real(aux_ids) if aux_valid is None else aux_valid.to(aux_ids.device)
-    counts = torch.zeros(aux_ids.shape[1], vocab_size, device=aux_ids.device)
-    positions = torch.arange(aux_ids.shape[1], device=aux_ids.device).expand_as(aux_ids)
-    counts.index_put_((positions[valid], aux_ids[valid]), torch.ones(()), accumulate=True)
-    return counts
 
 
 def most_frequent_guess(aux_ids: torch.Tensor, n: int, aux_valid: torch.Tensor | None = None) -> torch.Tensor:

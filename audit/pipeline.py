@@ -37,10 +37,9 @@ from splitaudit.models import resolve_device
 from splitaudit.raw_model import RawModel
 from splitaudit.result import SCHEMA_VERSION
 from splitaudit.tokens import (
-    flag_token_violations,
+    checked_against_attacks,
     load_audited_data,
     open_audited_model,
-    real_share,
     token_statement,
 )
 from splitaudit.version import __version__
@@ -216,21 +215,30 @@ def run_audit(
             _announce_cost(ctx, options, names, on_cost)
         with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
             stages.set_postfix_str("dFIL and bounds")
-            measurement = engine.measurement
+            _ = engine.measurement  # taken here, inside its stage (the engine measures once, on first use)
+            statement = None
+            if ctx.tokens is not None:
+                hidden = ctx.clean_embeddings("target")
+                statement = token_statement(ctx.tokens, hidden, ctx.noise_sigma, ctx.aux, ctx.target.mask)
             stages.update()
             stages.set_postfix_str("attacks")
             grid, executed = engine.run_attacks([ctx.noise_sigma])
             stages.update(len(names))
         point = engine.point(ctx.noise_sigma, grid[ctx.noise_sigma], options.fail_under_mse, utility)
-    result = {**header, "run": {**header["run"], **executed}, "utility": point["utility"]}
-    result.update({key: point[key] for key in ("dfil", "prior", "bounds", "calibration")})
-    if ctx.tokens is not None:
-        result["tokens"] = token_statement(
-            ctx.tokens, point["bounds"], measurement.smoothing, ctx.seed, real_share(ctx.target)
-        )
-    result["attacks"] = point["attacks"]
-    if ctx.tokens is not None:
-        flag_token_violations(result)  # the token statement's ceiling, into its own and the bounds' sections
+    bounds, statement_section = point["bounds"], {}
+    if statement is not None:
+        statement_section["tokens"], bounds = checked_against_attacks(statement, bounds, point["attacks"])
+    result = {
+        **header,
+        "run": {**header["run"], **executed},
+        "utility": point["utility"],
+        "dfil": point["dfil"],
+        "prior": point["prior"],
+        "bounds": bounds,
+        "calibration": point["calibration"],
+        **statement_section,
+        "attacks": point["attacks"],
+    }
     gate = evaluate_gate(
         result,
         fail_under_mse=options.fail_under_mse,

@@ -24,7 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only (typing.TypedDict ignores NotRequired there)
     from typing_extensions import NotRequired, TypedDict
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA_FILE = "report.schema.json"
 NON_FINITE_PATTERN = "^(inf|-inf|nan)$"
 
@@ -209,19 +209,24 @@ class Bounds(TypedDict):
 
 
 class TokenStatement(TypedDict):
-    """Token inputs: the bounds read in tokens through the embedding table's geometry (audit/tokens.py)."""
+    """Token inputs: ceilings on any attacker's token accuracy and exact-sentence match from the
+    information the noisy hidden states carry (generalised Fano; audit/token_information.py)."""
 
     embedding_dim: int
     vocab_size: int
-    smoothing: float
-    diameter_bound: float
-    nearest_neighbour_median: float
-    radius: float
-    tokens_within_radius_median: float
-    share_separable: float
+    noise_sigma: float
+    hidden_coordinates: int
+    samples: int
+    information_nats: float
+    information_nats_point: float
+    position_blind_guess: list[float]
+    sentence_blind_guess: float | None
+    position_ceiling: list[float]
     token_accuracy_ceiling: float
-    token_accuracy_ceiling_unbiased: float
+    exact_match_ceiling: float
+    informative_from_sigma: float | None
     assumptions: list[str]
+    compared_with: list[str]
     violated_by: list[str]
 
 

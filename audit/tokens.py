@@ -41,6 +41,14 @@ from splitaudit.estimators.prior import PriorEstimate
 from splitaudit.models import detect_format, open_model
 from splitaudit.raw_model import RawModel
 from splitaudit.safety import display_path, require_regular_file
+from splitaudit.token_information import (
+    ceilings,
+    information_upper,
+    informative_sigma,
+    position_blind_guess,
+    sentence_blind_guess,
+    variance_upper,
+)
 
 ALL_ONES_NOTE = (
     "the model takes an attention mask but the data has none ('mask' in the npz): it ran with an all-ones "
@@ -532,116 +540,94 @@ def _given_mask(path) -> np.ndarray | None:
         return npz["mask"] if "mask" in npz.files else None
 
 
-# --- what the embedding-space bound means for tokens -------------------------------------------
-
-GEOMETRY_SAMPLE_ROWS = 512  # table rows whose neighbourhoods are measured (all rows for small vocabularies)
+# --- what the audit means for tokens (splitaudit.token_information has the mathematics) --------
 
 
-def table_geometry(tokens: TokenSpace, seed: int = 0) -> dict:
-    """The table's diameter bound (twice the largest distance from the mean row: no two rows are
-    farther apart) and, over a seeded sample of rows, the nearest-neighbour distances."""
-    table = tokens.table.double()
-    diameter = 2 * float((table - table.mean(dim=0)).norm(dim=1).max())
-    rows = torch.randperm(len(table), generator=torch.Generator().manual_seed(seed))[:GEOMETRY_SAMPLE_ROWS]
-    distances = torch.cdist(table[rows.to(table.device)], table)
-    distances[torch.arange(len(rows)), rows] = math.inf  # a row is not its own neighbour
-    return {"diameter_bound": diameter, "distances": distances}
-
-
-def token_statement(tokens: TokenSpace, bounds: dict, smoothing: float, seed: int = 0, real_share: float = 1.0) -> dict:
-    """The token-level reading of the per-dimension bounds b (van Trees; Cramér-Rao for unbiased attackers).
-
-    Any attacker that outputs token ids h_hat reconstructs the embeddings table[h_hat]; at a wrong
-    position its squared error is at most Delta^2 (Delta >= the table's diameter), at a right one 0.
-    So its per-dimension MSE is at most (1 - p) Delta^2 / D for token accuracy p, and with smoothing
-    tau the triangle inequality adds tau per dimension (RMS): sqrt(b) <= sqrt((1 - p) Delta^2 / D) + tau.
-    Hence p <= 1 - D (sqrt(b) - tau)_+^2 / Delta^2: the ceiling on the expected token accuracy of
-    any attacker. The radius sqrt(D b) is the RMS error per position the bound forces; the report
-    also counts how many tokens lie within it of a token (what nearest-token decoding cannot separate).
-
-    Padding: the bound covers every position, the measured accuracy only the real ones (a share r of
-    them); accuracy over all positions is at least r times that over the real ones, so the ceiling
-    for real positions is the all-position ceiling / r (at most 1)."""
-    dim = tokens.table.shape[1]
-    geometry = table_geometry(tokens, seed)
-    diameter = geometry["diameter_bound"]
-
-    def ceiling(b: float) -> float:
-        all_positions = max(0.0, 1.0 - dim * max(0.0, math.sqrt(b) - smoothing) ** 2 / diameter**2)
-        return min(1.0, all_positions / real_share)
-
-    radius = math.sqrt(dim * bounds["van_trees_mse"])
-    distances = geometry["distances"]
-    nearest = distances.min(dim=1).values
+def token_statement(
+    tokens: TokenSpace, hidden: torch.Tensor, noise_sigma: float, aux: Dataset, target_mask: torch.Tensor | None
+) -> dict:
+    """Ceilings on any attacker's token accuracy and exact-sentence match at this noise, from the
+    information the noisy hidden states carry about the sentence (splitaudit.token_information):
+    hidden: the clean hidden states of the audited (target) sentences; aux: the sentences whose
+    most frequent token per position is the blind guess."""
+    variances, uppers = variance_upper(hidden)
+    information = information_upper(uppers, noise_sigma)
+    length = aux.token_ids.shape[1]
+    real = [1.0] * length if target_mask is None else target_mask.double().mean(dim=0).tolist()
+    position_blind = position_blind_guess(aux.token_ids.cpu(), _cpu(aux.mask), tokens.size)
+    sentence_blind = sentence_blind_guess(aux.token_ids.cpu()) if aux.mask is None and target_mask is None else None
     return {
-        "embedding_dim": dim,
+        "embedding_dim": tokens.table.shape[1],
         "vocab_size": tokens.size,
-        "smoothing": smoothing,
-        "diameter_bound": diameter,
-        "nearest_neighbour_median": float(nearest.median()),
-        "radius": radius,
-        "tokens_within_radius_median": float((distances <= radius).sum(dim=1).double().median()),
-        "share_separable": float((nearest > 2 * radius).double().mean()),
-        "token_accuracy_ceiling": ceiling(bounds["van_trees_mse"]),
-        "token_accuracy_ceiling_unbiased": ceiling(bounds["cramer_rao_mse"]),
-        "assumptions": [
-            "the attacker's token guesses are read as their embeddings; a wrong token costs at most the "
-            "table's diameter (bounded by twice the largest distance from the mean row)",
-            "the ceiling inherits the bound's assumptions: the estimated prior and dFIL, and with smoothing "
-            f"tau = {smoothing:.4g} the smoothed embeddings x + N(0, tau^2 I)",
-            "it is a ceiling on the expected token accuracy over sentences like the audited data; a measured "
-            "accuracy carries sampling error",
-            *_vacuous_note(bounds["van_trees_mse"], smoothing),
-            *_padding_note(real_share),
-        ],
-        "violated_by": [],
+        "noise_sigma": noise_sigma,
+        "hidden_coordinates": len(variances),
+        "samples": len(hidden),
+        "information_nats": information,
+        "information_nats_point": information_upper(variances, noise_sigma),
+        "position_blind_guess": position_blind,
+        "sentence_blind_guess": sentence_blind,
+        **ceilings(information, position_blind, real, sentence_blind),
+        "informative_from_sigma": informative_sigma(uppers, position_blind, real),
+        "assumptions": _statement_assumptions(noise_sigma, target_mask is not None),
     }
 
 
-def _padding_note(real_share: float) -> list[str]:
-    if real_share >= 1:
-        return []
-    return [
-        f"padding: the bound covers all positions, the token accuracy counts the real ones ({real_share:.1%} of "
-        "the target's positions), so the ceilings are the all-position ceilings divided by that share (at most 1)"
+def _cpu(mask: torch.Tensor | None) -> torch.Tensor | None:
+    return None if mask is None else mask.cpu()
+
+
+def _statement_assumptions(noise_sigma: float, padded: bool) -> list[str]:
+    notes = [
+        "the noise is added on the hidden states as audited (Z = f(X) + N(0, sigma^2 I)); the ceilings hold "
+        "for any attacker (any computation, auxiliary data or model access independent of the target)",
+        "I(X; Z) <= 1/2 sum_j log(1 + Var(f_j)/sigma^2) over the hidden coordinates (Gaussian maximum "
+        "entropy, Hadamard); each Var(f_j) is taken at its upper 95% bound on the audited sentences (normal "
+        "approximation, per coordinate rather than simultaneous; for a stochastic encoder the variance over "
+        "the inputs and its draws)",
+        "the blind guesses (the most frequent token at each position, the most frequent sentence) come from "
+        "aux at their upper 95% bounds: aux is assumed drawn like the target, with its positions as the target's",
+        "the ceilings concern the expected accuracy over sentences like the audited ones; a measured accuracy "
+        "carries sampling error",
     ]
+    if noise_sigma <= 0:
+        notes.append("no noise (sigma = 0): the hidden states may determine the sentence, so the ceilings are 1")
+    if padded:
+        notes.append(
+            "padding: the mask counts as part of the private sentence in the information; each position's "
+            "guess is a token or 'padding' and accuracy counts real positions only, so a position's ceiling is "
+            "divided by its share of real tokens (at most 1)"
+        )
+    return notes
 
 
-def real_share(data: Dataset) -> float:
-    """The share of a data part's positions that hold real tokens (1 without a mask)."""
-    return 1.0 if data.mask is None else float(data.mask.float().mean())
-
-
-def _vacuous_note(van_trees: float, smoothing: float) -> list[str]:
-    """Why the ceiling for any attacker is 1 when the van Trees bound is at most tau^2."""
-    if smoothing <= 0 or math.sqrt(van_trees) > smoothing:
-        return []
-    return [
-        f"the van Trees bound ({van_trees:.4g}) is at most tau^2 = {smoothing**2:.4g}: it concerns the smoothed "
-        "embeddings, which even an attacker who recovers every token reconstructs only up to the smoothing "
-        "noise, so it cannot limit token recovery (ceiling 1); only the ceiling for unbiased attackers "
-        "(Cramér-Rao) can be below 1 here"
-    ]
-
-
-def flag_token_violations(result: dict) -> None:
-    """List the attacks whose measured token accuracy exceeds the ceiling in the token statement and
-    among the bound's violators: the bound (or an estimate it rests on) does not hold for them."""
-    statement = result["tokens"]
+def checked_against_attacks(statement: dict, bounds: dict, attacks: dict) -> tuple[dict, dict]:
+    """(tokens section, bounds section): the statement with the attacks it is compared with (those
+    that measured token accuracy) and those whose token accuracy or exact match beats its ceilings,
+    who also join the bound's violators. Neither input is changed."""
+    compared = {
+        name: entry["metrics"]
+        for name, entry in attacks.items()
+        if entry.get("status") == "ok" and "token_accuracy" in entry.get("metrics", {})
+    }
     violated = [
         name
-        for name, entry in result["attacks"].items()
-        if entry.get("status") == "ok"
-        and entry.get("metrics", {}).get("token_accuracy", -math.inf) > statement["token_accuracy_ceiling"]
+        for name, metrics in compared.items()
+        if metrics["token_accuracy"] > statement["token_accuracy_ceiling"]
+        or metrics.get("exact_match", -math.inf) > statement["exact_match_ceiling"]
     ]
-    statement["violated_by"] = violated
-    bounds = result["bounds"]
-    bounds["violated_by"] += [name for name in violated if name not in bounds["violated_by"]]
-    if violated:
-        bounds.setdefault("notes", []).append(
-            f"{', '.join(violated)} recovered more tokens than the token statement allows "
-            f"({statement['token_accuracy_ceiling']:.4g}): the bound is not a guarantee for these inputs"
-        )
+    section = {**statement, "compared_with": list(compared), "violated_by": violated}
+    if not violated:
+        return section, bounds
+    note = (
+        f"{', '.join(violated)} recovered more tokens than the token statement allows (token accuracy "
+        f"{statement['token_accuracy_ceiling']:.4g}, exact match {statement['exact_match_ceiling']:.4g}): "
+        "an estimate it rests on does not hold for these inputs"
+    )
+    return section, {
+        **bounds,
+        "violated_by": bounds["violated_by"] + [name for name in violated if name not in bounds["violated_by"]],
+        "notes": [*bounds.get("notes", []), note],
+    }
 
 
 def mask_groups(mask: torch.Tensor | None, n: int) -> list[tuple[torch.Tensor | None, torch.Tensor]]:

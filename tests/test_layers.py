@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "estimators.mean_trace",
             "estimators.prior",
             "estimators.structured",
+            "token_information",
         },
     ),
     (

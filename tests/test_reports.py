@@ -224,7 +224,7 @@ def test_malicious_strings_are_escaped(render, fmt):
 
 
 def test_minimal_result_renders_without_empty_sections(render):
-    minimal = {"schema_version": 3, "gate": {"passed": True, "reasons": [], "checks": []}}
+    minimal = {"schema_version": 4, "gate": {"passed": True, "reasons": [], "checks": []}}
     html, md = render(None, minimal)
     assert empty_html_sections(html) == [] and empty_markdown_sections(md) == []
     assert "Not computed" in html
@@ -262,7 +262,7 @@ def test_junit_has_one_case_per_gate_check(tmp_path):
 def test_load_result_rejects_other_files(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"schema_version": 99}')
-    with pytest.raises(InputError, match="schema version 99; this splitaudit reads version 3"):
+    with pytest.raises(InputError, match="schema version 99; this splitaudit reads version 4"):
         load_result(bad)
     bad.write_text("not json")
     with pytest.raises(InputError, match="invalid JSON"):

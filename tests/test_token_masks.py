@@ -4,7 +4,6 @@ with a `mask` beside `x`; the mask is held fixed per sample and padded positions
 from __future__ import annotations
 
 import json
-import math
 import warnings
 
 import numpy as np
@@ -19,7 +18,7 @@ from splitaudit.attacks.text_metrics import most_frequent_guess, position_accura
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 from splitaudit.result import first_error
-from splitaudit.tokens import TokenSpace, per_mask_pattern, token_statement
+from splitaudit.tokens import per_mask_pattern
 
 FORMATS = ("torchscript", "legacy", "dynamo")
 
@@ -207,6 +206,10 @@ def test_a_padded_dataset_audits_end_to_end(tmp_path, files, capsys, fmt):
     assert tokens["sentences"] and all("w0" not in s["original"].split() for s in tokens["sentences"])
     assert len(tokens["position_accuracy"]) == LENGTH
     assert any("held fixed per sample" in w for w in result["model"]["warnings"])
+    statement = result["tokens"]  # padded: no whole-sentence term, positions guessed as a token or padding
+    assert statement["sentence_blind_guess"] is None and any("padding" in a for a in statement["assumptions"])
+    assert inversion["metrics"]["token_accuracy"] <= statement["token_accuracy_ceiling"]
+    assert statement["violated_by"] == [] and statement["compared_with"] == ["token-inversion"]
 
 
 def test_an_onnx_second_input_that_is_not_a_mask_is_refused(tmp_path, files, bottom, capsys):
@@ -245,22 +248,6 @@ def test_a_second_input_that_is_not_a_mask_is_refused(tmp_path, files, bottom, c
         torch.jit.trace(TypedBottom().eval(), (ids, mask), check_trace=False).save(str(tmp_path / "typed.pt"))
     code, _, err = run_cli(["run", str(tmp_path / "typed.pt"), "--aux", data, "--vocab", vocab], capsys)
     assert_one_line_error(code, err, "second input 'token_types' is not an attention mask")
-
-
-def test_the_token_ceiling_for_real_positions_is_the_all_position_ceiling_over_their_share():
-    """The bound covers every position; accuracy over the real ones (share r) can be up to 1/r times
-    the all-position accuracy, so the ceiling is c / r (capped at 1), closed form on a 2-token table."""
-    a, b, tau = 1.5, 1.8, 0.1
-    table = torch.zeros(2, 4)
-    table[0, 0], table[1, 0] = a, -a
-    bounds = {"van_trees_mse": b, "cramer_rao_mse": 2 * b}
-    full = token_statement(TokenSpace(table, ["x", "y"]), bounds, tau)
-    c = 1 - 4 * (math.sqrt(b) - tau) ** 2 / (2 * a) ** 2
-    assert full["token_accuracy_ceiling"] == pytest.approx(c) and 0 < c < 0.5
-    padded = token_statement(TokenSpace(table, ["x", "y"]), bounds, tau, real_share=0.5)
-    assert padded["token_accuracy_ceiling"] == pytest.approx(2 * c)
-    assert any("padding" in note for note in padded["assumptions"])
-    assert token_statement(TokenSpace(table, ["x", "y"]), bounds, tau, real_share=0.1)["token_accuracy_ceiling"] == 1
 
 
 def test_the_python_api_carries_a_mask(files):

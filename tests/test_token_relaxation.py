@@ -64,3 +64,21 @@ def test_the_cost_estimate_counts_nothing_for_an_attack_token_inputs_skip(files)
     ctx = token_context(models["torchscript"], data, vocab)
     stages = estimate_cost(ctx, "gaussian", 0.1, ["sdar", "optimization"]).stages
     assert stages["sdar"] == 0 and stages["optimization"] > 0
+
+
+def test_under_quick_long_sentences_are_inverted_up_to_a_position_budget(files, monkeypatch):  # noqa: F811
+    """QUICK_TOKEN_POSITIONS = 12 at T = 6: the optimisation inverts 2 sentences (not quick_samples = 64,
+    nor the 60 targets), its token metrics count those 2 x 6 positions, and the up-front estimate
+    (linear in the sentences inverted) falls by the same factor 30; 1024 positions at GPT-2's
+    T = 128 are 8 sentences."""
+    models, data, vocab = files
+    ctx = token_context(models["torchscript"], data, vocab)
+    attack = get_attack("optimization")
+    full = attack.estimated_seconds(ctx, 1.0, None)  # one second per encoder pass: passes counted
+    monkeypatch.setattr(relaxation, "QUICK_TOKEN_POSITIONS", 12)
+    entry = attack.run(ctx)
+    assert entry["details"]["samples"] == 2 and len(ctx.target) == 60
+    assert entry["metrics"]["token_accuracy"] * 12 == pytest.approx(round(entry["metrics"]["token_accuracy"] * 12))
+    assert attack.estimated_seconds(ctx, 1.0, None) == pytest.approx(full / 30, rel=1e-12)
+    monkeypatch.setattr(relaxation, "QUICK_TOKEN_POSITIONS", 1024)
+    assert relaxation.quick_token_sentences(128) == 8 and relaxation.quick_token_sentences(100000) == 1
