@@ -1,8 +1,8 @@
 """Load a bottom model (TorchScript, ONNX or an in-memory torch module) behind one interface, the
 `Encoder`: open_model dispatches by format (splitaudit.torchscript_loading,
 splitaudit.onnx_loading), prepare_encoder checks the opened model on real data
-(splitaudit.model_checks) and wraps it. When no converted ONNX module converts or matches
-onnxruntime, the model runs black-box through onnxruntime (forward passes only, no gradients).
+(splitaudit.model_checks) and wraps it. When no converter gives an ONNX model a module that
+matches onnxruntime, the model runs black-box through onnxruntime (forward passes only, no gradients).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from splitaudit.torchscript_loading import TORCHSCRIPT_SUFFIXES, open_torchscrip
 
 DEFAULT_BATCH = 256
 
-
+# Layers whose derivative jumps, in an in-memory torch module (see onnx_loading.NON_SMOOTH_ONNX).
 NON_SMOOTH_MODULES = {
     "ReLU",
     "ReLU6",

@@ -78,5 +78,6 @@ def in_batches(fn: Callable, x: torch.Tensor, fixed_batch: int | None) -> torch.
 
 
 def first_line(exc: BaseException) -> str:
+    """An exception's first line, at most 300 characters: error messages stay one line."""
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:300]

@@ -16,7 +16,7 @@ from splitaudit.stochastic import apply_model_mode
 
 TORCHSCRIPT_SUFFIXES = {".pt", ".pth", ".ts", ".jit", ".torchscript"}
 
-
+# Graph operators whose derivative jumps (see onnx_loading.NON_SMOOTH_ONNX).
 NON_SMOOTH_TORCHSCRIPT = {
     "relu",
     "relu_",
