@@ -37,8 +37,6 @@ MODEL_LABELS = {
     "stochastic": "stochastic encoder",
     "providers": "onnxruntime providers",
 }
-
-
 DATA_LABELS = {
     "aux_path": "auxiliary data (attacker's)",
     "target_path": "target data (victims')",
@@ -52,8 +50,6 @@ DATA_LABELS = {
     "in_unit_range": "values in [0, 1]",
     "sample_shape": "sample shape",
 }
-
-
 RUN_LABELS = {
     "started": "started",
     "seconds": "duration (s)",

@@ -29,8 +29,6 @@ DFIL_LABELS = {
     "method": "Jacobian method",
     "stderr": "standard error",
 }
-
-
 PRIOR_LABELS = {
     "method": "prior estimator",
     "smoothing": "randomized smoothing τ",

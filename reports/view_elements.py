@@ -19,14 +19,8 @@ METRIC_LABELS = {
     "psnr": "PSNR (dB)",
     "ssim": "SSIM",
 }
-
-
 SHAPE_KEYS = {"input_shape", "output_shape", "sample_shape"}
-
-
 MAX_LIST_FACT = 16  # longer lists (per-sample values, indices) are charts or tables, not facts
-
-
 NOT_FACTS = {"per_sample", "notes", "leakiest", "warnings"}
 
 
