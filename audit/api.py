@@ -58,7 +58,7 @@ class AuditResult:
         return render_summary_html(self.data)
 
     def __repr__(self) -> str:
-        from splitaudit.reports.view import headline
+        from splitaudit.reports.view_verdict import headline
 
         return f"<AuditResult {self.data['model']['path']}: {headline(self.data)}>"
 

@@ -15,7 +15,9 @@ from tqdm import tqdm
 from splitaudit.data import Dataset
 from splitaudit.errors import InputError
 from splitaudit.estimators.jacobian import seeded_draws
-from splitaudit.models import Encoder, RawModel, open_model, prepare_encoder, prepare_top_model, within_time_limit
+from splitaudit.model_checks import within_time_limit
+from splitaudit.models import Encoder, open_model, prepare_encoder, prepare_top_model
+from splitaudit.raw_model import RawModel
 from splitaudit.tokens import per_mask_pattern
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ Conv2d without its weight), older exporters list initializers as graph inputs, t
 exporter reads deduplicated weights through Identity nodes, and shapes computed at run time
 (Shape/Gather/Concat into Reshape) hide constant weights from converters that need them. onnxslim
 (a kept graph optimiser) folds all of these into initializers and constant shapes; the converted
-module is used only after it matches onnxruntime on real data (splitaudit.models parity), so a
+module is used only after it matches onnxruntime on real data (splitaudit.model_checks.check_parity), so a
 clean-up that changed the function would be caught there.
 
 Dynamic dimensions are declared in three ways: a symbol (dim_param), or the numbers -1 (Paddle2ONNX,

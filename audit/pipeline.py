@@ -32,7 +32,9 @@ from splitaudit.executor import (
     trace_runner,
 )
 from splitaudit.gate import evaluate_gate
-from splitaudit.models import RawModel, resolve_device, within_time_limit
+from splitaudit.model_checks import within_time_limit
+from splitaudit.models import resolve_device
+from splitaudit.raw_model import RawModel
 from splitaudit.result import SCHEMA_VERSION
 from splitaudit.tokens import (
     checked_against_attacks,

@@ -31,7 +31,7 @@ ONNX_RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomU
 def apply_model_mode(module: nn.Module, mode: str) -> list[str]:
     """Put module in the asked mode (saved: left as it is) and return the names of its submodules
     in training mode ("" for the root), sorted. Train mode refuses batch statistics; a model saved
-    with them in training mode gets the batch-independence check of models.py instead."""
+    with them in training mode gets the batch-independence check of model_checks.py instead."""
     check_model_mode(mode)
     if mode != "saved":
         module.train(mode == "train")

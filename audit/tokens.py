@@ -38,7 +38,8 @@ from splitaudit.errors import InputError
 from splitaudit.estimators.jacobian import concatenated
 from splitaudit.estimators.mean_trace import MeanTrace, summarised
 from splitaudit.estimators.prior import PriorEstimate
-from splitaudit.models import RawModel, detect_format, open_model
+from splitaudit.models import detect_format, open_model
+from splitaudit.raw_model import RawModel
 from splitaudit.safety import display_path, require_regular_file
 from splitaudit.token_information import (
     ceilings,
@@ -257,7 +258,7 @@ class FromEmbeddings(nn.Module):
         inputs = [embeddings]
         if self.slot is not None:
             inputs.append(self.slot.batch(len(embeddings), embeddings.shape[-2], embeddings.device))
-        with torch.jit.optimized_execution(False):  # see models.Unoptimized
+        with torch.jit.optimized_execution(False):  # see torchscript_loading.Unoptimized
             return self.function(self.scripted._c, *inputs)
 
 

@@ -1,4 +1,4 @@
-"""Which ONNX-to-torch converter loads which graph: the evidence behind splitaudit.models.CONVERTERS.
+"""Which ONNX-to-torch converter loads which graph: the evidence behind splitaudit.onnx_loading.CONVERTERS.
 
 For every graph of the load matrix (the tests' exports: torch dynamo and legacy, the bundled
 sample models, and the exporter-style graphs of tests/exporter_graphs.py at opsets 9..20) and
@@ -29,14 +29,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from architectures import build, export_onnx  # noqa: E402
 from exporter_graphs import STYLES, OpsNet, SequenceNet, Style, image_net, write_style  # noqa: E402
 
-from splitaudit.models import (  # noqa: E402
-    CONVERTERS,
-    PARITY_RTOL,
-    _import_torchvision_or_stub,
-    open_model,
-    prepare_encoder,
-)
+from splitaudit.model_checks import PARITY_RTOL  # noqa: E402
+from splitaudit.models import open_model, prepare_encoder  # noqa: E402
 from splitaudit.onnx_graph import declare_dynamic_dims, slimmed  # noqa: E402
+from splitaudit.onnx_loading import CONVERTERS, import_torchvision_or_stub  # noqa: E402
 
 OPSETS = range(9, 21)
 CPU = torch.device("cpu")
@@ -99,7 +95,7 @@ def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
-    _import_torchvision_or_stub()
+    import_torchvision_or_stub()
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         graphs = matrix_graphs(Path(tmp))

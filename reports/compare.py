@@ -11,7 +11,10 @@ from splitaudit.registries import BOUNDS
 from splitaudit.reports import charts
 from splitaudit.reports.files import write_json
 from splitaudit.reports.formatting import is_finite, is_number, number, signed
-from splitaudit.reports.view import METRIC_LABELS, Figure, Figures, Table, attack_title, headline, subtitle
+from splitaudit.reports.view import subtitle
+from splitaudit.reports.view_attacks import attack_title
+from splitaudit.reports.view_elements import METRIC_LABELS, Figure, Figures, Table
+from splitaudit.reports.view_verdict import headline
 from splitaudit.reports.writer import render_pages
 
 # What makes two audits comparable: the same model (file and shapes) and the same data. A defence

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from splitaudit.reports.files import write_atomic
-from splitaudit.reports.view import QUICK_ALERT
+from splitaudit.reports.view_verdict import QUICK_ALERT
 
 
 def write_junit(result: dict, path: Path) -> Path:

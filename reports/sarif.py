@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from splitaudit.registries import GATED_BOUND
 from splitaudit.reports.files import to_strict_json, write_atomic
-from splitaudit.reports.view import CAUSE_WORDS, QUICK_ALERT
+from splitaudit.reports.view_verdict import CAUSE_WORDS, QUICK_ALERT
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 INFORMATION_URI = "https://github.com/splitaudit/splitaudit"

@@ -17,24 +17,11 @@ from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
 from splitaudit.reports.junit import write_junit
 from splitaudit.reports.terminal import _wrap
-from splitaudit.reports.view import (
-    DATA_LABELS,
-    MODEL_LABELS,
-    QUICK_ALERT,
-    RUN_LABELS,
-    Figure,
-    Figures,
-    Item,
-    Table,
-    _facts,
-    _gate_table,
-    _overview,
-    attack_title,
-    headline,
-    subtitle,
-    utility_words,
-    verdict_class,
-)
+from splitaudit.reports.view import DATA_LABELS, MODEL_LABELS, RUN_LABELS, subtitle
+from splitaudit.reports.view_attacks import attack_title, overview_table
+from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts_table
+from splitaudit.reports.view_summary import utility_words
+from splitaudit.reports.view_verdict import QUICK_ALERT, gate_table, headline, verdict_class
 from splitaudit.reports.writer import render_pages, write_result_json
 from splitaudit.result import sweep_json_schema
 
@@ -114,13 +101,13 @@ def build_sweep_view(sweep: dict, with_figures: bool = True) -> SweepView:
         alerts=_alerts(sweep),
         summary=_summary(sweep),
         frontier=_frontier(sweep),
-        gate=_gate_table(sweep),
+        gate=gate_table(sweep),
         mse_chart=mse_chart,
         utility_chart=utility_chart,
         points=[_point_view(p, i == rec_index) for i, p in enumerate(points)],
-        model=_facts(sweep.get("model") or {}, MODEL_LABELS),
-        data=_facts(sweep.get("data") or {}, DATA_LABELS),
-        run=_facts(
+        model=facts_table(sweep.get("model") or {}, MODEL_LABELS),
+        data=facts_table(sweep.get("data") or {}, DATA_LABELS),
+        run=facts_table(
             {**(sweep.get("run") or {}), "version": (sweep.get("tool") or {}).get("version")},
             {**RUN_LABELS, "executor": "executor", "version": "splitaudit version"},
         ),
@@ -356,7 +343,7 @@ def _point_view(point: dict, recommended: bool) -> PointView:
         anchor="sigma-" + "".join(c if c.isalnum() else "-" for c in sigma),
         recommended=recommended,
         bounds=Table(["", ""], rows),
-        attacks=_overview(attacks),
+        attacks=overview_table(attacks),
         utility=utility_words(point.get("utility") or {}),
         notes=[str(n) for n in bounds.get("notes") or []],
     )

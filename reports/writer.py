@@ -20,7 +20,8 @@ from splitaudit.errors import InputError
 from splitaudit.reports.consistency import check_consistency
 from splitaudit.reports.files import from_strict_json, to_strict_json, write_atomic, write_json
 from splitaudit.reports.junit import write_junit
-from splitaudit.reports.view import Figure, Table, build_view
+from splitaudit.reports.view import build_view
+from splitaudit.reports.view_elements import Figure, Table
 from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
 from splitaudit.safety import display_path, displayable, nested_deeper_than, require_regular_file
 

@@ -19,7 +19,7 @@ from conftest import make_context, sample
 from exporter_graphs import STYLES, TEXT_LINE, write_style
 from onnx import TensorProto, helper, numpy_helper
 
-import splitaudit.models as models
+import splitaudit.onnx_loading as onnx_loading
 from splitaudit.attacks import get_attack
 from splitaudit.cli import main
 from splitaudit.errors import InputError
@@ -92,7 +92,7 @@ def test_declared_dims_read_as_dynamic_or_fixed(dims, batch, shape):
     info = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
     proto = helper.make_model(helper.make_graph([], "g", [info], [info]))
     declare_dynamic_dims(proto)
-    assert models._onnx_input_shape(proto.graph.input[0]) == (batch, shape)
+    assert onnx_loading.onnx_input_shape(proto.graph.input[0]) == (batch, shape)
 
 
 def identity_graph(tmp_path, batch_dim):
@@ -141,9 +141,11 @@ class Skewed(nn.Module):
 
 def test_a_converter_that_disagrees_hands_over_to_the_next(tmp_path, monkeypatch):
     path, module = write_style(STYLES[1], tmp_path)
-    first = models.CONVERTERS["onnx2pytorch"]
+    first = onnx_loading.CONVERTERS["onnx2pytorch"]
     monkeypatch.setattr(
-        models, "CONVERTERS", {"skewed": lambda p: Skewed(first(p)), "onnx2torch": models.CONVERTERS["onnx2torch"]}
+        onnx_loading,
+        "CONVERTERS",
+        {"skewed": lambda p: Skewed(first(p)), "onnx2torch": onnx_loading.CONVERTERS["onnx2torch"]},
     )
     x = torch.rand(5, *STYLES[1].shape)
     raw = open_model(path, CPU)
@@ -157,8 +159,8 @@ def test_a_converter_that_disagrees_hands_over_to_the_next(tmp_path, monkeypatch
 
 def test_every_converter_disagreeing_runs_black_box_with_each_reason(tmp_path, monkeypatch):
     path, module = write_style(STYLES[1], tmp_path)
-    skew = {name: (lambda p, c=c: Skewed(c(p))) for name, c in models.CONVERTERS.items()}
-    monkeypatch.setattr(models, "CONVERTERS", skew)
+    skew = {name: (lambda p, c=c: Skewed(c(p))) for name, c in onnx_loading.CONVERTERS.items()}
+    monkeypatch.setattr(onnx_loading, "CONVERTERS", skew)
     x = torch.rand(5, *STYLES[1].shape)
     encoder = encoder_for(path, x)
     assert not encoder.differentiable and encoder.parity_max_abs_err == pytest.approx(0.05, rel=1e-3)

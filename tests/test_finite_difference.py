@@ -30,9 +30,10 @@ from splitaudit.result import first_error
 
 class KinkedBlock(nn.Module):
     """A MobileNetV3-style block (1x1 expand, depthwise 3x3, 1x1 project) whose kinks are denser than
-    the old default step: the expand layer has a high gain and staggered biases, so each channel's
-    HardSigmoid is linear on a window of width 6 / gain = 0.002 of the channel mean (as in a
-    high-gain layer of a trained net), then ReLU after the depthwise conv and Clip(0, 6) at the end."""
+    the default step (finite_difference_step: eps^(1/3) times the data's scale): the expand layer
+    has a high gain and staggered biases, so each channel's HardSigmoid is linear on a window of
+    width 6 / gain = 0.002 of the channel mean (as in a high-gain layer of a trained net), then ReLU
+    after the depthwise conv and Clip(0, 6) at the end."""
 
     def __init__(self, gain: float = 3000.0, channels: int = 3, expand: int = 32, out: int = 8) -> None:
         super().__init__()
@@ -116,20 +117,20 @@ def test_kinks_bias_the_default_step_low_and_the_chosen_step_carries_its_error(s
     net = KinkedBlock().eval()
     x = images(12, shape)
     autograd = float(jacobian_sq_norm(net, x, method="forward").double().mean())  # exact, these samples
-    old = jacobian_trace(black_box(net), x, "finite-difference", TraceOptions(fd_step=finite_difference_step(x)))
-    assert float(old.values.double().mean()) < 0.9 * autograd  # the old eps^(1/3) step: >= 10% low
-    new = fd_mean(net, x)
+    default = jacobian_trace(black_box(net), x, "finite-difference", TraceOptions(fd_step=finite_difference_step(x)))
+    assert float(default.values.double().mean()) < 0.9 * autograd  # the default eps^(1/3) step: >= 10% low
+    chosen = fd_mean(net, x)
     # the same samples as autograd: only probe noise and the finite-difference error separate them
-    probe_se = float(new.traces.stderr.double().pow(2).sum().sqrt()) / len(x)
-    assert abs(new.mean - autograd) <= new.fd_error + 3 * probe_se
-    assert new.fd_error > 0 and not new.approximate
-    assert new.traces.fd_step < finite_difference_step(x) / FD_STEP_RATIO  # the pilot chose a smaller step
-    low, high = new.interval()
+    probe_se = float(chosen.traces.stderr.double().pow(2).sum().sqrt()) / len(x)
+    assert abs(chosen.mean - autograd) <= chosen.fd_error + 3 * probe_se
+    assert chosen.fd_error > 0 and not chosen.approximate
+    assert chosen.traces.fd_step < finite_difference_step(x) / FD_STEP_RATIO  # the pilot chose a smaller step
+    low, high = chosen.interval()
     assert low <= autograd <= high
-    assert high == pytest.approx(new.mean + Z_95 * new.stderr + new.fd_error, rel=1e-12)
-    check = new.check
+    assert high == pytest.approx(chosen.mean + Z_95 * chosen.stderr + chosen.fd_error, rel=1e-12)
+    check = chosen.check
     assert check["performed"] and check["passed"] and check["mode"] == "finite-difference"
-    assert check["fd_step"] == pytest.approx(2 * new.traces.fd_step)
+    assert check["fd_step"] == pytest.approx(2 * chosen.traces.fd_step)
 
 
 def test_on_a_smooth_model_the_two_steps_agree_and_the_interval_stays_tight():
@@ -171,10 +172,12 @@ def test_a_zero_fine_trace_beside_a_nonzero_coarse_one_is_an_unbounded_error():
 @pytest.fixture
 def no_conversion(monkeypatch):
     """ONNX conversion fails, so the audit runs black-box through onnxruntime."""
-    import splitaudit.models as models
+    import splitaudit.onnx_loading as onnx_loading
 
     monkeypatch.setattr(
-        models, "_convert_onnx", lambda proto, device: iter([models.Conversion("test", None, "conversion disabled")])
+        onnx_loading,
+        "convert_onnx",
+        lambda proto, device: iter([onnx_loading.Conversion("test", None, "conversion disabled")]),
     )
 
 

@@ -249,7 +249,7 @@ def test_bound_gate_does_not_pass_on_a_failed_prior_that_fell_back_to_the_floor(
 def test_junit_of_a_quick_run_is_named_and_warned_as_one(tmp_path):
     """CI views of a --quick audit's passed gates must not read as a full audit's."""
     from splitaudit.reports import write_junit
-    from splitaudit.reports.view import QUICK_ALERT
+    from splitaudit.reports.view_verdict import QUICK_ALERT
 
     checks = [{"name": "audit-complete", "passed": True, "message": "every selected attack ran"}]
     for quick in (True, False):

@@ -211,7 +211,7 @@ def test_batch_dependent_models_are_refused(tmp_path, capsys, make):
 
 
 def test_batch_norm_in_eval_mode_is_accepted():
-    from splitaudit.models import check_batch_independence
+    from splitaudit.model_checks import check_batch_independence
 
     net = TrainModeBatchNorm().eval()
     x = torch.rand(16, 29)
@@ -479,7 +479,7 @@ def test_onnx_declaring_a_huge_tensor_is_refused_before_running(tmp_path, capsys
 
 
 def test_model_checks_have_a_time_limit():
-    from splitaudit.models import within_time_limit
+    from splitaudit.model_checks import within_time_limit
 
     assert within_time_limit(lambda a: a + 1, 1, seconds=30) == 2
     with pytest.raises(InputError, match=r"did not finish within 0.2 s \(the limit for loading checks\)"):

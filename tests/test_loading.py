@@ -95,12 +95,12 @@ def test_fixed_batch_onnx_runs_any_number_of_samples(tmp_path, digits):
 
 
 def test_blackbox_fallback_when_conversion_fails(tmp_path, digits, monkeypatch):
-    import splitaudit.models as models
+    import splitaudit.onnx_loading as onnx_loading
 
     monkeypatch.setattr(
-        models,
-        "_convert_onnx",
-        lambda proto, device: iter([models.Conversion("onnx2pytorch", None, "onnx2pytorch failed (test)")]),
+        onnx_loading,
+        "convert_onnx",
+        lambda proto, device: iter([onnx_loading.Conversion("onnx2pytorch", None, "onnx2pytorch failed (test)")]),
     )
     enc = encoder_for(sample("digits_cnn.onnx"), digits.x[:20])
     assert enc.gradient_mode == "finite-difference" and not enc.differentiable

@@ -15,7 +15,8 @@ from splitaudit import cli
 from splitaudit.gate import evaluate_gate
 from splitaudit.reports import load_result, write_reports
 from splitaudit.reports.files import to_strict_json
-from splitaudit.reports.view import CAUSE_WORDS, build_view
+from splitaudit.reports.view import build_view
+from splitaudit.reports.view_verdict import CAUSE_WORDS
 from splitaudit.result import SCHEMA_VERSION, first_error, json_schema, shipped_schema
 
 

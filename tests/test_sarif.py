@@ -75,7 +75,7 @@ def test_model_path_is_relative_to_the_source_root_when_inside_it(real_audit, tm
 
 def test_a_quick_run_says_so_in_the_log_and_a_full_run_does_not(real_audit):
     """A code-scanning view of a --quick audit with no findings must not read as a full audit's."""
-    from splitaudit.reports.view import QUICK_ALERT
+    from splitaudit.reports.view_verdict import QUICK_ALERT
 
     for quick in (True, False):
         result = copy.deepcopy(real_audit.data)
