@@ -5,7 +5,8 @@ a small batch, then multiplied by the work each stage plans: the Jacobian produc
 traces (estimators/mean_trace.py's own plan: planned_products), the prior's capped training, and each
 attack's own cost model (Attack.estimated_seconds: the optimization attack's inversion steps in
 encoder passes, SDAR's training iterations and the decoder's steps up to its epoch cap, timed on
-the model and data), over every seed. The
+the model and data), over the seeds that always run (MIN_SEEDS; the others run only when the
+first ones' spread demands, so every seed is the stage's ceiling, shown as "at most"). The
 estimate is rough (a randomised trace stops when its error target is met; training stops
 early), meant to tell minutes from hours. Attacks without a cost model are listed as not
 estimated. Pure computation, no I/O.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitaudit.attacks.base import first_seeds
 from splitaudit.context import AuditContext
 from splitaudit.estimators.mean_trace import default_method, planned_products
 from splitaudit.estimators.prior import QUICK_SCORE_SETTINGS, ScoreSettings, score_training_step, within_work_cap
@@ -33,9 +35,15 @@ MIN_VALUES_TO_ESTIMATE = 2**20  # input values (aux + target); the bundled digit
 
 @dataclass
 class CostEstimate:
-    """Estimated seconds per stage (dFIL, prior, each estimated attack) and the attacks left out."""
+    """Estimated seconds per stage (dFIL, prior, each estimated attack) and the attacks left out.
+
+    `stages` holds what a stage is expected to take, `ceilings` the most it can take where that
+    is more: an attack runs MIN_SEEDS seeds and adds the others only when their spread leaves
+    the mean uncertain (attacks/base.py), so its expected time is that of its first seeds and
+    its ceiling that of every seed."""
 
     stages: dict[str, float] = field(default_factory=dict)
+    ceilings: dict[str, float] = field(default_factory=dict)
     not_estimated: list[str] = field(default_factory=list)
     quick: bool = False  # the estimate is of a --quick audit
 
@@ -43,12 +51,18 @@ class CostEstimate:
     def total(self) -> float:
         return sum(self.stages.values())
 
+    @property
+    def ceiling(self) -> float:
+        """The most the estimated stages can take together."""
+        return sum(self.ceilings.get(name, seconds) for name, seconds in self.stages.items())
+
     def summary(self) -> str:
-        """One line: the total and each stage's share, and what was not estimated."""
+        """One line: the total (and the most it can be) and each stage's share, and what was not estimated."""
         parts = ", ".join(f"{name} {_duration(seconds)}" for name, seconds in self.stages.items() if seconds >= 1)
         left_out = f"; not estimated: {', '.join(self.not_estimated)}" if self.not_estimated else ""
         hint = "" if self.quick else "; --quick is faster"
-        return f"this audit may take about {_duration(self.total)} ({parts}{left_out}){hint}"
+        at_most = f" (at most {_duration(self.ceiling)})" if _duration(self.ceiling) != _duration(self.total) else ""
+        return f"this audit may take about {_duration(self.total)}{at_most} ({parts}{left_out}){hint}"
 
 
 def _duration(seconds: float) -> str:
@@ -83,7 +97,8 @@ def estimate_cost(
         if seconds is None:
             estimate.not_estimated.append(name)
         else:
-            estimate.stages[name] = seconds
+            estimate.stages[name] = seconds * len(first_seeds(ctx.seeds)) / len(ctx.seeds)
+            estimate.ceilings[name] = seconds
     return estimate
 
 
@@ -132,7 +147,7 @@ def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> float:
 
 
 def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> float | None:
-    """Seconds of an attack over all its seeds, from the attack's own cost model (None for the
+    """Seconds of an attack over all its seeds (at most), from the attack's own cost model (None for the
     attacks without one); 0 for an attack these inputs skip (SDAR on token inputs)."""
     from splitaudit.attacks import get_attack
 

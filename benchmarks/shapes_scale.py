@@ -3,7 +3,10 @@
 Issue 20's target on 2 CPU cores: a MobileNetV3-style text-line bottom (3x48x192 -> 16x3x96,
 tests/architectures.py `textline`), 400 aux and 200 target lines, `splitaudit run --quick
 --attacks all` under 15 minutes with every attack ok, and the full battery's up-front
-estimate under 2 hours. `--shape audio1d` does the same for the 1-D conv audio-style bottom
+estimate under 2 hours. The bottom is first trained briefly on its own task (upright/turned,
+the audio class; tests/architectures.py `train_briefly`): with random weights and random
+BatchNorm statistics the text-line bottom keeps 1e-5 of its output's spread for the input, and
+every attack failed on it. `--shape audio1d` does the same for the 1-D conv audio-style bottom
 (1x1024 -> 16x128). The data are generated (tests/shaped_data.py), nothing is downloaded; the
 model is exported with torch.onnx.export(dynamo=True).
 
@@ -12,10 +15,12 @@ It prints the estimate of the quick and of the full battery stage by stage, then
 estimate, and every attack's status and metric against its baseline. On a machine shared
 with other work, wall seconds say little about idle cores: `--cpu-time` times the estimate's
 steps in CPU seconds of this process (all its threads), an upper bound on their wall time on
-idle cores, and the measured run is reported in CPU seconds too.
+idle cores, and the measured run is reported in CPU seconds too. `--full-seed ATTACK` runs one
+seed of that attack at the full battery's settings instead of the quick audit, and prints its CPU
+seconds beside the estimate's share of one seed.
 
     python benchmarks/shapes_scale.py [--shape textline|audio1d] [--aux 400] [--target 200] [--estimate-only]
-                                      [--cpu-time]
+                                      [--cpu-time] [--full-seed decoder|sdar|optimization]
 """
 
 from __future__ import annotations
@@ -37,26 +42,30 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from architectures import build, export_onnx  # noqa: E402
+from architectures import build, export_onnx, train_briefly  # noqa: E402
 from demo_stages import StageClock, instrument  # noqa: E402
 from shaped_data import audio_clips, text_lines  # noqa: E402
 
 from splitaudit import cli, cost, leakage  # noqa: E402
-from splitaudit.attacks import ATTACK_NAMES  # noqa: E402
+from splitaudit.attacks import ATTACK_NAMES, get_attack  # noqa: E402
 from splitaudit.config import AuditOptions  # noqa: E402
 from splitaudit.cost import estimate_cost  # noqa: E402
 from splitaudit.pipeline import prepare_context  # noqa: E402
+from splitaudit.threads import threads_for  # noqa: E402
 
 SHAPES = {"textline": text_lines, "audio1d": audio_clips}
 
 
+N_TRAIN = 300  # the bottom's own training data, apart from aux and target
+
+
 def write_inputs(folder: Path, shape: str, n_aux: int, n_target: int) -> tuple[Path, Path, Path]:
-    """The exported bottom model and its aux and target data."""
-    x, y, attr = SHAPES[shape](n_aux + n_target)
-    aux, target = folder / "aux.npz", folder / "target.npz"
+    """The exported bottom model, trained briefly on its own task, and its aux and target data."""
+    x, y, attr = SHAPES[shape](n_aux + n_target + N_TRAIN)
+    aux, target, end = folder / "aux.npz", folder / "target.npz", n_aux + n_target
     np.savez(aux, x=x[:n_aux], y=y[:n_aux], attr=attr[:n_aux])
-    np.savez(target, x=x[n_aux:], y=y[n_aux:], attr=attr[n_aux:])
-    model = build(shape, seed=0)
+    np.savez(target, x=x[n_aux:end], y=y[n_aux:end], attr=attr[n_aux:end])
+    model = train_briefly(build(shape, seed=0), torch.from_numpy(x[end:]), torch.from_numpy(y[end:]).long())
     onnx = export_onnx(model, torch.from_numpy(x[:2]), folder / f"{shape}.onnx", exporter="dynamo")
     return onnx, aux, target
 
@@ -80,9 +89,11 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_quick(model: Path, aux: Path, target: Path, out: Path) -> tuple[int, float, float, dict[str, float]]:
-    """(exit code, wall seconds, CPU seconds, measured seconds per attack) of `splitaudit run
-    --quick --attacks all`."""
+def run_quick(
+    model: Path, aux: Path, target: Path, out: Path, cpu_time: bool = False
+) -> tuple[int, float, float, dict[str, float]]:
+    """(exit code, wall seconds, CPU seconds, measured seconds per attack: CPU seconds with
+    `cpu_time`, else wall) of `splitaudit run --quick --attacks all`."""
     clock, results = StageClock(trace_python=False), []
     instrument(clock, results)
     argv = ["run", str(model), "--aux", str(aux), "--target", str(target), "--quick", "--attacks", "all"]
@@ -96,9 +107,33 @@ def run_quick(model: Path, aux: Path, target: Path, out: Path) -> tuple[int, flo
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
     if exit_code not in (0, 1):
         print(quiet.getvalue()[-3000:])
-    measured = {s.name.removeprefix("attack ").split(" (seed")[0]: s.seconds for s in clock.stages}
+    measured = {
+        s.name.removeprefix("attack ").split(" (seed")[0]: s.cpu_seconds if cpu_time else s.seconds
+        for s in clock.stages
+    }
     measured["dFIL"] = measured.get("Jacobian traces", 0.0)
     return exit_code, seconds, cpu, measured
+
+
+def full_seed(model: Path, aux: Path, target: Path, name: str) -> None:
+    """One seed of attack `name` at the full battery's settings, in CPU seconds, beside the
+    estimate's share of one seed (its cap: training may stop early) and what stopped it."""
+    options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0, quick=False)
+    ctx = prepare_context(options.validate())
+    attack = get_attack(name)
+    with threads_for(ctx.aux.x.numel(), ctx.device):
+        pass_seconds = cost.encoder_pass_seconds(ctx)
+    per_seed = attack.estimated_seconds(ctx, pass_seconds, cost._timed) / len(ctx.seeds)
+    begin = cpu_seconds()
+    outcome = attack.run_seed(ctx, ctx.seeds[0])
+    measured = cpu_seconds() - begin
+    metric = attack.primary_metric
+    stops = {k: v for k, v in outcome.details.items() if k.endswith(("_run", "stopped_by", "epochs", "iterations"))}
+    print(
+        f"{name}, one full seed: estimate {per_seed:.0f} s, measured {measured:.0f} CPU s (ratio "
+        f"{measured / per_seed:.2f}); {metric} {outcome.metrics[metric]:.4g} baseline "
+        f"{outcome.baseline[metric]:.4g}; {stops}"
+    )
 
 
 def cpu_timed(step) -> float:
@@ -120,9 +155,11 @@ def main(args) -> None:
         model, aux, target = write_inputs(folder, args.shape, args.aux, args.target)
         found = estimates(model, aux, target)
         print(f"{args.shape}: full battery estimate {found[False]['total'] / 60:.1f} min", flush=True)
-        if args.estimate_only:
+        if args.full_seed:
+            full_seed(model, aux, target, args.full_seed)
+        if args.estimate_only or args.full_seed:
             return
-        exit_code, seconds, cpu, measured = run_quick(model, aux, target, folder / "report")
+        exit_code, seconds, cpu, measured = run_quick(model, aux, target, folder / "report", args.cpu_time)
         print(
             f"splitaudit run --quick --attacks all on {args.shape} ({args.aux} aux, {args.target} target): "
             f"{seconds:.0f} s wall, {cpu:.0f} CPU s, exit code {exit_code}; torch threads "
@@ -152,4 +189,5 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--estimate-only", action="store_true")
     parser.add_argument("--cpu-time", action="store_true", help="time the estimate's steps in CPU seconds")
+    parser.add_argument("--full-seed", metavar="ATTACK", help="run one seed of ATTACK at full settings instead")
     main(parser.parse_args())

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from architectures import build
 
 from splitaudit import memory
+from splitaudit.attacks.base import MIN_SEEDS
 from splitaudit.attacks.features import COMPONENTS, reduced
 from splitaudit.attacks.kmeans import cluster_scores
 from splitaudit.attacks.optimization import invert
@@ -171,7 +172,7 @@ def _cost(size: int, prior: str, quick: bool = False):
 def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_variant(ablation, monkeypatch):
     """SDAR's estimate times its own training iteration on the model and data (one real iteration
     here, its time fixed at 0.5 s) and multiplies by iterations x seeds x variants (3 with the
-    ablation: without d1 and without d2)."""
+    ablation: without d1 and without d2): about MIN_SEEDS seeds (seeds by spread), at most all."""
     from splitaudit import cost
     from splitaudit.attacks.sdar import sdar_settings
 
@@ -186,8 +187,9 @@ def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_
     ctx = _cost_context(16, attack_options={"sdar": {"ablation": ablation}})
     estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["sdar"])
     settings = sdar_settings(ctx)
-    expected = len(ctx.seeds) * settings["iterations"] * (3 if ablation else 1) * 0.5
-    assert estimate.stages["sdar"] == pytest.approx(expected) and estimate.not_estimated == []
+    per_seed = settings["iterations"] * (3 if ablation else 1) * 0.5
+    assert estimate.ceilings["sdar"] == pytest.approx(len(ctx.seeds) * per_seed) and estimate.not_estimated == []
+    assert estimate.stages["sdar"] == pytest.approx(MIN_SEEDS * per_seed) and len(ctx.seeds) > MIN_SEEDS
     assert len(steps) == 2  # the encoder pass and one SDAR iteration
 
 
@@ -275,12 +277,17 @@ def test_embedding_reports_progress_batch_by_batch(monkeypatch):
 
 def test_decoder_cost_is_a_timed_step_times_the_steps_of_every_capped_epoch_and_seed(monkeypatch):
     """The decoder's estimate is an upper bound: a real training step on a batch of the model's
-    embeddings (its time fixed at 0.5 s here) times the steps of its epoch cap, for every seed."""
+    embeddings (its time fixed at 0.5 s here) times the steps of its epoch cap, for the MIN_SEEDS
+    seeds that always run (at most every seed); the summary shows both."""
     from splitaudit import cost
 
     monkeypatch.setattr(cost, "_timed", lambda step: (step(), 0.5)[1])
     ctx = _cost_context(16)  # 16 aux samples: 2 held out, 14 trained on in one batch of 64
     estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["decoder"])
-    assert estimate.stages["decoder"] == pytest.approx(len(ctx.seeds) * 200 * 1 * 0.5)
+    assert estimate.stages["decoder"] == pytest.approx(MIN_SEEDS * 200 * 1 * 0.5)
+    assert estimate.ceilings["decoder"] == pytest.approx(len(ctx.seeds) * 200 * 1 * 0.5)
+    assert estimate.ceiling - estimate.total == pytest.approx((len(ctx.seeds) - MIN_SEEDS) * 200 * 0.5)
+    assert f"(at most {cost._duration(estimate.ceiling)})" in estimate.summary()
     quick = cost.estimate_cost(_cost_context(16, quick=True), "gaussian", 0.25, ["decoder"])
-    assert quick.stages["decoder"] == pytest.approx(1 * 15 * 1 * 0.5)
+    assert quick.stages["decoder"] == quick.ceilings["decoder"] == pytest.approx(1 * 15 * 1 * 0.5)
+    assert "at most" not in quick.summary()
