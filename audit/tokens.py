@@ -279,7 +279,8 @@ class WithBoundMask(nn.Module):
 
 class MaskFeedingSession:
     """An onnxruntime session over (embeddings, mask) seen as taking the embeddings alone: each run
-    feeds the mask bound in the slot (what the black-box path of models.py and the checks of onnx_loading.py and model_checks.py use of a session)."""
+    feeds the mask bound in the slot (what the black-box path of models.py and the checks of
+    onnx_loading.py and model_checks.py use of a session)."""
 
     def __init__(self, session, slot: MaskSlot) -> None:
         self.session = session
