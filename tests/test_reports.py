@@ -15,6 +15,7 @@ import pytest
 from splitaudit import cli
 from splitaudit.errors import InputError
 from splitaudit.reports import load_result, terminal_summary, write_comparison, write_junit, write_reports
+from splitaudit.result import SCHEMA_VERSION
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = ["real", "image_audit", "sigma0_audit", "blackbox_audit", "tabular_audit", "failed_attack_audit"]
@@ -224,7 +225,7 @@ def test_malicious_strings_are_escaped(render, fmt):
 
 
 def test_minimal_result_renders_without_empty_sections(render):
-    minimal = {"schema_version": 4, "gate": {"passed": True, "reasons": [], "checks": []}}
+    minimal = {"schema_version": SCHEMA_VERSION, "gate": {"passed": True, "reasons": [], "checks": []}}
     html, md = render(None, minimal)
     assert empty_html_sections(html) == [] and empty_markdown_sections(md) == []
     assert "Not computed" in html
