@@ -70,7 +70,8 @@ class Dataset:
 
 
 def in_unit_range(x: torch.Tensor) -> bool:
-    """Whether every value lies in [0, 1] (pixel-like data: decoders squash and attacks clamp there)."""
+    """Whether every value lies in [0, 1]: the value range the input space records (pixel-like data,
+    where decoders squash and attacks clamp; splitaudit.input_space)."""
     return bool(x.min() >= 0 and x.max() <= 1)
 
 
