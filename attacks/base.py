@@ -1,9 +1,9 @@
 """The contract every attack follows (one module per attack, one class each).
 
 An attack declares what it needs from the inputs and the input kinds it is built for
-(`input_kinds`: image, sequence, tabular, tokens; splitaudit.input_space), runs once per seed, and returns its metrics
-and the matching baseline (what an attacker achieves without the bottom model). `Attack.run`
-turns that into the result entry: skipped with a reason, failed with a reason, or ok with the
+(`input_kinds`: image, sequence, tabular, tokens; splitaudit.input_space), runs once per seed,
+and returns its metrics and the matching baseline (what an attacker achieves without the bottom
+model). `Attack.run` turns that into the result entry: skipped with a reason, failed with a reason, or ok with the
 mean and std over seeds and the advantage over the baseline (Zheng et al., IJCAI 2024, Def. 1).
 Seeds are added by their spread (`Attack.next_seed`): at least MIN_SEEDS of the context's seeds
 run, and another while the mean advantage's 95% interval is wider than SEED_TOLERANCE of its

@@ -3,8 +3,8 @@
 Every MSE is per dimension, `||x_hat - x||^2 / d`, in the data space the bounds use (a
 --normalize is folded into the encoder, so x is already that space): the quantity the
 Cramér-Rao and van Trees bounds of Maeng et al. (NeurIPS 2023) bound, and the MSE that SDAR (Zhu et al., NDSS 2025) reports.
-PSNR and the metrics that fit the input space (SSIM on images) follow, and the best, median and worst reconstructions are kept as
-JSON-ready examples for the report.
+PSNR and the metrics that fit the input space (SSIM on images) follow, and the best, median and
+worst reconstructions are kept as JSON-ready examples for the report.
 """
 
 from __future__ import annotations
