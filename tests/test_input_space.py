@@ -104,3 +104,15 @@ def test_reconstructions_are_drawn_as_images_for_the_image_kind_only(kind, shape
         monkeypatch.setattr(charts, name, lambda examples, _o=original, _n=name: calls.append(_n) or _o(examples))
     png = charts.reconstructions_chart(two_examples(shape), kind)
     assert calls == [drawn] and png.startswith(b"\x89PNG")
+
+
+def test_an_attack_is_skipped_on_a_kind_it_does_not_declare_naming_the_kinds_it_runs_on():
+    from splitaudit.attacks.kmeans import KMeansAttack
+
+    class ImagesOnly(KMeansAttack):
+        input_kinds = frozenset({"image", "sequence"})
+
+    rows = tiny_context(torch.randn(8, 5, generator=torch.Generator().manual_seed(0)))
+    entry = ImagesOnly().run(rows)
+    assert entry["status"] == "skipped"
+    assert entry["reason"] == "not built for tabular inputs; it runs on image, sequence inputs"
