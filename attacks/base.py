@@ -171,10 +171,8 @@ def quick_variants(options_type: type) -> dict[str, str]:
 
 def orphan_quick_options(options_type: type) -> list[str]:
     """The quick_X fields with no X (a declaration error: under --quick they would set nothing)."""
-    names = {f.name for f in fields(options_type)}
-    return sorted(
-        name for name in names if name.startswith(QUICK_PREFIX) and name.removeprefix(QUICK_PREFIX) not in names
-    )
+    paired = set(quick_variants(options_type).values())
+    return sorted(f.name for f in fields(options_type) if f.name.startswith(QUICK_PREFIX) and f.name not in paired)
 
 
 def resolve_quick(options: Any, quick: bool) -> Any:
@@ -227,7 +225,7 @@ class Attack(ABC):
 
     def options(self, ctx: AuditContext) -> Any:
         """This run's options for the attack (an Options instance), the quick variants resolved:
-        under --quick each X holds its quick_X's value (resolve_quick)."""
+        under --quick each X holds its quick_X's value, the quick_X fields unchanged (resolve_quick)."""
         return resolve_quick(self.parse_options(ctx.options(self.name)), ctx.quick)
 
     @abstractmethod
