@@ -1,4 +1,4 @@
-"""Early stopping on the attacker's own signal (attacks/plateau.py) and its use in the attacks (issue 23)."""
+"""Early stopping on the attacker's own signal (attacks/plateau.py) and its use in the attacks."""
 
 from __future__ import annotations
 
