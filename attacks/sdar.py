@@ -312,7 +312,7 @@ class SDARAttack(Attack):
 
     def check_inputs(self, ctx: AuditContext) -> None:
         """Clustered labels need aux samples of every class and a target sample per cluster."""
-        if ctx.aux.y is not None and sdar_settings(ctx)["labels"] == "clustered":
+        if ctx.aux.y is not None and sdar_settings(ctx).labels == "clustered":
             check_clusterable(ctx.aux.y, len(ctx.target), ctx.num_classes)
 
     def training_failure(self, entry: dict, not_converged: list[str]) -> str:

@@ -308,3 +308,12 @@ def test_attacks_on_token_inputs_report_token_metrics_or_say_why_not(token_ctx, 
                 assert metric in entry["metrics"] and metric in entry["baseline"], (name, metric)
             assert len(entry["details"]["tokens"]["position_accuracy"]) == 4
     assert get_attack("token-inversion").run(plain_ctx)["status"] == "skipped"
+
+
+@pytest.mark.parametrize("name", ATTACK_NAMES)
+def test_attack_accepts_labelled_data_in_its_input_check(name, tiny_ctx):
+    """check_inputs runs on every audit before any attack (pipeline.check_attack_inputs): on the
+    tiny context, labelled and of a kind the attack takes, it must pass with the default options
+    (it once read a typed option as a dict and stopped every labelled audit with exit 3)."""
+    assert tiny_ctx.aux.y is not None
+    assert get_attack(name).check_inputs(tiny_ctx) is None
