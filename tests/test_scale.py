@@ -187,7 +187,7 @@ def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_
     ctx = _cost_context(16, attack_options={"sdar": {"ablation": ablation}})
     estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["sdar"])
     settings = sdar_settings(ctx)
-    per_seed = settings["iterations"] * (3 if ablation else 1) * 0.5
+    per_seed = settings.iterations * (3 if ablation else 1) * 0.5
     assert estimate.ceilings["sdar"] == pytest.approx(len(ctx.seeds) * per_seed) and estimate.not_estimated == []
     assert estimate.stages["sdar"] == pytest.approx(MIN_SEEDS * per_seed) and len(ctx.seeds) > MIN_SEEDS
     assert len(steps) == 2  # the encoder pass and one SDAR iteration
