@@ -72,6 +72,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "attacks.kmeans",
             "attacks.optimization",
             "attacks.sdar",
+            "attacks.sdar_training",
             "attacks.token_inversion",
         },
     ),
