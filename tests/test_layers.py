@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "model_checks",
             "models",
             "tokens",
+            "token_models",
             "context",
             "sample_models",
             "sample_models.build",
@@ -76,7 +77,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "attacks.token_inversion",
         },
     ),
-    ("stages", {"leakage", "bound_check", "calibration", "utility", "cost", "gate", "recommend"}),
+    ("stages", {"leakage", "bound_check", "calibration", "token_statement", "utility", "cost", "gate", "recommend"}),
     ("execution", {"tasks", "executor", "process_pool", "ray_executor", "recipe"}),
     ("engine", {"pipeline", "sweep"}),
     (
