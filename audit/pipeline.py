@@ -37,12 +37,8 @@ from splitaudit.model_checks import within_time_limit
 from splitaudit.models import resolve_device
 from splitaudit.raw_model import RawModel
 from splitaudit.result import SCHEMA_VERSION
-from splitaudit.tokens import (
-    checked_against_attacks,
-    load_audited_data,
-    open_audited_model,
-    token_statement,
-)
+from splitaudit.token_models import load_audited_data, open_audited_model
+from splitaudit.token_statement import checked_against_attacks, token_statement
 from splitaudit.version import __version__
 
 if TYPE_CHECKING:

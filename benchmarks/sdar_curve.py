@@ -35,18 +35,13 @@ import torch.nn as nn
 
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
 from splitaudit.attacks.sdar import (
-    ABLATIONS,
-    FULL,
     LABEL_FLIP,
     PRESETS,
-    SDARNets,
-    Stopping,
-    bce,
     conditioning_labels,
     majority_class_accuracy,
     relabelled_accuracy,
-    sdar_reconstruct,
 )
+from splitaudit.attacks.sdar_training import ABLATIONS, FULL, SDARNets, Stopping, bce, sdar_reconstruct
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 

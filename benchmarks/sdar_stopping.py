@@ -36,7 +36,8 @@ import numpy as np
 
 from splitaudit.attacks.plateau import Plateau
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
-from splitaudit.attacks.sdar import FULL, PRESETS, sdar_reconstruct
+from splitaudit.attacks.sdar import PRESETS
+from splitaudit.attacks.sdar_training import FULL, sdar_reconstruct
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 

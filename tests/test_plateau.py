@@ -13,7 +13,8 @@ from conftest import make_context, sample
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.optimization import OBJECTIVE_EVERY, ObjectiveStopping, invert
 from splitaudit.attacks.plateau import Plateau, evaluating, restore, snapshot
-from splitaudit.attacks.sdar import FULL, PRESETS, BatchStream, Stopping, sdar_reconstruct, sdar_settings
+from splitaudit.attacks.sdar import PRESETS, sdar_settings
+from splitaudit.attacks.sdar_training import FULL, BatchStream, Stopping, sdar_reconstruct
 
 
 def feed(plateau: Plateau, values: list[float]) -> int | None:

@@ -12,20 +12,18 @@ from conftest import make_context, sample
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.nets import Decoder, reinitialized_copy, restore_batch_norm
 from splitaudit.attacks.reconstruction import reconstruction_metrics
-from splitaudit.attacks.sdar import (
+from splitaudit.attacks.sdar import PRESETS, U_SHAPED_LIMIT, sdar_settings
+from splitaudit.attacks.sdar_training import (
     ABLATIONS,
     D2_CONVS,
     D2_SIDE,
     FULL,
-    PRESETS,
-    U_SHAPED_LIMIT,
     BatchStream,
     SDARNets,
     d1_discriminator,
     discriminator,
     sdar_iteration,
     sdar_reconstruct,
-    sdar_settings,
     simultaneous_step,
 )
 from splitaudit.errors import InputError

@@ -22,7 +22,7 @@ from shaped_data import audio_clips
 import splitaudit
 from splitaudit.attacks.nets import Decoder, generic_encoder, stage_sizes
 from splitaudit.attacks.optimization import _difference_count, fit_prior, total_variation
-from splitaudit.attacks.sdar import D2_CONVS, D2_SIDE, d1_discriminator, discriminator
+from splitaudit.attacks.sdar_training import D2_CONVS, D2_SIDE, d1_discriminator, discriminator
 from splitaudit.input_space import decide_space
 
 TEXT_LINE, TEXT_EMBEDDING = (3, 48, 192), (16, 3, 96)
