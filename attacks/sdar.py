@@ -200,7 +200,8 @@ class SDARAttack(Attack):
     # Over token embeddings the simulator would be the bottom re-initialised from the embeddings on,
     # trained to reproduce hidden states of aux sentences without querying f; its decoder would
     # regress embeddings to be decoded to the nearest tokens. Not built or validated for text yet.
-    not_for_tokens = (
+    input_kinds = frozenset({"image", "sequence", "tabular"})
+    other_kinds_reason = (
         "not adapted to token inputs: its simulator and discriminators are built for continuous inputs; "
         "for text, the decoder and token-inversion attacks (query access) are run instead"
     )
@@ -265,8 +266,8 @@ class SDARAttack(Attack):
             **training_options(settings),
         )
         x_hat, labels, stalled, plateau = run(FULL)
-        metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
-        baseline = mean_guess_baseline(ctx.aux.x, target.x, target.is_image)
+        metrics = reconstruction_metrics(target.x, x_hat, ctx.space)
+        baseline = mean_guess_baseline(ctx.aux.x, target.x, ctx.space)
         if settings.labels != "known":
             metrics["label_accuracy"] = float((labels == target.y).float().mean())
             baseline["label_accuracy"] = majority_class_accuracy(ctx.aux.y, target.y)
@@ -274,7 +275,7 @@ class SDARAttack(Attack):
             baseline["label_accuracy_relabelled"] = largest_class_share(target.y)
         if settings.ablation:
             for key, regularizers in ABLATIONS.items():
-                metrics[key] = reconstruction_metrics(target.x, run(regularizers)[0], target.is_image)["mse"]
+                metrics[key] = reconstruction_metrics(target.x, run(regularizers)[0], ctx.space)["mse"]
         details = {
             "preset": settings.preset,
             "iterations": settings.iterations,

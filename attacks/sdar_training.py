@@ -311,7 +311,7 @@ class SDARNets:
                 head = SimulatedTail(ctx.top_model, embedding_shape, classes, ctx.device)
             elif part != "classifier":
                 head = mlp([math.prod(embedding_shape), HEAD_WIDTH, classes])
-            decoder = Decoder(embedding_shape, input_shape, ctx.aux.in_unit_range, label_classes)
+            decoder = Decoder(embedding_shape, ctx.space, label_classes)
             d1 = d1_discriminator(embedding_shape, label_classes) if regularizers.d1 else None
             d2 = (
                 discriminator(input_shape, label_classes, D2_CONVS, D2_SIDE, last_activation=True)

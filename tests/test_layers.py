@@ -20,7 +20,7 @@ from import_graph import Edge, cycles, import_graph, package_modules
 
 # Lowest first. A module may import modules of its own layer and of the layers before it.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("core", {"errors", "safety", "memory", "threads", "config", "registries", "result", "version"}),
+    ("core", {"errors", "safety", "memory", "threads", "config", "registries", "input_space", "result", "version"}),
     # Pure tensor functions: they know nothing of models or data files, and the context and the
     # token space use their seeded draws and trace types, so they sit below the inputs.
     (
