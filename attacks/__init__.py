@@ -16,11 +16,11 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from splitaudit.errors import InputError
+from splitaudit.core.errors import InputError
 
 if TYPE_CHECKING:
     from splitaudit.attacks.base import Attack
-    from splitaudit.context import AuditContext
+    from splitaudit.inputs.context import AuditContext
 
 # CLI name -> (module in splitaudit.attacks, class name); the order is the report's order.
 REGISTRY: dict[str, tuple[str, str]] = {

@@ -1,7 +1,7 @@
 """The contract every attack follows (one module per attack, one class each).
 
 An attack declares what it needs from the inputs and the input kinds it is built for
-(`input_kinds`: image, sequence, tabular, tokens; splitaudit.input_space), runs once per seed,
+(`input_kinds`: image, sequence, tabular, tokens; splitaudit.core.input_space), runs once per seed,
 and returns its metrics and the matching baseline (what an attacker achieves without the bottom
 model). `Attack.run` turns that into the result entry: skipped with a reason, failed with a reason, or ok with the
 mean and std over seeds and the advantage over the baseline (Zheng et al., IJCAI 2024, Def. 1).
@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy import stats
 
-from splitaudit.context import AuditContext
-from splitaudit.errors import InputError
-from splitaudit.input_space import INPUT_KINDS
-from splitaudit.result import default_baseline_name
+from splitaudit.core.errors import InputError
+from splitaudit.core.input_space import INPUT_KINDS
+from splitaudit.core.result import default_baseline_name
+from splitaudit.inputs.context import AuditContext
 
 MAX_OPTION_INT = 2**31 - 1  # the implicit upper limit of an integer option (see _limits)
 
@@ -239,7 +239,7 @@ class Attack(ABC):
         """Run the attack once with this seed."""
 
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float | None:
-        """Seconds all its seeds are expected to take (splitaudit.cost's up-front estimate), or None
+        """Seconds all its seeds are expected to take (splitaudit.stages.cost's up-front estimate), or None
         when the attack has no cost model. pass_seconds: one encoder forward + backward pass per
         sample; timed(step): the least seconds of a call of step, over repeated calls."""
         return None

@@ -28,7 +28,7 @@ import torch
 
 from splitaudit.attacks.features import reduced
 from splitaudit.attacks.kmeans import kmeans_clusters
-from splitaudit.errors import InputError
+from splitaudit.core.errors import InputError
 
 EXACT_CLASSES = 8  # up to 8! = 40,320 renamings are all scored; above, restarted pairwise swaps
 SWAP_RESTARTS = 200  # random starts of the pairwise-swap search (10 classes: ~1 s)

@@ -24,8 +24,8 @@ from splitaudit.attacks.reconstruction import (
     reconstruction_metrics,
 )
 from splitaudit.attacks.text_metrics import with_token_metrics
-from splitaudit.context import AuditContext
-from splitaudit.threads import threads_for
+from splitaudit.core.threads import threads_for
+from splitaudit.inputs.context import AuditContext
 
 
 # `epochs` is a cap; the hold-out early stopping decides. On the digits CNN the decoder still

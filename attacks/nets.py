@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from splitaudit.context import AuditContext
-from splitaudit.input_space import InputSpace
+from splitaudit.core.input_space import InputSpace
+from splitaudit.inputs.context import AuditContext
 
 
 @contextmanager

@@ -35,12 +35,12 @@ from splitaudit.attacks.reconstruction import (
 )
 from splitaudit.attacks.text_metrics import with_token_metrics
 from splitaudit.attacks.token_relaxation import VocabularySimplex, quick_token_sentences, vocabulary_simplex
-from splitaudit.context import AuditContext
-from splitaudit.errors import InputError
-from splitaudit.memory import batch_within, per_sample_bytes
-from splitaudit.models import Encoder
-from splitaudit.threads import threads_for
-from splitaudit.tokens import per_mask_pattern
+from splitaudit.core.errors import InputError
+from splitaudit.core.memory import batch_within, per_sample_bytes
+from splitaudit.core.threads import threads_for
+from splitaudit.inputs.context import AuditContext
+from splitaudit.inputs.models import Encoder
+from splitaudit.inputs.tokens import per_mask_pattern
 
 PRIORS = ("gaussian", "tv")
 MAP_SIGMA_FLOOR = 0.03  # times the aux embeddings' std: the MAP weight's noise level at sigma = 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from pytorch_msssim import ssim
 
-from splitaudit.input_space import InputSpace
+from splitaudit.core.input_space import InputSpace
 
 SSIM_MAX_WINDOW = 11  # the usual Gaussian window (sigma 1.5); smaller images get a smaller odd one
 MIN_MSE_FOR_PSNR = 1e-10  # a perfect reconstruction reports 100 dB for range 1 instead of infinity

@@ -55,7 +55,7 @@ from splitaudit.attacks.sdar_training import (
     sdar_reconstruct,
     sdar_training,
 )
-from splitaudit.context import AuditContext
+from splitaudit.inputs.context import AuditContext
 
 # Budgets (option `preset`). "paper": SL's batches of 128 for 20k iterations (App. B-B) at the
 # paper's learning rates, the default on a GPU. "cpu": chosen by measured learning curves

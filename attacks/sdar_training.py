@@ -28,8 +28,8 @@ from splitaudit.attacks.nets import (
     seeded,
 )
 from splitaudit.attacks.plateau import Plateau, evaluating, restore, snapshot
-from splitaudit.context import AuditContext
-from splitaudit.threads import threads_for
+from splitaudit.core.threads import threads_for
+from splitaudit.inputs.context import AuditContext
 
 # Zhu et al. (NDSS 2025), Appendix B-C "Hyperparameters" and Table VII (vanilla SL, all datasets). lambda is
 # both the weight of the adversarial term in the generator's loss (Eqs. 3, 5; Fig. 14 lines 25,

@@ -19,7 +19,7 @@ import torch
 from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu
 from rouge_score import rouge_scorer
 
-from splitaudit.token_information import position_counts
+from splitaudit.estimators.token_information import position_counts
 
 RARE_SENTENCE_FRACTION = 0.01  # a token in fewer than 1% of the aux sentences is rare
 TOKEN_METRICS = ("token_accuracy", "exact_match", "rouge_l", "bleu", "rare_token_recall")

@@ -26,8 +26,8 @@ from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import seeded
 from splitaudit.attacks.plateau import Plateau, restore, snapshot
 from splitaudit.attacks.text_metrics import token_outcome
-from splitaudit.context import AuditContext
-from splitaudit.threads import threads_for
+from splitaudit.core.threads import threads_for
+from splitaudit.inputs.context import AuditContext
 
 IGNORED = -100  # cross_entropy's ignore_index: the label of a padded position
 MAX_BATCH_LOGITS = 2**25  # logits held at once (128 MiB): a GPT-2 vocabulary at T = 128 takes 5 sentences a batch

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from splitaudit.attacks.text_metrics import position_counts
-from splitaudit.data import Dataset
-from splitaudit.tokens import TokenSpace
+from splitaudit.inputs.data import Dataset
+from splitaudit.inputs.tokens import TokenSpace
 
 MAX_CANDIDATES = 1024
 # Under --quick the optimisation inverts sentences holding at most this many token positions: its

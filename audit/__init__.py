@@ -1,6 +1,6 @@
 """splitaudit: audit what a split-learning bottom model's embeddings leak."""
 
-from splitaudit.version import __version__
+from splitaudit.core.version import __version__
 
 __all__ = ["__version__", "audit", "AuditResult"]
 

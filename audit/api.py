@@ -13,13 +13,13 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from splitaudit.config import AuditOptions, option_spec
-from splitaudit.errors import InputError
-from splitaudit.registries import DEFAULT_FORMATS, check_formats
+from splitaudit.core.config import AuditOptions, option_spec
+from splitaudit.core.errors import InputError
+from splitaudit.core.registries import DEFAULT_FORMATS, check_formats
 
 
 class AuditResult:
-    """A finished audit: `.data` is the result (report.json's content, a splitaudit.result.Result)."""
+    """A finished audit: `.data` is the result (report.json's content, a splitaudit.core.result.Result)."""
 
     def __init__(self, data: dict) -> None:
         self.data = data
@@ -89,7 +89,7 @@ def audit(
     (split LLMs). The keywords are `splitaudit run`'s options but those that say how reports are
     written (out, formats, junit: see AuditResult.write), with the same defaults: this signature is
     made from the option table (config.AuditOptions), as the CLI's flags are.
-    Bad input raises splitaudit.errors.InputError.
+    Bad input raises splitaudit.core.errors.InputError.
     """
     unknown = sorted(set(options) - set(API_KEYWORDS))
     if unknown:
@@ -134,8 +134,8 @@ audit.__signature__ = inspect.Signature(
 
 def run(options: AuditOptions, progress: Callable | None = None, on_cost: Callable | None = None) -> AuditResult:
     """Run the audit that `options` describe (the CLI's and audit()'s one code path)."""
-    from splitaudit.context import silent_progress
-    from splitaudit.pipeline import run_audit
+    from splitaudit.engine.pipeline import run_audit
+    from splitaudit.inputs.context import silent_progress
 
     return AuditResult(run_audit(options, progress=progress or silent_progress, on_cost=on_cost))
 
@@ -147,7 +147,7 @@ def _stderr_progress(**kwargs):
 
 
 def _model_source(model: Any) -> Any:
-    """A path as a string; a torch module as it is (opened by splitaudit.models.open_model)."""
+    """A path as a string; a torch module as it is (opened by splitaudit.inputs.models.open_model)."""
     if isinstance(model, (str, Path)):
         return str(model)
     import torch.nn as nn
@@ -189,7 +189,7 @@ def _in_memory(name: str, x: Any, y: Any = None, attr: Any = None, mask: Any = N
     sparse) or a nested list that is no array (ragged rows)."""
     import torch
 
-    from splitaudit.data import dataset_from_arrays
+    from splitaudit.inputs.data import dataset_from_arrays
 
     for part, value in (("x", x), ("y", y), ("attr", attr), ("mask", mask)):
         if isinstance(value, torch.Tensor) and value.device.type == "meta":

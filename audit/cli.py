@@ -20,7 +20,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from splitaudit.attacks import ATTACK_NAMES, attack_class
-from splitaudit.config import (
+from splitaudit.core.config import (
     AUDITING,
     CALIBRATE,
     DEVICES,
@@ -32,10 +32,10 @@ from splitaudit.config import (
     option_spec,
     parse_attack_option,
 )
-from splitaudit.errors import InputError
-from splitaudit.registries import check_formats, formats_of
-from splitaudit.safety import display_path, display_text, displayable
-from splitaudit.version import __version__
+from splitaudit.core.errors import InputError
+from splitaudit.core.registries import check_formats, formats_of
+from splitaudit.core.safety import display_path, display_text, displayable
+from splitaudit.core.version import __version__
 
 EXIT_GATE_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 3, 130, 143
 COST_NOTICE_SECONDS = 180  # the up-front cost estimate is printed when the audit may take longer
@@ -208,7 +208,7 @@ def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool, worker
         workers=workers,
     ).validate()
     if as_sweep:
-        from splitaudit.sweep import demo_sweep_options
+        from splitaudit.engine.sweep import demo_sweep_options
 
         _sweep_and_report(demo_sweep_options(options))
         return
@@ -245,9 +245,9 @@ def print_long_cost(estimate) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> None:
     """The noise sigma that makes MODEL's provable bound reach --target-mse."""
-    from splitaudit.calibration import describe_calibration
-    from splitaudit.pipeline import run_calibration
+    from splitaudit.engine.pipeline import run_calibration
     from splitaudit.reports.files import to_strict_json
+    from splitaudit.stages.calibration import describe_calibration
 
     options = build_options(model, {**given_flags(flags), "attacks": ["none"], "target_mse": target_mse})
     answer = run_calibration(options, progress=cli_progress)
@@ -306,7 +306,7 @@ def _echo_written(paths: list[Path]) -> None:
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of report.json (what every output is rendered from)."""
-    from splitaudit.result import SCHEMA_FILE
+    from splitaudit.core.result import SCHEMA_FILE
 
     click.echo(files("splitaudit").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"), nl=False)
 
@@ -320,10 +320,10 @@ def sweep(model: str | None, **flags) -> None:
 
 
 def _sweep_and_report(options: AuditOptions) -> None:
+    from splitaudit.engine.sweep import run_sweep
     from splitaudit.reports import write_junit
     from splitaudit.reports.sweep import sweep_summary, write_sweep_reports
     from splitaudit.reports.writer import claim_output_folder, output_lock
-    from splitaudit.sweep import run_sweep
 
     if options.junit:
         claim_output_folder(Path(options.junit).parent)

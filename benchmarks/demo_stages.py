@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-from splitaudit import cli, pipeline, reports, tasks
+from splitaudit import cli, reports
+from splitaudit.engine import pipeline
+from splitaudit.execution import tasks
 
 HWM = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -104,7 +106,7 @@ def reset_peak_rss() -> None:
 
 def instrument(clock: StageClock, results: list[dict]) -> None:
     """Wrap the demo's stages; attacks are whatever the registry holds."""
-    from splitaudit import leakage
+    from splitaudit.stages import leakage
 
     clock.wrap(pipeline, "prepare_context", "load model + data")
     clock.wrap(leakage, "measure", "leakage: dFIL traces, prior")

@@ -36,11 +36,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from architectures import build, export_torchscript  # noqa: E402
 
-from splitaudit.config import AuditOptions  # noqa: E402
+from splitaudit.core.config import AuditOptions  # noqa: E402
 from splitaudit.estimators import jacobian_sq_norm  # noqa: E402
 from splitaudit.estimators.jacobian import DEFAULT_MEMORY_BYTES, measure_plan  # noqa: E402
 from splitaudit.estimators.mean_trace import MeanOptions, estimate_mean_trace, probe_sums  # noqa: E402
-from splitaudit.models import resolve_device  # noqa: E402
+from splitaudit.inputs.models import resolve_device  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -128,8 +128,8 @@ def exact_row(model, x, device, rtol):
 
 
 def audit_row(model, x, size, device_name, samples):
-    from splitaudit import leakage
-    from splitaudit.pipeline import prepare_context
+    from splitaudit.engine.pipeline import prepare_context
+    from splitaudit.stages import leakage
 
     folder = Path(tempfile.mkdtemp())
     export_torchscript(model.cpu(), x[:2].cpu(), folder / "bottom.pt")

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import ray
 
-from splitaudit.config import AuditOptions
-from splitaudit.executor import LocalExecutor, open_executor, run_attack_grid
-from splitaudit.pipeline import prepare_context
-from splitaudit.ray_executor import context_on_worker
+from splitaudit.core.config import AuditOptions
+from splitaudit.engine.pipeline import prepare_context
+from splitaudit.execution.executor import LocalExecutor, open_executor, run_attack_grid
+from splitaudit.execution.ray_executor import context_on_worker
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
 PROJECT_MACHINES = (1, 4, 16, 64)

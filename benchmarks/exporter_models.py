@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from exporter_graphs import SEQUENCE, STYLES, TEXT_LINE, seeded  # noqa: E402
 from exporter_graphs import write_style as write_graph  # noqa: E402
 
-from splitaudit.data import load_dataset, split_dataset  # noqa: E402
+from splitaudit.inputs.data import load_dataset, split_dataset  # noqa: E402
 
 MODELS = {"textline": STYLES[0], "sequence": STYLES[1]}
 NOISE_SIGMA = 0.1

@@ -42,8 +42,8 @@ from splitaudit.attacks.sdar import (
     relabelled_accuracy,
 )
 from splitaudit.attacks.sdar_training import ABLATIONS, FULL, SDARNets, Stopping, bce, sdar_reconstruct
-from splitaudit.config import AuditOptions
-from splitaudit.pipeline import prepare_context
+from splitaudit.core.config import AuditOptions
+from splitaudit.engine.pipeline import prepare_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ushaped import ARCHITECTURES, train_u_shaped  # noqa: E402

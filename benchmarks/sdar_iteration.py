@@ -30,9 +30,9 @@ import torch.nn as nn
 
 from splitaudit.attacks.sdar import PRESETS
 from splitaudit.attacks.sdar_training import FULL, BatchStream, SDARNets, sdar_iteration
-from splitaudit.context import AuditContext
-from splitaudit.data import Dataset
-from splitaudit.models import Encoder, resolve_device
+from splitaudit.inputs.context import AuditContext
+from splitaudit.inputs.data import Dataset
+from splitaudit.inputs.models import Encoder, resolve_device
 
 PAPER_SECONDS_PER_ITERATION = 0.17  # Zhu et al. (NDSS 2025), A100 80GB, TensorFlow
 INPUT_SHAPE = (3, 32, 32)

@@ -38,8 +38,8 @@ from splitaudit.attacks.plateau import Plateau
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
 from splitaudit.attacks.sdar import PRESETS
 from splitaudit.attacks.sdar_training import FULL, sdar_reconstruct
-from splitaudit.config import AuditOptions
-from splitaudit.pipeline import prepare_context
+from splitaudit.core.config import AuditOptions
+from splitaudit.engine.pipeline import prepare_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -46,12 +46,13 @@ from architectures import build, export_onnx, train_briefly  # noqa: E402
 from demo_stages import StageClock, instrument  # noqa: E402
 from shaped_data import audio_clips, text_lines  # noqa: E402
 
-from splitaudit import cli, cost, leakage  # noqa: E402
+from splitaudit import cli  # noqa: E402
 from splitaudit.attacks import ATTACK_NAMES, get_attack  # noqa: E402
-from splitaudit.config import AuditOptions  # noqa: E402
-from splitaudit.cost import estimate_cost  # noqa: E402
-from splitaudit.pipeline import prepare_context  # noqa: E402
-from splitaudit.threads import threads_for  # noqa: E402
+from splitaudit.core.config import AuditOptions  # noqa: E402
+from splitaudit.core.threads import threads_for  # noqa: E402
+from splitaudit.engine.pipeline import prepare_context  # noqa: E402
+from splitaudit.stages import cost, leakage
+from splitaudit.stages.cost import estimate_cost  # noqa: E402
 
 SHAPES = {"textline": text_lines, "audio1d": audio_clips}
 

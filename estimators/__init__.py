@@ -1,6 +1,6 @@
 """Estimators of Maeng et al. (NeurIPS 2023): Jacobian traces, dFIL, prior terms, bounds and noise calibration.
 
-Pure tensor functions: no I/O, no printing; the audit wiring lives in splitaudit.leakage.
+Pure tensor functions: no I/O, no printing; the audit wiring lives in splitaudit.stages.leakage.
 """
 
 from splitaudit.estimators.jacobian import TraceEstimate, TraceOptions

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from splitaudit.registries import Bound
+from splitaudit.core.registries import Bound
 
 
 def dfil(trace_sq: Tensor, d: int, sigma: float) -> Tensor:

@@ -260,7 +260,7 @@ def exact_is_preferred(products_per_sample: int, n: int, randomised_products: fl
 def planned_products(f: BatchFn, x: Tensor, n: int, method: str) -> int:
     """Jacobian products estimate_mean_trace is expected to take over n samples, measured on the
     few samples x: exact where auto would choose it, else a typical randomised run, plus the
-    cross-check. Rough (a randomised run stops when its error target is met): audit/cost.py's
+    cross-check. Rough (a randomised run stops when its error target is met): audit/stages/cost.py's
     up-front estimate."""
     randomised = min(n, MeanOptions().min_samples) * RANDOMISED_PROBES + CHECK_SAMPLES * CHECK_PROBES
     if not differentiates(method):

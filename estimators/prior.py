@@ -15,7 +15,7 @@ An estimate above the Stam limit, or below the floor beyond its statistical erro
 as failed. The bound then uses the Stam limit wherever there is one: it holds for every smoothed
 prior, so the bound stays valid. Only without smoothing does a failed low estimate fall back to the
 floor, which is itself only a lower limit on J (so the bound may still be too optimistic, and the
-gate does not pass on it: audit/gate.py).
+gate does not pass on it: audit/stages/gate.py).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from splitaudit.memory import PROBE_SAMPLES, batch_within, per_sample_bytes
-from splitaudit.registries import PRIOR_NAMES, PRIORS
-from splitaudit.threads import threads_for
+from splitaudit.core.memory import PROBE_SAMPLES, batch_within, per_sample_bytes
+from splitaudit.core.registries import PRIOR_NAMES, PRIORS
+from splitaudit.core.threads import threads_for
 
 DSM_NOISE_FRACTION = 0.1  # dsm without smoothing: noise level as a fraction of the data's std
 FLOOR_SLACK_STDERRS = 3.0  # an estimate this many standard errors below the Gaussian floor fails
@@ -114,7 +114,7 @@ def estimate_prior(
     on_epoch: Callable[[], None] | None = None,
 ) -> PriorEstimate:
     """J(pi_tau)/d from samples x of pi (tau = smoothing) by the registered prior `method`
-    (splitaudit.registries.PRIORS), checked against its limits."""
+    (splitaudit.core.registries.PRIORS), checked against its limits."""
     if method not in PRIORS:
         raise ValueError(f"unknown prior method {method!r}; choose {', '.join(PRIOR_NAMES)}")
     if not PRIORS[method].trains:

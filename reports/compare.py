@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from splitaudit.errors import InputError
-from splitaudit.registries import BOUNDS
+from splitaudit.core.errors import InputError
+from splitaudit.core.registries import BOUNDS
 from splitaudit.reports import charts
 from splitaudit.reports.files import write_json
 from splitaudit.reports.formatting import is_finite, is_number, number, signed

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
-from splitaudit.errors import InputError
-from splitaudit.gate import evaluate_gate
-from splitaudit.recommend import recommend, sweep_gate
-from splitaudit.registries import GATED_BOUND
+from splitaudit.core.errors import InputError
+from splitaudit.core.registries import GATED_BOUND
+from splitaudit.stages.gate import evaluate_gate
+from splitaudit.stages.recommend import recommend, sweep_gate
 
 RUN_THRESHOLDS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage")
 SWEEP_THRESHOLDS = (*RUN_THRESHOLDS, "max_utility_loss")

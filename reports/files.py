@@ -13,8 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from splitaudit.errors import InputError
-from splitaudit.safety import display_path, displayable
+from splitaudit.core.errors import InputError
+from splitaudit.core.safety import display_path, displayable
 
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path, PurePath
 from urllib.parse import quote
 
-from splitaudit.registries import GATED_BOUND
+from splitaudit.core.registries import GATED_BOUND
 from splitaudit.reports.files import to_strict_json, write_atomic
 from splitaudit.reports.view_verdict import CAUSE_WORDS, QUICK_ALERT
 

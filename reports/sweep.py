@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from splitaudit.registries import BOUNDS, GATED_BOUND
+from splitaudit.core.registries import BOUNDS, GATED_BOUND
+from splitaudit.core.result import sweep_json_schema
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
 from splitaudit.reports.junit import write_junit
@@ -23,7 +24,6 @@ from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts
 from splitaudit.reports.view_summary import utility_words
 from splitaudit.reports.view_verdict import QUICK_ALERT, gate_table, headline, verdict_class
 from splitaudit.reports.writer import render_pages, write_result_json
-from splitaudit.result import sweep_json_schema
 
 ORIGIN_WORDS = {"grid": "grid", "calibrated": "calibrated for the target", "around-calibrated": "near the calibrated"}
 

@@ -1,6 +1,6 @@
 """Token inputs in the report: the token statement, reconstructed sentences and per-position accuracy.
 
-Reads the result only (the statement is computed in splitaudit.tokens, the sentences by the attacks);
+Reads the result only (the statement is computed in splitaudit.inputs.tokens, the sentences by the attacks);
 the templates escape every string, so sentences from user vocabularies are shown as text.
 """
 

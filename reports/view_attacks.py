@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from splitaudit.core.result import default_baseline_name
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import advantage_words, is_finite, mean_std, number, signed
 from splitaudit.reports.tokens import position_words, sentence_rows
@@ -22,7 +23,6 @@ from splitaudit.reports.view_elements import (
     ran_ok,
     section,
 )
-from splitaudit.result import default_baseline_name
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from splitaudit.registries import BOUNDS
+from splitaudit.core.registries import BOUNDS
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, is_number, number
 from splitaudit.reports.view_elements import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from splitaudit.registries import GATED_BOUND
+from splitaudit.core.registries import GATED_BOUND
 from splitaudit.reports.formatting import advantage_words, is_finite, is_number, mean_std, number, text
 from splitaudit.reports.tokens import token_statement_words
 from splitaudit.reports.view_attacks import attack_title

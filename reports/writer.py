@@ -16,14 +16,14 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 from tabulate import tabulate
 
-from splitaudit.errors import InputError
+from splitaudit.core.errors import InputError
+from splitaudit.core.result import SCHEMA_VERSION, first_error, sweep_json_schema
+from splitaudit.core.safety import display_path, displayable, nested_deeper_than, require_regular_file
 from splitaudit.reports.consistency import check_consistency
 from splitaudit.reports.files import from_strict_json, to_strict_json, write_atomic, write_json
 from splitaudit.reports.junit import write_junit
 from splitaudit.reports.view import build_view
 from splitaudit.reports.view_elements import Figure, Table
-from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
-from splitaudit.safety import display_path, displayable, nested_deeper_than, require_regular_file
 
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 MAX_REPORT_BYTES = 256 * 1024**2  # a report.json is a few MB at most; larger is not one of ours

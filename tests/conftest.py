@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from splitaudit.config import AuditOptions
-from splitaudit.pipeline import prepare_context
+from splitaudit.core.config import AuditOptions
+from splitaudit.engine.pipeline import prepare_context
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
 

@@ -13,8 +13,8 @@ import torch.nn as nn
 from conftest import sample
 
 import splitaudit
-from splitaudit.errors import InputError
-from splitaudit.result import first_error
+from splitaudit.core.errors import InputError
+from splitaudit.core.result import first_error
 
 DIGITS = np.load(sample("digits.npz"))
 

@@ -26,13 +26,13 @@ from conftest import sample
 from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class, get_attack
 from splitaudit.attacks.base import NEEDS, option, option_rule, orphan_quick_options, resolve_quick
 from splitaudit.attacks.plateau import STOPPED_BY_CAP
-from splitaudit.context import AuditContext
-from splitaudit.data import Dataset
-from splitaudit.errors import InputError
-from splitaudit.input_space import INPUT_KINDS, KIND_METRICS
-from splitaudit.models import prepare_encoder, wrap_module
-from splitaudit.result import default_baseline_name
-from splitaudit.tokens import TokenSpace
+from splitaudit.core.errors import InputError
+from splitaudit.core.input_space import INPUT_KINDS, KIND_METRICS
+from splitaudit.core.result import default_baseline_name
+from splitaudit.inputs.context import AuditContext
+from splitaudit.inputs.data import Dataset
+from splitaudit.inputs.models import prepare_encoder, wrap_module
+from splitaudit.inputs.tokens import TokenSpace
 
 # Each attack turned down to seconds on the tiny context (keys must be its declared options).
 TINY_OPTIONS = {
@@ -353,8 +353,8 @@ def test_every_attack_runs_on_the_digits_cnn_with_ssim(digits_ctx):
     ],
 )
 def test_cli_refuses_a_bad_attack_option_up_front(setting, words, capsys, monkeypatch):
-    from splitaudit import pipeline
     from splitaudit.cli import main
+    from splitaudit.engine import pipeline
 
     monkeypatch.setattr(pipeline, "prepare_context", lambda *a, **k: pytest.fail("ran before checking options"))
     with pytest.raises(SystemExit) as exit_info:

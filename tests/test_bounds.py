@@ -11,7 +11,8 @@ from typing import get_type_hints
 import pytest
 import torch
 
-from splitaudit import result
+from splitaudit.core import result
+from splitaudit.core.registries import BOUNDS, GATED_BOUND
 from splitaudit.estimators import jacobian_sq_norm
 from splitaudit.estimators.bounds import (
     bound_mse,
@@ -23,7 +24,6 @@ from splitaudit.estimators.bounds import (
     van_trees_stderr,
 )
 from splitaudit.estimators.prior import gaussian_prior
-from splitaudit.registries import BOUNDS, GATED_BOUND
 
 
 def orthonormal_columns(m: int, d: int, seed: int) -> torch.Tensor:
@@ -111,7 +111,7 @@ def test_paper_004_figure_2_unbiased_attack_meets_cramer_rao_and_map_attack_only
     assert broke_cramer_rao >= 2  # Attack-b breaks Bound-ub once the prior matters (large sigma)
 
 
-# --- the bound registry's conformance suite (splitaudit.registries.BOUNDS) ----------------------
+# --- the bound registry's conformance suite (splitaudit.core.registries.BOUNDS) ----------------------
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -147,7 +147,7 @@ def test_a_new_bound_is_one_registry_line(tmp_path, monkeypatch):
     """A bound added to the registry alone is stated by the report, the comparison and the sweep
     (table rows, formula, audience, the sweep's MSE chart) and has its keys in the schema's Bounds
     section without other code (the leakage stage computes every entry by bound_mse)."""
-    from splitaudit import registries
+    from splitaudit.core import registries
     from splitaudit.reports.compare import write_comparison
     from splitaudit.reports.sweep import _mse_series, write_sweep_reports
     from splitaudit.reports.writer import load_result, write_reports

@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import sample
 
-from splitaudit import calibration
 from splitaudit.cli import main
+from splitaudit.stages import calibration
 
 
 def cli(args: list[str], capsys) -> tuple[int, str, str]:

@@ -10,7 +10,7 @@ import torch
 
 from splitaudit.attacks.cluster_naming import best_renaming, centroid_distances, geometry_named_labels
 from splitaudit.attacks.sdar import relabelled_accuracy
-from splitaudit.errors import InputError
+from splitaudit.core.errors import InputError
 
 
 def layout(classes: int, seed: int) -> np.ndarray:

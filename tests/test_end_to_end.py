@@ -8,8 +8,8 @@ import pytest
 from conftest import sample
 
 from splitaudit.cli import main
+from splitaudit.core.result import SCHEMA_VERSION
 from splitaudit.reports import load_result
-from splitaudit.result import SCHEMA_VERSION
 
 MODELS = [
     ("digits_cnn", "digits.npz"),

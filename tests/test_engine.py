@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from conftest import sample
 
-from splitaudit import leakage, pipeline
-from splitaudit.config import AuditOptions
-from splitaudit.pipeline import AuditEngine, run_audit, run_calibration
+from splitaudit.core.config import AuditOptions
+from splitaudit.engine import pipeline
+from splitaudit.engine.pipeline import AuditEngine, run_audit, run_calibration
+from splitaudit.stages import leakage
 
 OPTIONS = dict(
     model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"), prior="gaussian", quick=True, seed=3

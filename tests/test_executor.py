@@ -13,10 +13,10 @@ from conftest import sample
 
 from splitaudit.attacks import get_attack
 from splitaudit.cli import main
-from splitaudit.config import AuditOptions
-from splitaudit.executor import LocalExecutor, open_executor, run_attack_grid
-from splitaudit.pipeline import run_audit
-from splitaudit.tasks import SeedTask
+from splitaudit.core.config import AuditOptions
+from splitaudit.engine.pipeline import run_audit
+from splitaudit.execution.executor import LocalExecutor, open_executor, run_attack_grid
+from splitaudit.execution.tasks import SeedTask
 
 QUICK_RUN = dict(
     model=sample("breast_cancer_mlp.onnx"),
@@ -119,8 +119,8 @@ def test_workers_rebuild_an_onnx_model_with_external_data_from_the_object_store(
     import torch
     from architectures import build, export_onnx
 
-    from splitaudit.pipeline import prepare_context
-    from splitaudit.recipe import model_files
+    from splitaudit.engine.pipeline import prepare_context
+    from splitaudit.execution.recipe import model_files
 
     model = export_onnx(build("mobilenet"), torch.rand(2, 3, 32, 32), tmp_path / "stem.onnx")
     rng = np.random.default_rng(0)
@@ -165,7 +165,7 @@ def test_without_ray_local_works_and_ray_says_how_to_install(monkeypatch, tmp_pa
     """With Ray hidden: the help and a local audit work (nothing imports Ray), and --executor ray
     stops before any work with exit 2 and the install command."""
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
-    monkeypatch.delitem(sys.modules, "splitaudit.ray_executor", raising=False)
+    monkeypatch.delitem(sys.modules, "splitaudit.execution.ray_executor", raising=False)
     with pytest.raises(SystemExit) as help_exit:
         main(["--help"])
     assert help_exit.value.code == 0
@@ -211,7 +211,7 @@ def test_bad_executor_flags_exit_2(flags, capsys):
 def test_ray_sweep_points_equal_local(ray_instance, tmp_path):
     """A sweep submits every point's seed tasks at once; on Ray each point's attacks are exactly
     local's, and the run section lists a task per sigma x attack x seed."""
-    from splitaudit.sweep import run_sweep
+    from splitaudit.engine.sweep import run_sweep
 
     sweep_options = {**QUICK_RUN, "noise_sigmas": [0.0, 0.5], "attacks": ["kmeans", "decoder"]}
     local = run_sweep(AuditOptions(**sweep_options, out=str(tmp_path / "l")).validate())
@@ -278,7 +278,7 @@ def test_worker_time_out_retry_and_death_are_reported_and_the_pool_goes_on(cance
     import os
     import signal
 
-    from splitaudit.process_pool import ProcessPool
+    from splitaudit.execution.process_pool import ProcessPool
 
     options = AuditOptions(
         model=sample("breast_cancer_mlp.onnx"), aux=sample("breast_cancer.npz"), task_timeout=0.05
@@ -330,7 +330,7 @@ def test_auto_workers_take_the_cores_that_half_the_memory_holds(cancer_ctx, monk
 
     import torch
 
-    from splitaudit import executor
+    from splitaudit.execution import executor
 
     on = lambda device: replace(cancer_ctx.encoder, device=torch.device(device))
     full = replace(cancer_ctx, quick=False, encoder=on("cpu"))
@@ -363,7 +363,7 @@ class SimulatedSlots:
         return handle
 
     def wait(self, handles, timeout):
-        from splitaudit.tasks import Finished
+        from splitaudit.execution.tasks import Finished
 
         self.now = min(self.running[h][0] for h in handles)
         done = [h for h in handles if self.running[h][0] == self.now]
@@ -374,7 +374,7 @@ def test_a_further_seed_starts_when_its_attack_finishes_not_after_the_round():
     """The scheduler queues a follow-up task as soon as the result that calls for it settles, by
     weight: SDAR's third seed starts beside the short tasks (makespan 20) instead of after all of
     them (22, as rounds did), and every task's result comes back in the order of creation."""
-    from splitaudit.tasks import schedule
+    from splitaudit.execution.tasks import schedule
 
     first = [SeedTask("sdar", 0, 0.0), SeedTask("sdar", 1, 0.0)] + [SeedTask("kmeans", s, 0.0) for s in range(4)]
     slots = SimulatedSlots({"sdar": 10.0, "kmeans": 1.0})

@@ -19,12 +19,12 @@ from conftest import make_context, sample
 from exporter_graphs import STYLES, TEXT_LINE, write_style
 from onnx import TensorProto, helper, numpy_helper
 
-import splitaudit.onnx_loading as onnx_loading
+import splitaudit.inputs.onnx_loading as onnx_loading
 from splitaudit.attacks import get_attack
 from splitaudit.cli import main
-from splitaudit.errors import InputError
-from splitaudit.models import open_model, prepare_encoder
-from splitaudit.onnx_graph import declare_dynamic_dims
+from splitaudit.core.errors import InputError
+from splitaudit.inputs.models import open_model, prepare_encoder
+from splitaudit.inputs.onnx_graph import declare_dynamic_dims
 
 CPU = torch.device("cpu")
 
@@ -274,7 +274,7 @@ def onnx_top_with_scaler(tmp_path):
 
 
 def test_onnx_top_model_no_converter_loads_still_measures_utility(tmp_path):
-    from splitaudit.utility import utility_section
+    from splitaudit.stages.utility import utility_section
 
     contexts = {
         kind: make_context("digits_cnn.pt", "digits.npz", top_model=str(top), noise_sigma=0.5)

@@ -13,9 +13,9 @@ import torch
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.base import SeedOutcome
 from splitaudit.attacks.sdar_training import FULL, SDARNets
-from splitaudit.gate import evaluate_gate
 from splitaudit.reports.terminal import terminal_summary
 from splitaudit.reports.view import build_view
+from splitaudit.stages.gate import evaluate_gate
 
 
 def outcome(mse: float, baseline: float = 0.073, not_converged: str = "") -> SeedOutcome:

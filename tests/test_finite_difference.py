@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from architectures import export_onnx
 
 import splitaudit
+from splitaudit.core.result import first_error
 from splitaudit.estimators.jacobian import (
     FD_STEP_RATIO,
     TraceEstimate,
@@ -25,7 +26,6 @@ from splitaudit.estimators.jacobian import (
 )
 from splitaudit.estimators.mean_trace import Z_95, MeanOptions, MeanTrace, estimate_mean_trace
 from splitaudit.estimators.methods import jacobian_sq_norm, jacobian_trace
-from splitaudit.result import first_error
 
 
 class KinkedBlock(nn.Module):
@@ -172,7 +172,7 @@ def test_a_zero_fine_trace_beside_a_nonzero_coarse_one_is_an_unbounded_error():
 @pytest.fixture
 def no_conversion(monkeypatch):
     """ONNX conversion fails, so the audit runs black-box through onnxruntime."""
-    import splitaudit.onnx_loading as onnx_loading
+    import splitaudit.inputs.onnx_loading as onnx_loading
 
     monkeypatch.setattr(
         onnx_loading,

@@ -1,4 +1,4 @@
-"""Conformance suite of the report-format registry (splitaudit.registries.FORMATS): every format
+"""Conformance suite of the report-format registry (splitaudit.core.registries.FORMATS): every format
 writes, from a saved result alone, each document it declares, through the same command a user
 runs (`splitaudit render` for a report or a sweep, `compare` for a comparison), and the file
 parses as what it claims to be; a format a document does not declare is one line and exit 2.
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from splitaudit.cli import main
-from splitaudit.config import AuditOptions
-from splitaudit.registries import DEFAULT_FORMATS, FORMATS, formats_of
+from splitaudit.core.config import AuditOptions
+from splitaudit.core.registries import DEFAULT_FORMATS, FORMATS, formats_of
+from splitaudit.core.result import SCHEMA_VERSION
 from splitaudit.reports.writer import load_result
-from splitaudit.result import SCHEMA_VERSION
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAVED = {"report": "image_audit.json", "sweep": "tabular_sweep.json"}

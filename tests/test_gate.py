@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from splitaudit import cli, pipeline
-from splitaudit.gate import evaluate_gate
+from splitaudit import cli
+from splitaudit.engine import pipeline
 from splitaudit.reports import load_result
+from splitaudit.stages.gate import evaluate_gate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -20,13 +20,13 @@ import torch
 import torch.nn as nn
 from conftest import sample
 
-from splitaudit import pipeline
 from splitaudit.cli import main
-from splitaudit.errors import InputError
-from splitaudit.gate import evaluate_gate
+from splitaudit.core.errors import InputError
+from splitaudit.engine import pipeline
 from splitaudit.reports import writer
 from splitaudit.reports.files import write_atomic
 from splitaudit.reports.writer import load_result, output_lock
+from splitaudit.stages.gate import evaluate_gate
 
 MLP, MLP_TS, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer_mlp.pt"), sample("breast_cancer.npz")
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -142,7 +142,7 @@ def test_non_finite_threshold_in_a_config_file_is_refused(tmp_path, capsys):
 
 
 def test_the_gate_itself_refuses_a_nan_threshold():
-    from splitaudit.gate import evaluate_gate
+    from splitaudit.stages.gate import evaluate_gate
 
     with pytest.raises(ValueError, match="must be finite"):
         evaluate_gate(load_result(FIXTURES / "image_audit.json"), fail_under_mse=math.nan)
@@ -211,7 +211,7 @@ def test_batch_dependent_models_are_refused(tmp_path, capsys, make):
 
 
 def test_batch_norm_in_eval_mode_is_accepted():
-    from splitaudit.model_checks import check_batch_independence
+    from splitaudit.inputs.model_checks import check_batch_independence
 
     net = TrainModeBatchNorm().eval()
     x = torch.rand(16, 29)
@@ -479,7 +479,7 @@ def test_onnx_declaring_a_huge_tensor_is_refused_before_running(tmp_path, capsys
 
 
 def test_model_checks_have_a_time_limit():
-    from splitaudit.model_checks import within_time_limit
+    from splitaudit.inputs.model_checks import within_time_limit
 
     assert within_time_limit(lambda a: a + 1, 1, seconds=30) == 2
     with pytest.raises(InputError, match=r"did not finish within 0.2 s \(the limit for loading checks\)"):
@@ -492,7 +492,7 @@ def test_npz_zip_bomb_fails_on_declared_sizes(tmp_path, capsys, monkeypatch):
     np.savez_compressed(tmp_path / "bomb.npz", x=np.zeros((20_000, 1000), dtype=np.float32))  # 80 MB -> ~80 kB
     assert (tmp_path / "bomb.npz").stat().st_size < 1_000_000
     assert_refused(["run", MLP, "--aux", tmp_path / "bomb.npz"], capsys, tmp_path, "a zip bomb")
-    monkeypatch.setattr("splitaudit.data.memory_limit_bytes", lambda: 1024**2)
+    monkeypatch.setattr("splitaudit.inputs.data.memory_limit_bytes", lambda: 1024**2)
     np.savez(tmp_path / "big.npz", x=np.random.rand(600, 300))  # 1.4 MB, over a 1 MiB limit
     assert_refused(
         ["run", MLP, "--aux", tmp_path / "big.npz"],
@@ -543,7 +543,7 @@ def test_calibrate_json_is_strict_json(tmp_path, capsys, monkeypatch):
         tmp_path,
         "--target-mse must be a finite number, got inf",
     )
-    from splitaudit import leakage
+    from splitaudit.stages import leakage
 
     monkeypatch.setattr(pipeline, "prepare_audit", lambda *a, **k: (None, []))
     monkeypatch.setattr(leakage, "measure", lambda *a, **k: None)
@@ -586,7 +586,7 @@ def two_output_onnx(path: Path) -> Path:
 
 
 def test_multi_output_onnx_says_which_output_and_takes_output_name(tmp_path, capsys):
-    from splitaudit.models import open_model, prepare_encoder
+    from splitaudit.inputs.models import open_model, prepare_encoder
 
     path = two_output_onnx(tmp_path / "two.onnx")
     x = torch.rand(16, 30)

@@ -26,15 +26,17 @@ import torch.nn as nn
 from conftest import sample
 from test_hostile_inputs import assert_refused, run_cli
 
-from splitaudit import audit, leakage, pipeline
+from splitaudit import audit
 from splitaudit.attacks import ATTACK_NAMES, attack_class
 from splitaudit.attacks.base import option_rule
-from splitaudit.config import NUMERIC_RANGES, AuditOptions
-from splitaudit.errors import InputError
+from splitaudit.core.config import NUMERIC_RANGES, AuditOptions
+from splitaudit.core.errors import InputError
+from splitaudit.engine import pipeline
 from splitaudit.estimators.bounds import dfil, van_trees_stderr
-from splitaudit.executor import open_executor, run_attack_grid
-from splitaudit.recommend import recommend
-from splitaudit.tasks import SeedTask
+from splitaudit.execution.executor import open_executor, run_attack_grid
+from splitaudit.execution.tasks import SeedTask
+from splitaudit.stages import leakage
+from splitaudit.stages.recommend import recommend
 
 MLP, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer.npz")
 

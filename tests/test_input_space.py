@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from splitaudit.context import AuditContext
-from splitaudit.data import Dataset
-from splitaudit.input_space import INPUT_KINDS, KIND_METRICS, TEXT_METRICS, InputSpace, decide_space
-from splitaudit.models import prepare_encoder, wrap_module
+from splitaudit.core.input_space import INPUT_KINDS, KIND_METRICS, TEXT_METRICS, InputSpace, decide_space
+from splitaudit.inputs.context import AuditContext
+from splitaudit.inputs.data import Dataset
+from splitaudit.inputs.models import prepare_encoder, wrap_module
+from splitaudit.inputs.tokens import TokenSpace
 from splitaudit.reports import charts
-from splitaudit.tokens import TokenSpace
 
 
 @pytest.mark.parametrize(

@@ -172,7 +172,7 @@ def test_black_box_finite_differences_match_autograd_on_a_sample_model(digits_ct
 
 
 def test_black_box_encoder_uses_finite_differences_in_the_audit(digits_ctx):
-    from splitaudit import leakage
+    from splitaudit.stages import leakage
 
     blackbox = dataclasses.replace(digits_ctx, encoder=dataclasses.replace(digits_ctx.encoder, torch_fn=None))
     white = leakage.measure(digits_ctx, prior="gaussian", smoothing=0.0)

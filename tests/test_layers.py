@@ -112,7 +112,7 @@ def _qualified(short: str) -> str:
 
 
 # What a report may import besides the core and other reports: pure functions of a result's numbers.
-RESULT_FUNCTIONS = {"splitaudit.gate", "splitaudit.recommend"}
+RESULT_FUNCTIONS = {"splitaudit.stages.gate", "splitaudit.stages.recommend"}
 
 LAYER_OF = {_qualified(m): index for index, (_, members) in enumerate(LAYERS) for m in members}
 
@@ -169,20 +169,26 @@ def test_the_graph_reader_sees_lazy_and_type_only_imports(tmp_path):
         "from typing import TYPE_CHECKING\n"
         "from splitaudit import errors, cli\n"
         "if TYPE_CHECKING:\n"
-        "    from splitaudit.context import AuditContext\n"
+        "    from splitaudit.inputs.context import AuditContext\n"
         "def late():\n"
-        "    import splitaudit.pipeline\n"
-        "    from splitaudit.sweep import run_sweep\n"
+        "    import splitaudit.engine.pipeline\n"
+        "    from splitaudit.engine.sweep import run_sweep\n"
     )
-    known = {"splitaudit", "splitaudit.errors", "splitaudit.cli", "splitaudit.context", "splitaudit.pipeline"}
-    known |= {"splitaudit.sweep"}
+    known = {
+        "splitaudit",
+        "splitaudit.core.errors",
+        "splitaudit.cli",
+        "splitaudit.inputs.context",
+        "splitaudit.engine.pipeline",
+    }
+    known |= {"splitaudit.engine.sweep"}
     found = {(e.target, e.type_only) for e in module_edges("splitaudit.m", source, known)}
     assert found == {
-        ("splitaudit.errors", False),
+        ("splitaudit.core.errors", False),
         ("splitaudit.cli", False),
-        ("splitaudit.context", True),
-        ("splitaudit.pipeline", False),
-        ("splitaudit.sweep", False),
+        ("splitaudit.inputs.context", True),
+        ("splitaudit.engine.pipeline", False),
+        ("splitaudit.engine.sweep", False),
     }
 
 

@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from splitaudit import bound_check, calibration, leakage
 from splitaudit.estimators.prior import mean_variance
+from splitaudit.stages import bound_check, calibration, leakage
 
 
 def walk_numbers(value):

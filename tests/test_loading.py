@@ -10,9 +10,9 @@ from architectures import export_onnx
 from conftest import sample
 from PIL import Image
 
-from splitaudit.data import load_dataset, split_dataset
-from splitaudit.errors import InputError
-from splitaudit.models import open_model, prepare_encoder
+from splitaudit.core.errors import InputError
+from splitaudit.inputs.data import load_dataset, split_dataset
+from splitaudit.inputs.models import open_model, prepare_encoder
 
 CPU = torch.device("cpu")
 
@@ -95,7 +95,7 @@ def test_fixed_batch_onnx_runs_any_number_of_samples(tmp_path, digits):
 
 
 def test_blackbox_fallback_when_conversion_fails(tmp_path, digits, monkeypatch):
-    import splitaudit.onnx_loading as onnx_loading
+    import splitaudit.inputs.onnx_loading as onnx_loading
 
     monkeypatch.setattr(
         onnx_loading,
@@ -110,7 +110,7 @@ def test_blackbox_fallback_when_conversion_fails(tmp_path, digits, monkeypatch):
 
 
 def test_blackbox_fallback_when_parity_is_off(digits, monkeypatch):
-    import splitaudit.models as models
+    import splitaudit.inputs.models as models
 
     real = models._blackbox_fn
 
@@ -179,7 +179,7 @@ def test_image_folder_is_resized_to_the_model_and_scaled(tmp_path):
 
 
 def test_split_is_seeded_and_disjoint():
-    from splitaudit.data import Dataset
+    from splitaudit.inputs.data import Dataset
 
     data = Dataset(x=torch.arange(100.0).reshape(100, 1), source="ids")
     aux, target = split_dataset(data, 0.5, seed=3)

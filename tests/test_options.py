@@ -13,7 +13,7 @@ import pytest
 
 from splitaudit.api import audit
 from splitaudit.cli import cli, main
-from splitaudit.config import CALIBRATE, CLI_CONTROLS, RUN, SWEEP, AuditOptions, load_config, option_spec
+from splitaudit.core.config import CALIBRATE, CLI_CONTROLS, RUN, SWEEP, AuditOptions, load_config, option_spec
 
 FIELDS = {f.name: f for f in fields(AuditOptions)}
 COMMAND_OWN = {RUN: set(), SWEEP: set(), CALIBRATE: {"as_json"}}  # flags a command adds for itself

@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy import integrate
 
+from splitaudit.core.registries import PRIOR_NAMES, PRIORS
 from splitaudit.estimators.prior import (
     PriorEstimate,
     ScoreSettings,
@@ -19,7 +20,6 @@ from splitaudit.estimators.prior import (
     gaussian_prior,
     score_loss,
 )
-from splitaudit.registries import PRIOR_NAMES, PRIORS
 
 FAST = ScoreSettings(max_epochs=40, patience=8, max_samples=2000)
 
@@ -56,7 +56,7 @@ def mixture_fisher(mu: float, variance: float) -> float:
     return integrate.quad(lambda t: slope(t) ** 2 / density(t), -mu - 12, mu + 12, limit=200)[0]
 
 
-# The conformance suite of the prior registry (splitaudit.registries.PRIORS): every registered
+# The conformance suite of the prior registry (splitaudit.core.registries.PRIORS): every registered
 # prior on Gaussian data N(0, s^2 I), whose J = d/s^2 exactly (J/d = 1/s^2; smoothed by tau,
 # 1/(s^2 + tau^2)). The closed-form fit is exact up to sampling (2%); a score network trained
 # briefly (FAST) gets within 25%. A new prior runs here by its registry line alone.

@@ -20,7 +20,7 @@ from splitaudit.attacks.reconstruction import (
     reconstruction_metrics,
     ssim_window,
 )
-from splitaudit.input_space import decide_space
+from splitaudit.core.input_space import decide_space
 
 IMAGES = decide_space((1, 8, 8), unit_range=True, tokens=False)  # 8x8 grey images in [0, 1]
 LARGE_SIGMA = 3.0  # three times the embeddings' spread on both sample models

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from splitaudit import cli
-from splitaudit.errors import InputError
+from splitaudit.core.errors import InputError
+from splitaudit.core.result import SCHEMA_VERSION
 from splitaudit.reports import load_result, terminal_summary, write_comparison, write_junit, write_reports
-from splitaudit.result import SCHEMA_VERSION
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = ["real", "image_audit", "sigma0_audit", "blackbox_audit", "tabular_audit", "failed_attack_audit"]
@@ -311,8 +311,8 @@ def test_render_and_compare_commands(tmp_path, capsys):
 
 def test_a_complete_audit_without_thresholds_is_not_called_passed():
     """With no gate thresholds, "passed" only means "complete": the banner must not claim more."""
-    from splitaudit.gate import evaluate_gate
     from splitaudit.reports.view import build_view
+    from splitaudit.stages.gate import evaluate_gate
 
     result = fixture("image_audit")
     gated = build_view(result, with_figures=False)
@@ -327,8 +327,8 @@ def test_a_complete_audit_without_thresholds_is_not_called_passed():
 def test_smoothed_bounds_state_their_condition_wherever_they_promise_something():
     """With randomized smoothing the bound covers smoothed inputs only (Maeng et al., NeurIPS 2023, A.1): the
     recommendation must say so, and a violation must name that cause before blaming the prior."""
-    from splitaudit.bound_check import check_against_bound
     from splitaudit.reports.view import build_view
+    from splitaudit.stages.bound_check import check_against_bound
 
     result = fixture("blackbox_audit")
     result["prior"]["smoothing"] = result["calibration"]["smoothing"] = 0.25
@@ -341,8 +341,8 @@ def test_smoothed_bounds_state_their_condition_wherever_they_promise_something()
 
 
 def test_a_bound_beaten_by_an_attack_is_called_untrustworthy_not_too_low():
-    from splitaudit.gate import evaluate_gate
     from splitaudit.reports.view import build_view
+    from splitaudit.stages.gate import evaluate_gate
 
     result = fixture("blackbox_audit")
     bound = result["bounds"]["van_trees_mse"]

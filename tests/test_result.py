@@ -12,12 +12,12 @@ from jsonschema import Draft202012Validator
 from test_reports import empty_html_sections, empty_markdown_sections
 
 from splitaudit import cli
-from splitaudit.gate import evaluate_gate
+from splitaudit.core.result import SCHEMA_VERSION, first_error, json_schema, shipped_schema
 from splitaudit.reports import load_result, write_reports
 from splitaudit.reports.files import to_strict_json
 from splitaudit.reports.view import build_view
 from splitaudit.reports.view_verdict import CAUSE_WORDS
-from splitaudit.result import SCHEMA_VERSION, first_error, json_schema, shipped_schema
+from splitaudit.stages.gate import evaluate_gate
 
 
 def run_cli(args) -> int:
@@ -33,7 +33,7 @@ def real(real_audit) -> dict:
 
 
 def test_the_shipped_schema_is_the_generated_one_and_a_valid_schema():
-    """Regenerate with `python -m splitaudit.result > audit/report.schema.json` after changing a TypedDict."""
+    """Regenerate with `python -m splitaudit.core.result > audit/report.schema.json` after changing a TypedDict."""
     assert shipped_schema() == json.loads(json.dumps(json_schema()))
     Draft202012Validator.check_schema(shipped_schema())
     assert shipped_schema()["properties"]["schema_version"] == {"enum": [SCHEMA_VERSION]}
@@ -162,7 +162,7 @@ def test_leakiest_samples_table_shows_what_the_pipeline_writes(real_audit, tmp_p
 
 
 def test_hostile_files_are_input_errors(real_audit, tmp_path):
-    from splitaudit.errors import InputError
+    from splitaudit.core.errors import InputError
 
     stored = json.loads(real_audit.to_json())
     cases = {"list.json": "[1, 2]", "latin1.json": b"\xff\xfe{}", "deep.json": None}
@@ -178,7 +178,7 @@ def test_hostile_files_are_input_errors(real_audit, tmp_path):
 def test_every_failing_cause_has_words_for_the_headline():
     from typing import get_args
 
-    from splitaudit.result import CheckCause
+    from splitaudit.core.result import CheckCause
 
     passing = {"complete", "bound-met", "attack-mse-met", "advantage-within-cap", "utility-loss-within-cap"}
     assert set(CAUSE_WORDS) == set(get_args(CheckCause)) - passing

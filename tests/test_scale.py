@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from architectures import build
 
-from splitaudit import memory
 from splitaudit.attacks.base import MIN_SEEDS
 from splitaudit.attacks.features import COMPONENTS, reduced
 from splitaudit.attacks.kmeans import cluster_scores
 from splitaudit.attacks.optimization import invert
+from splitaudit.core import memory
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS,
     MultiScaleResidual,
@@ -23,7 +23,7 @@ from splitaudit.estimators.prior import (
     make_score_net,
     within_work_cap,
 )
-from splitaudit.models import Encoder
+from splitaudit.inputs.models import Encoder
 
 
 def smooth_images(n: int, size: int, classes: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,8 +149,8 @@ def test_raw_inputs_over_4096_dimensions_are_reduced_and_still_cluster():
 
 
 def _cost_context(size: int, quick: bool = False, attack_options: dict | None = None):
-    from splitaudit.context import AuditContext
-    from splitaudit.data import Dataset
+    from splitaudit.inputs.context import AuditContext
+    from splitaudit.inputs.data import Dataset
 
     x, y = smooth_images(32, size)
     return AuditContext(
@@ -163,7 +163,7 @@ def _cost_context(size: int, quick: bool = False, attack_options: dict | None = 
 
 
 def _cost(size: int, prior: str, quick: bool = False):
-    from splitaudit.cost import estimate_cost
+    from splitaudit.stages.cost import estimate_cost
 
     return estimate_cost(_cost_context(size, quick), prior, 0.25, ["optimization", "kmeans"])
 
@@ -173,8 +173,8 @@ def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_
     """SDAR's estimate times its own training iteration on the model and data (one real iteration
     here, its time fixed at 0.5 s) and multiplies by iterations x seeds x variants (3 with the
     ablation: without d1 and without d2): about MIN_SEEDS seeds (seeds by spread), at most all."""
-    from splitaudit import cost
     from splitaudit.attacks.sdar import sdar_settings
+    from splitaudit.stages import cost
 
     steps = []
 
@@ -218,7 +218,8 @@ def test_cli_prints_the_cost_estimate_on_stderr_only_for_long_audits(tmp_path, m
     size worth estimating, so that floor is lowered here; at its default no timing runs at all."""
     from conftest import sample
 
-    from splitaudit import cli, cost
+    from splitaudit import cli
+    from splitaudit.stages import cost
 
     monkeypatch.setattr(cost, "MIN_VALUES_TO_ESTIMATE", 0)
 
@@ -255,8 +256,8 @@ def test_embedding_reports_progress_batch_by_batch(monkeypatch):
 
     from tqdm import tqdm
 
-    from splitaudit.context import AuditContext
-    from splitaudit.data import Dataset
+    from splitaudit.inputs.context import AuditContext
+    from splitaudit.inputs.data import Dataset
 
     bars, steps = [], []
 
@@ -279,7 +280,7 @@ def test_decoder_cost_is_a_timed_step_times_the_steps_of_every_capped_epoch_and_
     """The decoder's estimate is an upper bound: a real training step on a batch of the model's
     embeddings (its time fixed at 0.5 s here) times the steps of its epoch cap, for the MIN_SEEDS
     seeds that always run (at most every seed); the summary shows both."""
-    from splitaudit import cost
+    from splitaudit.stages import cost
 
     monkeypatch.setattr(cost, "_timed", lambda step: (step(), 0.5)[1])
     ctx = _cost_context(16)  # 16 aux samples: 2 held out, 14 trained on in one batch of 64

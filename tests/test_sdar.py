@@ -26,9 +26,9 @@ from splitaudit.attacks.sdar_training import (
     sdar_reconstruct,
     simultaneous_step,
 )
-from splitaudit.errors import InputError
-from splitaudit.gate import evaluate_gate
-from splitaudit.input_space import decide_space
+from splitaudit.core.errors import InputError
+from splitaudit.core.input_space import decide_space
+from splitaudit.stages.gate import evaluate_gate
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +232,7 @@ def test_simulator_of_an_onnx_resnet_gets_back_its_folded_batch_norm_and_glorot_
     Glorot-uniform (Keras's default): weights within sqrt(6 / (fan_in + fan_out)), reaching it."""
     from architectures import build, export_onnx
 
-    from splitaudit.models import open_model
+    from splitaudit.inputs.models import open_model
 
     model = build("resnet")
     path = export_onnx(model, torch.rand(2, 3, 32, 32), tmp_path / "resnet.onnx", exporter="legacy", opset=17)
@@ -350,7 +350,7 @@ def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
     # a body has no classifier to score: the utility comes from a probe; one left declared as a
     # classifier is refused when it has fewer outputs than classes (not scored on the argmax of its
     # 6 features; a wider one cannot be told from a classifier, hence the option)
-    from splitaudit.utility import measure_utility, utility_source
+    from splitaudit.stages.utility import measure_utility, utility_source
 
     assert utility_source(ctx) == "probe" and utility_source(digits_top_ctx) == "top-model"
     with pytest.raises(InputError, match="set sdar.top_model_role=body"):
@@ -460,8 +460,8 @@ def u_shaped_sdar_entry(digits_ctx, arch: str, labels: str, iterations: int, epo
     holding its body g only (quick: one seed)."""
     from ushaped import train_u_shaped
 
-    from splitaudit.config import AuditOptions
-    from splitaudit.pipeline import prepare_context
+    from splitaudit.core.config import AuditOptions
+    from splitaudit.engine.pipeline import prepare_context
 
     f, g, _, accuracy = train_u_shaped(arch, digits_ctx.target.x, digits_ctx.target.y, epochs=epochs)
     assert accuracy > 0.9

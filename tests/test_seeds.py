@@ -10,7 +10,7 @@ from scipy import stats
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.base import MIN_SEEDS, SEED_TOLERANCE, SeedOutcome, mean_is_uncertain
-from splitaudit.executor import LocalExecutor, run_attack_grid
+from splitaudit.execution.executor import LocalExecutor, run_attack_grid
 
 
 def test_interval_rule_against_the_student_t_closed_form():

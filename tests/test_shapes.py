@@ -23,7 +23,7 @@ import splitaudit
 from splitaudit.attacks.nets import Decoder, generic_encoder, stage_sizes
 from splitaudit.attacks.optimization import _difference_count, fit_prior, total_variation
 from splitaudit.attacks.sdar_training import D2_CONVS, D2_SIDE, d1_discriminator, discriminator
-from splitaudit.input_space import decide_space
+from splitaudit.core.input_space import decide_space
 
 TEXT_LINE, TEXT_EMBEDDING = (3, 48, 192), (16, 3, 96)
 SPECTROGRAM, SPECTROGRAM_EMBEDDING = (1, 64, 400), (16, 4, 200)

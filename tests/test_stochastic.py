@@ -16,10 +16,10 @@ from onnx import TensorProto, helper
 from test_cli import assert_one_line_error, run_cli
 
 import splitaudit
-from splitaudit.errors import InputError
+from splitaudit.core.errors import InputError
 from splitaudit.estimators.mean_trace import MeanOptions, estimate_mean_trace
-from splitaudit.models import open_model, prepare_encoder
-from splitaudit.stochastic import onnx_random_nodes, randomness_error
+from splitaudit.inputs.models import open_model, prepare_encoder
+from splitaudit.inputs.stochastic import onnx_random_nodes, randomness_error
 
 DATA = sample("digits.npz")
 QUICK = ["--attacks", "none", "--prior", "gaussian", "--dfil-samples", "32", "--noise-sigma", "0.5", "--quick"]
@@ -180,8 +180,8 @@ def test_attacks_face_fresh_seeded_draws_and_k_queries_average(tmp_path):
     """observed_embeddings: a new draw per generator seed, the same draw for the same seed (the
     embedding cache does not freeze one draw), and the mean of k sends has about 1/k of the
     single send's variance around the noise-free embedding (NoisyLinear: noise variance 0.25)."""
-    from splitaudit.config import AuditOptions
-    from splitaudit.pipeline import prepare_context
+    from splitaudit.core.config import AuditOptions
+    from splitaudit.engine.pipeline import prepare_context
 
     path = save(NoisyLinear(0.0, noise=0.5), tmp_path / "noisy.pt")
     ctx = prepare_context(AuditOptions(model=path, aux=DATA, quick=True).validate())
@@ -214,7 +214,7 @@ def test_decoder_reports_single_shot_and_k_query_numbers(tmp_path, capsys):
 
 def test_model_mode_and_queries_from_a_config_file(tmp_path):
     """The config file takes model_mode and queries like the flags; bad values are refused up front."""
-    from splitaudit.config import AuditOptions, load_config
+    from splitaudit.core.config import AuditOptions, load_config
 
     (tmp_path / "audit.toml").write_text('model_mode = "eval"\nqueries = 4\n')
     options = AuditOptions(model="m.pt", aux=DATA, **load_config(tmp_path / "audit.toml")).validate()

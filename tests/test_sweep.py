@@ -11,16 +11,16 @@ import pytest
 import torch
 from conftest import sample
 
-from splitaudit import leakage
 from splitaudit.cli import main
-from splitaudit.config import AuditOptions
-from splitaudit.pipeline import prepare_context
-from splitaudit.recommend import recommend
+from splitaudit.core.config import AuditOptions
+from splitaudit.core.result import SCHEMA_VERSION, first_error, sweep_json_schema
+from splitaudit.engine.pipeline import prepare_context
+from splitaudit.engine.sweep import AUTO_FACTORS, run_sweep, sweep_sigmas
 from splitaudit.reports import load_result
 from splitaudit.reports.files import to_strict_json
 from splitaudit.reports.sweep import build_sweep_view, sweep_summary
-from splitaudit.result import SCHEMA_VERSION, first_error, sweep_json_schema
-from splitaudit.sweep import AUTO_FACTORS, run_sweep, sweep_sigmas
+from splitaudit.stages import leakage
+from splitaudit.stages.recommend import recommend
 
 DIGITS = dict(model=sample("digits_cnn.onnx"), aux=sample("digits.npz"))
 real_measure = leakage.measure

@@ -3,7 +3,7 @@
 import torch
 from threadpoolctl import threadpool_info
 
-from splitaudit.threads import SMALL_WORK, threads_for
+from splitaudit.core.threads import SMALL_WORK, threads_for
 
 
 def test_small_cpu_work_runs_on_one_thread_and_restores():

@@ -1,4 +1,4 @@
-"""The token ceiling's mathematics (splitaudit.token_information) against closed forms and
+"""The token ceiling's mathematics (splitaudit.estimators.token_information) against closed forms and
 independent numerical computations."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import math
 import pytest
 import torch
 
-from splitaudit.data import Dataset
 from splitaudit.estimators.mean_trace import Z_95
-from splitaudit.token_information import (
+from splitaudit.estimators.token_information import (
     binary_kl,
     fano_ceiling,
     information_upper,
@@ -19,8 +18,9 @@ from splitaudit.token_information import (
     variance_upper,
     wilson_upper,
 )
-from splitaudit.token_statement import checked_against_attacks, token_statement
-from splitaudit.tokens import TokenSpace
+from splitaudit.inputs.data import Dataset
+from splitaudit.inputs.tokens import TokenSpace
+from splitaudit.stages.token_statement import checked_against_attacks, token_statement
 
 
 def binary_entropy(p: float) -> float:

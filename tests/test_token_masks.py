@@ -13,12 +13,12 @@ import torch.nn as nn
 from test_cli import assert_one_line_error, run_cli
 from token_models import DIM, LENGTH, VOCAB, TokenBottom
 
-from splitaudit import leakage
 from splitaudit.attacks.text_metrics import most_frequent_guess, position_accuracy, rare_tokens, token_metrics
-from splitaudit.config import AuditOptions
-from splitaudit.pipeline import prepare_context
-from splitaudit.result import first_error
-from splitaudit.tokens import per_mask_pattern
+from splitaudit.core.config import AuditOptions
+from splitaudit.core.result import first_error
+from splitaudit.engine.pipeline import prepare_context
+from splitaudit.inputs.tokens import per_mask_pattern
+from splitaudit.stages import leakage
 
 FORMATS = ("torchscript", "legacy", "dynamo")
 
@@ -255,7 +255,7 @@ def test_the_python_api_carries_a_mask(files):
     (the same dFIL: the mask reached the model), which differs from the same ids without the mask;
     a bad mask or a mask without vocab raises InputError."""
     import splitaudit
-    from splitaudit.errors import InputError
+    from splitaudit.core.errors import InputError
 
     models, data, vocab = files
     with np.load(data) as npz:
@@ -281,7 +281,7 @@ def test_shapes_read_off_the_ids_are_read_off_the_embeddings():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from splitaudit.token_models import _shapes_read_from_embeddings
+    from splitaudit.inputs.token_models import _shapes_read_from_embeddings
 
     table = numpy_helper.from_array(np.zeros((7, 4), dtype=np.float32), "table")
     nodes = [

@@ -58,7 +58,7 @@ def test_the_optimisation_attack_recovers_tokens_and_beats_the_mean_guess(files)
 def test_the_cost_estimate_counts_nothing_for_an_attack_token_inputs_skip(files):  # noqa: F811
     """SDAR is skipped on token inputs, so the up-front estimate gives it 0 s (it gave the GPT-2-sized
     bottom 1.6 h); the optimisation attack, which runs, keeps a positive estimate."""
-    from splitaudit.cost import estimate_cost
+    from splitaudit.stages.cost import estimate_cost
 
     models, data, vocab = files
     ctx = token_context(models["torchscript"], data, vocab)

@@ -12,12 +12,12 @@ from conftest import sample
 from test_cli import assert_one_line_error, run_cli
 from token_models import LENGTH, TokenBottom, save_token_data, save_token_model
 
-from splitaudit import leakage
-from splitaudit.config import AuditOptions
-from splitaudit.input_space import InputSpace
-from splitaudit.pipeline import prepare_context
-from splitaudit.result import first_error
-from splitaudit.tokens import load_vocab
+from splitaudit.core.config import AuditOptions
+from splitaudit.core.input_space import InputSpace
+from splitaudit.core.result import first_error
+from splitaudit.engine.pipeline import prepare_context
+from splitaudit.inputs.tokens import load_vocab
+from splitaudit.stages import leakage
 
 FORMATS = ("torchscript", "legacy", "dynamo")
 

@@ -18,7 +18,7 @@ from splitaudit.estimators import jacobian_sq_norm, jacobian_trace, mean_trace
 from splitaudit.estimators.jacobian import TraceOptions, forward_mode_works, measure_plan
 from splitaudit.estimators.mean_trace import MeanOptions, TraceCheckError, estimate_mean_trace
 from splitaudit.estimators.structured import find_colouring
-from splitaudit.models import open_model, prepare_encoder
+from splitaudit.inputs.models import open_model, prepare_encoder
 
 EXACT_RTOL = 1e-4  # float32 exact methods agree to rounding and summation order
 Z = 5.0  # a random estimate lies within 5 of its standard errors of the truth (p ~ 6e-7)

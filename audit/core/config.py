@@ -1,0 +1,423 @@
+"""Run options: one dataclass, filled from a TOML file and then from command-line flags."""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+
+from splitaudit.core.errors import InputError
+from splitaudit.core.registries import DEFAULT_FORMATS, PRIOR_NAMES, PRIORS, check_formats
+from splitaudit.core.safety import nested_deeper_than, require_regular_file
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+MAX_SCALE = 1e12  # --noise-sigma/--smoothing above this overflow float32 when squared or added
+MIN_SCALE = 1e-12  # a positive scale below this underflows float32 when squared (1/sigma^2 divides by 0)
+MAX_THRESHOLD = 1e12  # an MSE or advantage threshold beyond this is no threshold
+MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
+MAX_INT32 = 2**31 - 1  # sizes and counts beyond this overflow the int32 indices of torch kernels
+MAX_CONFIG_BYTES = 1024**2  # a config file is a few hundred bytes of options
+MAX_CONFIG_DEPTH = 8  # [attack.NAME] tables holding lists: 4 levels; deeper is hostile
+MAX_SIGMAS = 64  # points in one sweep (each runs every attack)
+SIGMA_DIGITS = 12  # sigmas equal to this many significant digits are one point
+MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, seed+1, ...
+EXECUTORS = ("local", "ray")
+DEVICES = ("auto", "cpu", "cuda")
+MAX_WORKERS = 256
+MODEL_MODES = ("saved", "eval", "train")  # --model-mode (audit/inputs/stochastic.py applies them)
+MAX_QUERIES = 1000  # --queries: repeated queries of one input a query-access attacker averages
+
+
+# The options are declared once, here: each field of AuditOptions is a key of the TOML file, and
+# its `option(...)` says which commands take it as a flag (with its help), and whether
+# splitaudit.audit() takes it as a keyword. cli.py makes the click options from this table and
+# api.py the keywords of audit(); tests/test_options.py checks that the three accept one set.
+RUN, SWEEP, CALIBRATE = "run", "sweep", "calibrate"
+MEASURING = frozenset({RUN, SWEEP, CALIBRATE})  # the commands that load a model and its data
+AUDITING = frozenset({RUN, SWEEP})  # ... and run attacks
+CLI_CONTROLS = ("attack_option", "config_file", "debug")  # flags that are not options of the audit
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """Where an option is set besides the TOML file, and its words.
+
+    commands: the CLI commands taking it as a flag (--name-with-dashes, or `flag`); help_for: a
+    command's own help where it differs; api: whether splitaudit.audit() takes it as a keyword
+    (those that say how reports are written belong to AuditResult.write instead); choices: the
+    values a flag accepts; is_path: the flag names a file; required_in: the commands that need it.
+    The flag's type comes from the field's annotation (cli._click_option)."""
+
+    help: str
+    commands: frozenset[str] = AUDITING
+    api: bool = True
+    help_for: tuple[tuple[str, str], ...] = ()
+    flag: str | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    is_path: bool = False
+    required_in: frozenset[str] = frozenset()
+
+    def help_in(self, command: str) -> str:
+        return dict(self.help_for).get(command, self.help)
+
+
+def option(default=MISSING, help: str = "", *, factory=MISSING, **where):
+    """A field of AuditOptions with its OptionSpec (`where`: OptionSpec's fields but help)."""
+    return field(default=default, default_factory=factory, metadata={"option": OptionSpec(help, **where)})
+
+
+def option_spec(f) -> OptionSpec:
+    return f.metadata["option"]
+
+
+PRIOR_HELP = "Prior-term estimator for the van Trees bound (default ssm): " + "; ".join(
+    f"{p.name}, {p.description}" for p in PRIORS.values()
+)
+SWEEP_GATE = "Gate: fail when {} at the recommended sigma."
+
+
+@dataclass
+class AuditOptions:
+    """Everything `splitaudit run` and `sweep` can be told. Field names match the TOML keys."""
+
+    # The Python API may pass an nn.Module as model and top_model, and Datasets as aux and target.
+    model: str = option("", "The bottom model (.onnx or TorchScript .pt): the MODEL argument.", commands=frozenset())
+    aux: str = option("", "Auxiliary data: .npz (x, y, attr), CSV, or an image folder.", commands=MEASURING)
+    target: str | None = option(None, "Separate target data (default: a seeded split of --aux).", commands=MEASURING)
+    attacks: list[str] = option(help="all, none, or a comma list of {attacks}.", factory=lambda: ["all"])
+    noise_sigma: float = option(
+        0.0, "Std of the Gaussian noise added to embeddings (default 0).", commands=frozenset({RUN, CALIBRATE})
+    )
+    prior: str = option("ssm", PRIOR_HELP + ".", commands=MEASURING, choices=PRIOR_NAMES)
+    smoothing: float | None = option(
+        None, "Randomized-smoothing tau (default 0.25 for [0,1] images, else 0).", commands=MEASURING
+    )
+    top_model: str | None = option(
+        None,
+        "The top model g (TorchScript/ONNX), for attacks that use one.",
+        help_for=((SWEEP, "The top model g; utility is its accuracy under noise (else a probe's)."),),
+    )
+    input_shape: list[int] | None = option(None, "Per-sample input shape, e.g. 3,32,32.", commands=MEASURING)
+    normalize: list[float] | None = option(
+        None,
+        "MEAN,STD (or C means then C stds) folded into the encoder; MSEs stay in data space.",
+        commands=MEASURING,
+    )
+    label_column: str | None = option(None, "CSV column with class labels.", commands=MEASURING)
+    attr_column: str | None = option(None, "CSV column with the sensitive attribute.", commands=MEASURING)
+    target_fraction: float = option(0.5, "Share of --aux held out as the target set.", commands=frozenset())
+    out: str = option("splitaudit-report", "Output folder (default ./splitaudit-report).", api=False)
+    formats: list[str] = option(
+        help="Comma list of {formats} (default html,md,json).",
+        factory=lambda: list(DEFAULT_FORMATS),
+        api=False,
+        flag="--format",
+    )
+    fail_under_mse: float | None = option(
+        None,
+        "Gate: fail when the van Trees bound MSE is below T.",
+        help_for=((SWEEP, "Gate: fail when the recommended sigma's bound MSE is below T."),),
+    )
+    fail_under_attack_mse: float | None = option(
+        None,
+        "Gate: fail when any reconstruction attack's MSE is below T.",
+        help_for=((SWEEP, SWEEP_GATE.format("an attack reconstructs with MSE below T")),),
+    )
+    max_advantage: float | None = option(
+        None,
+        "Gate: fail when any attack's advantage over its baseline exceeds A.",
+        help_for=((SWEEP, SWEEP_GATE.format("an attack's advantage exceeds A")),),
+    )
+    junit: str | None = option(None, "Also write the gates as JUnit XML test cases.", api=False, is_path=True)
+    seed: int = option(0, "Seed for splits, attacks and estimators (default 0).", commands=MEASURING)
+    device: str = option("auto", "Where to compute (default auto).", commands=MEASURING, choices=DEVICES)
+    quick: bool = option(False, "Smoke run: fewer seeds, epochs and probes.", commands=MEASURING)
+    attack_options: dict[str, dict] = option(
+        help="Attack settings by attack (the file's [attack.NAME] tables; on the CLI --attack-option).",
+        factory=dict,
+        commands=frozenset(),
+    )
+    vocab: str | None = option(
+        None,
+        "Token inputs: vocabulary (JSON list of strings, or tokenizer.json); x holds token ids [N, T].",
+        commands=MEASURING,
+    )
+    output_name: str | None = option(
+        None, "Which output of a multi-output ONNX model is the embedding (default: the first).", commands=MEASURING
+    )
+    executor: str = option(
+        "local",
+        'Run attack tasks in this process (local, default) or on Ray (ray; pip install "splitaudit[ray]").',
+        choices=EXECUTORS,
+    )
+    ray_address: str | None = option(
+        None, "An existing Ray cluster (ray start --head); default: start a local instance."
+    )
+    task_timeout: float | None = option(
+        None,
+        "Seconds one attack task (one seed at one sigma) may run before it is retried once, then failed "
+        "(dFIL shards are not bound by it: without all of them there is no bound).",
+        metavar="S",
+    )
+    workers: int | None = option(
+        1,
+        "Worker processes of the local executor (default 1: tasks run in this process; auto: one per CPU core).",
+        metavar="N|auto",
+    )
+    dfil_rtol: float = option(
+        0.02, "Target relative standard error of the mean dFIL when it is estimated (default 0.02).", commands=MEASURING
+    )
+    dfil_samples: int | None = option(
+        None, "At most this many target samples for dFIL (default 2048, 256 with --quick).", commands=MEASURING
+    )
+    model_mode: str = option(
+        "saved",
+        "Audit the bottom model in the mode it was saved in (default: dropout stays as saved), "
+        "in eval mode (dropout off) or in training mode (dropout on).",
+        commands=MEASURING,
+        choices=MODEL_MODES,
+    )
+    queries: int = option(
+        1,
+        "Queries of one input a query-access attacker averages, for stochastic models (default 1; "
+        "above 1 the decoder reports single-shot and k-query numbers).",
+        commands=MEASURING,
+    )
+    # splitaudit sweep
+    noise_sigmas: list[float] | None = option(
+        None,
+        "Comma list of noise sigmas to audit, e.g. 0,0.1,0.3,1.",
+        commands=frozenset({SWEEP}),
+        api=False,
+        flag="--noise-sigma",
+    )
+    auto_sigma: bool = option(
+        False,
+        "Also audit the sigma calibrated for --target-mse and points around it (log scale).",
+        commands=frozenset({SWEEP}),
+        api=False,
+    )
+    target_mse: float | None = option(
+        None,
+        "The bound MSE the recommended sigma must guarantee (default --fail-under-mse, else half the mean-guess MSE).",
+        commands=frozenset({SWEEP, CALIBRATE}),
+        api=False,
+        help_for=((CALIBRATE, "The bound MSE the noise should guarantee."),),
+        required_in=frozenset({CALIBRATE}),
+    )
+    max_utility_loss: float | None = option(
+        None, "Gate: fail when the recommended sigma costs more accuracy.", commands=frozenset({SWEEP}), api=False
+    )
+
+    def validate(self) -> "AuditOptions":
+        """Raise InputError for values that no audit can use."""
+        check_option_types(self)
+        check_numeric_ranges(self)
+        self._normalize_sigmas()
+        if self.device not in DEVICES:
+            raise InputError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r:.60}")
+        if self.prior not in PRIOR_NAMES:
+            raise InputError(f"--prior must be one of {', '.join(PRIOR_NAMES)}, got {self.prior!r}")
+        check_formats(self.formats, "sweep" if self.noise_sigmas is not None or self.auto_sigma else "report")
+        if not str(self.out).strip():
+            raise InputError("--out is empty; name an output folder")
+        if self.executor not in EXECUTORS:
+            raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise InputError("--ray-address names a Ray cluster for --executor ray; add --executor ray or drop it")
+        if self.executor == "ray" and self.workers != 1:
+            raise InputError("--workers sets the local executor's processes; Ray's workers are its cluster's CPUs/GPUs")
+        check_model_mode(self.model_mode)
+        return self
+
+    def _normalize_sigmas(self) -> None:
+        """-0 is 0; a sigma listed twice (to SIGMA_DIGITS digits) is refused rather than silently
+        audited once; a sweep has at most MAX_SIGMAS points (each costs every attack)."""
+        self.noise_sigma = abs(self.noise_sigma)
+        if self.noise_sigmas is None:
+            return
+        self.noise_sigmas = [abs(s) for s in self.noise_sigmas]
+        if len(self.noise_sigmas) > MAX_SIGMAS:
+            raise InputError(
+                f"--noise-sigma lists {len(self.noise_sigmas)} sigmas; a sweep audits at most {MAX_SIGMAS} "
+                "(each point runs every attack)"
+            )
+        seen: dict[str, float] = {}
+        for sigma in self.noise_sigmas:
+            first = seen.get(sigma_key(sigma))
+            seen[sigma_key(sigma)] = sigma
+            if first is not None:
+                same = "" if first == sigma else f" ({first!r} and {sigma!r} agree to {SIGMA_DIGITS} digits)"
+                raise InputError(f"--noise-sigma lists {sigma:g} twice{same}; list each sigma once")
+
+
+def sigma_key(sigma: float) -> str:
+    """Sigmas equal to SIGMA_DIGITS significant digits are one audit point."""
+    return f"{sigma:.{SIGMA_DIGITS}g}"
+
+
+# What each option may hold, by its annotation (TOML gives any type; flags are already typed).
+OPTION_TYPES = {
+    "str": (str,),
+    "str | None": (str, type(None)),
+    "float": (int, float),
+    "float | None": (int, float, type(None)),
+    "int": (int,),
+    "int | None": (int, type(None)),
+    "bool": (bool,),
+    "list[str]": (list,),
+    "list[int] | None": (list, type(None)),
+    "list[float] | None": (list, type(None)),
+    "dict[str, dict]": (dict,),
+}
+ITEM_TYPES = {"list[str]": (str,), "list[int] | None": (int,), "list[float] | None": (int, float)}
+SOURCE_FIELDS = {"model", "aux", "target", "top_model"}  # paths, or (Python API) a module or a Dataset
+TOML_SCALARS = (bool, int, float, list, dict)
+
+
+def check_model_mode(mode: str) -> None:
+    """--model-mode (and the API's model_mode) is one of MODEL_MODES."""
+    if mode not in MODEL_MODES:
+        raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {mode!r}")
+
+
+def _wrong_source(name: str, value) -> bool:
+    """A model/data option is a path, or an in-memory object from the Python API; never a number or table."""
+    return name in SOURCE_FIELDS and isinstance(value, TOML_SCALARS)
+
+
+def check_option_types(options: AuditOptions) -> None:
+    """Raise InputError for a value of the wrong type (e.g. noise_sigma = "0.1" in a config file)."""
+    for f in (f for f in fields(options) if f.type in OPTION_TYPES):
+        value, allowed = getattr(options, f.name), OPTION_TYPES[f.type]
+        if f.name in SOURCE_FIELDS and not _wrong_source(f.name, value):
+            continue
+        items = value if isinstance(value, list) and f.type in ITEM_TYPES else []
+        wrong_item = next((v for v in items if isinstance(v, bool) or not isinstance(v, ITEM_TYPES[f.type])), None)
+        bad_bool = isinstance(value, bool) and bool not in allowed
+        if not isinstance(value, allowed) or bad_bool or wrong_item is not None:
+            shown = wrong_item if wrong_item is not None else value
+            raise InputError(
+                f"option {f.name} must be {f.type.replace(' | None', '')}, got {type(shown).__name__} {shown!r:.60}"
+            )
+    for attack, table in options.attack_options.items():
+        if not isinstance(table, dict):
+            raise InputError(f"attack options for {attack!r} must be a table of KEY = VALUE, got {table!r:.60}")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric option takes: finite, within [low, high] (an open end excludes it),
+    and for a noise scale either 0 or at least MIN_SCALE."""
+
+    low: float
+    high: float
+    open_low: bool = False
+    open_high: bool = False
+    scale: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """Why the value is outside the range, in words, or None."""
+        if not math.isfinite(value):
+            return "must be a finite number"
+        if (value <= self.low if self.open_low else value < self.low) or (
+            value >= self.high if self.open_high else value > self.high
+        ):
+            low, high = (str(b) if isinstance(b, int) else f"{b:g}" for b in (self.low, self.high))
+            return f"must lie in {'(' if self.open_low else '['}{low}, {high}{')' if self.open_high else ']'}"
+        if self.scale and 0 < abs(value) < MIN_SCALE:
+            return f"must be 0 or at least {MIN_SCALE:g} (smaller scales underflow float32 when squared)"
+        return None
+
+
+SCALE = Range(0.0, MAX_SCALE, scale=True)  # above MAX_SCALE, float32 overflows when squared or added
+THRESHOLD = Range(0.0, MAX_THRESHOLD)
+FRACTION = Range(0.0, 1.0, open_low=True, open_high=True)
+NUMERIC_RANGES = {  # every numeric option, run and sweep alike (None means "not given")
+    "noise_sigma": SCALE,
+    "noise_sigmas": SCALE,
+    "smoothing": SCALE,
+    "normalize": Range(-MAX_SCALE, MAX_SCALE),
+    "input_shape": Range(1, MAX_INT32),
+    "target_fraction": FRACTION,
+    "fail_under_mse": THRESHOLD,
+    "fail_under_attack_mse": THRESHOLD,
+    "max_advantage": Range(-MAX_THRESHOLD, MAX_THRESHOLD),
+    "target_mse": Range(0.0, MAX_THRESHOLD, open_low=True),
+    "max_utility_loss": Range(0.0, 1.0),
+    "seed": Range(0, MAX_SEED),
+    "task_timeout": Range(0.0, MAX_TIMEOUT_SECONDS, open_low=True),
+    "workers": Range(1, MAX_WORKERS),
+    "dfil_rtol": FRACTION,
+    "dfil_samples": Range(2, MAX_INT32),
+    "queries": Range(1, MAX_QUERIES),
+}
+
+
+def check_numeric_ranges(options: AuditOptions) -> None:
+    """The one place every numeric option is range-checked, before anything is loaded: nan passes
+    every `<` check unnoticed (a gate "bound 0 >= nan" would pass), and values at the edges of
+    float arithmetic (1e308, 1e-320) overflow or divide by zero deep inside an estimator."""
+    for name, allowed in NUMERIC_RANGES.items():
+        value = getattr(options, name)
+        for item in value if isinstance(value, list) else [value]:
+            problem = None if item is None else allowed.problem(item)
+            if problem:
+                raise InputError(f"{option_flag(name)} {problem}, got {_shown(item)}")
+
+
+def _shown(number: float) -> str:
+    """A number as Python writes it (1e-320 stays 1e-320, where %g rounds it to 9.99989e-321)."""
+    return str(number) if isinstance(number, int) else repr(number)
+
+
+def option_flag(name: str) -> str:
+    """The command-line spelling of an option (a sweep's list of sigmas is --noise-sigma)."""
+    return "--noise-sigma" if name == "noise_sigmas" else f"--{name.replace('_', '-')}"
+
+
+def load_config(path: str | Path) -> dict:
+    """Read a TOML config: top-level keys are option names; [attack.NAME] tables are attack options."""
+    path = require_regular_file(path, "config file")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise InputError(
+            f"config file {path} is {path.stat().st_size} bytes; a config file is at most {MAX_CONFIG_BYTES}"
+        )
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"config file {path} is not valid TOML: {exc}") from exc
+    except RecursionError as exc:  # tomllib recurses once per nesting level
+        raise InputError(
+            f"config file {path} nests too deeply (options nest at most {MAX_CONFIG_DEPTH} levels)"
+        ) from exc
+    if nested_deeper_than(raw, MAX_CONFIG_DEPTH):  # later readers (the option checks) recurse too
+        raise InputError(f"config file {path} nests too deeply (options nest at most {MAX_CONFIG_DEPTH} levels)")
+    known = {f.name for f in fields(AuditOptions)}
+    raw = {k.replace("-", "_"): v for k, v in raw.items()}
+    if "attack" in raw:
+        raw["attack_options"] = raw.pop("attack")
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise InputError(f"config file {path} has unknown keys: {', '.join(unknown)}")
+    return raw
+
+
+def parse_attack_option(text: str) -> tuple[str, str, object]:
+    """NAME.KEY=VALUE -> (NAME, KEY, value parsed as a TOML value, else kept as a string)."""
+    try:
+        dotted, value = text.split("=", 1)
+        attack, key = dotted.strip().split(".", 1)
+    except ValueError as exc:
+        raise InputError(f"--attack-option takes NAME.KEY=VALUE (e.g. sdar.ablation=true), got {text!r}") from exc
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return attack.strip(), key.strip(), parsed

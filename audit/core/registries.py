@@ -1,0 +1,149 @@
+"""The plugin families besides attacks (attacks/__init__.py) and trace methods
+(estimators/methods.py), by name: the bounds, the prior estimators and the report formats.
+
+Torch-free and in the core layer, so that the options (config.py), the CLI's choices, the result's
+schema (result.py) and the reports all read their names and words from here. The code of each
+entry lives with its family (the prior's score-matching loss in estimators/prior.py, a format's
+writer in reports/writer.py, a bound's formula in estimators/bounds.py), found by the entry's
+name. Adding a bound, a prior or a format is one line here and its code there; the family's
+conformance suite (tests/test_bounds.py, tests/test_prior.py, tests/test_formats.py) runs every
+entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitaudit.core.errors import InputError
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A lower bound on an attacker's reconstruction MSE per input dimension, 1 / (dFIL + J/d)
+    with or without the prior term (estimators/bounds.py: bound_mse), and how reports state it.
+
+    key: its value in the result's bounds section (`{key}_point`: at the estimate of E[dFIL]
+    rather than the upper end of its interval); stderr_key: its standard error, where one is kept.
+    audience: who it holds against, in a few words (charts, tables); holds_against: in full.
+    gated: the bound --fail-under-mse gates on, attacks are checked against, and a sweep's
+    recommended sigma must reach (exactly one is).
+    """
+
+    name: str
+    key: str
+    formula: str
+    audience: str
+    holds_against: str
+    uses_prior: bool
+    chart_color: str
+    gated: bool = False
+    stderr_key: str | None = None
+
+    @property
+    def slug(self) -> str:
+        """Its name in the result's words (the calibration's `bound`): van_trees_mse -> van-trees."""
+        return self.key.removesuffix("_mse").replace("_", "-")
+
+    @property
+    def label(self) -> str:
+        """The bound's name with its audience: a chart's legend, a table's row."""
+        return f"{self.name} bound ({self.audience})"
+
+
+BOUNDS: dict[str, Bound] = {
+    bound.key: bound
+    for bound in (
+        Bound(
+            "van Trees",
+            "van_trees_mse",
+            "1 / (mean dFIL + J(π)/d)",
+            "any attacker",
+            "any attacker, including one who knows the data distribution",
+            uses_prior=True,
+            chart_color="#2f855a",
+            gated=True,
+            stderr_key="van_trees_stderr",
+        ),
+        Bound(
+            "Cramér-Rao",
+            "cramer_rao_mse",
+            "1 / mean dFIL",
+            "unbiased attackers",
+            "unbiased attackers (no prior knowledge)",
+            uses_prior=False,
+            chart_color="#805ad5",
+        ),
+    )
+}
+GATED_BOUND = next(bound for bound in BOUNDS.values() if bound.gated)  # also the bound noise is calibrated for
+
+
+@dataclass(frozen=True)
+class PriorMethod:
+    """An estimator of the prior term J(pi)/d of the van Trees bound.
+
+    score_loss: the name of its score-matching loss in estimators/prior.py, or None for a
+    closed-form fit (no score network to train: no training cost, no progress bar).
+    needs_noise: the loss is defined only on noise-smoothed inputs, so without --smoothing it
+    smooths a little itself (and says so in the prior's notes).
+    """
+
+    name: str
+    description: str
+    score_loss: str | None = None
+    needs_noise: bool = False
+
+    @property
+    def trains(self) -> bool:
+        return self.score_loss is not None
+
+
+PRIORS: dict[str, PriorMethod] = {
+    prior.name: prior
+    for prior in (
+        PriorMethod("ssm", "sliced score matching with variance reduction (Song et al., UAI 2019)", "ssm_vr_loss"),
+        PriorMethod("dsm", "denoising score matching (Vincent, Neural Computation 2011)", "dsm_loss", True),
+        PriorMethod("gaussian", "an isotropic Gaussian fit: the lowest J any prior of that spread has"),
+    )
+}
+PRIOR_NAMES = tuple(PRIORS)
+
+
+@dataclass(frozen=True)
+class ReportFormat:
+    """A file a result can be written as: its name (--format), what it is, the documents it
+    renders ("report": splitaudit run and render; "sweep"; "comparison": splitaudit compare), and
+    whether run and sweep write it when --format is not given."""
+
+    name: str
+    description: str
+    documents: frozenset[str]
+    default: bool = False
+
+
+_ALL = frozenset({"report", "sweep", "comparison"})
+FORMATS: dict[str, ReportFormat] = {
+    fmt.name: fmt
+    for fmt in (
+        ReportFormat("html", "a self-contained web page", _ALL, default=True),
+        ReportFormat("md", "Markdown, its figures beside it", _ALL, default=True),
+        ReportFormat("json", "the result itself (report.json), checked against its schema", _ALL, default=True),
+        ReportFormat("sarif", "SARIF 2.1.0 findings for code-scanning tools", frozenset({"report"})),
+        ReportFormat("junit", "the gate's checks as JUnit XML test cases", frozenset({"report", "sweep"})),
+    )
+}
+DEFAULT_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.default)
+
+
+def formats_of(document: str) -> tuple[str, ...]:
+    """The formats a document can be written in, in the registry's order."""
+    return tuple(name for name, fmt in FORMATS.items() if document in fmt.documents)
+
+
+def check_formats(formats: list[str], document: str) -> None:
+    """InputError unless `formats` is a non-empty list of formats `document` can be written in."""
+    allowed = formats_of(document)
+    if not formats or any(f not in allowed for f in formats):
+        raise InputError(
+            f"--format takes a comma list of {', '.join(allowed)} for a {document}; got {','.join(formats)!r}"
+        )

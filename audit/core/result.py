@@ -1,0 +1,601 @@
+"""The result object (report.json): its shape per section, its version, and its JSON Schema.
+
+Producers (pipeline, leakage, attacks, gate) keep building plain dicts; the TypedDicts below
+say what those dicts hold, and `json_schema()` turns them into the JSON Schema that every
+report.json written must satisfy (`splitaudit schema` prints it). A float field may also hold
+the strings "inf", "-inf" or "nan": that is how report.json stores non-finite numbers.
+
+To add a key: add it to the section's TypedDict (`NotRequired[...]` when not every run writes
+it), run `python -m splitaudit.core.result > audit/report.schema.json`, and let the test on real
+pipeline output prove that the producer writes it.
+"""
+
+import json
+import sys
+import types
+from functools import lru_cache
+from importlib.resources import files
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from splitaudit.core.input_space import InputKind
+from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIOR_NAMES
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # pragma: no cover - exercised on Python 3.10 only (typing.TypedDict ignores NotRequired there)
+    from typing_extensions import NotRequired, TypedDict
+
+SCHEMA_VERSION = 5
+SCHEMA_FILE = "report.schema.json"
+NON_FINITE_PATTERN = "^(inf|-inf|nan)$"
+
+
+class Tool(TypedDict):
+    """The program that wrote the report."""
+
+    name: str
+    version: str
+
+
+class TaskRecord(TypedDict):
+    """One task of the executor: an attack's seed at a noise sigma, and its wall time."""
+
+    attack: str
+    seed: int
+    noise_sigma: float
+    status: Literal["ok", "failed"]
+    seconds: float
+    attempts: int
+    worker: str
+
+
+class ShardSummary(TypedDict):
+    """The dFIL traces' Jacobian-product shards when they ran on the executor's workers."""
+
+    tasks: int
+    seconds: float
+    retried: int
+
+
+class Run(TypedDict):
+    """When, where and how the audit ran."""
+
+    started: str
+    seconds: float | None
+    device: str
+    seed: int
+    quick: bool
+    seeds: list[int]
+    python: str
+    torch: str
+    executor: NotRequired[Literal["local", "ray"]]
+    workers: NotRequired[int]
+    task_timeout: NotRequired[float | None]
+    tasks: NotRequired[list[TaskRecord]]
+    dfil_shards: NotRequired[ShardSummary]
+
+
+class Model(TypedDict):
+    """The audited bottom model as loaded and checked on real inputs."""
+
+    path: str
+    format: str
+    input_shape: list[int]
+    output_shape: list[int]
+    gradient_mode: Literal["autograd", "finite-difference"]
+    parity_max_abs_err: float | None
+    stochastic: bool
+    mode: NotRequired[Literal["saved", "eval", "train"]]  # --model-mode the model was audited in
+    training_modules: NotRequired[list[str]]  # its submodules in training mode ("" is the root module)
+    warnings: list[str]
+    providers: list[str]
+
+
+class Data(TypedDict):
+    """The auxiliary (attacker's) and target (victims') data."""
+
+    aux_path: str
+    target_path: str | None
+    n_aux: int
+    n_target: int
+    classes: int | None
+    class_names: list[str] | None
+    has_labels: bool
+    has_attr: bool
+    input_kind: InputKind  # the input space's kind (splitaudit.core.input_space): what the reports draw
+    is_image: bool  # input_kind == "image"
+    in_unit_range: bool
+    sample_shape: list[int]
+
+
+class LeakySample(TypedDict):
+    """A target sample whose embedding carries the most Fisher information."""
+
+    index: int
+    dfil: float
+    jacobian_sq_norm: float
+
+
+class TraceCheck(TypedDict):
+    """The run-time cross-check of the Jacobian traces against independent random products."""
+
+    performed: bool
+    reason: NotRequired[str]
+    samples: NotRequired[int]
+    probes_per_sample: NotRequired[int]
+    mode: NotRequired[Literal["forward", "reverse", "finite-difference"]]
+    method_sum: NotRequired[float]
+    check_sum: NotRequired[float]
+    check_stderr: NotRequired[float]
+    tolerance: NotRequired[float]
+    passed: NotRequired[bool]
+    fd_step: NotRequired[float]
+
+
+class FiniteDifference(TypedDict):
+    """A black-box dFIL: central differences at step and coarse_step (= 4 step) on the same
+    directions, their difference as the truncation error, and the pilot ladder that chose the step."""
+
+    step: float
+    coarse_step: float
+    relative_error: float
+    dfil_error: float
+    bounded: bool
+    pilot_steps: list[float]
+    pilot_changes: list[float]
+
+
+class Dfil(TypedDict):
+    """Fisher information leakage per input dimension (Maeng et al., NeurIPS 2023)."""
+
+    mean: float
+    median: float
+    max: float
+    min: float
+    stderr: float
+    method: str
+    exact: bool
+    products_per_sample: int
+    noise_sigma: float
+    smoothing: float
+    trace_over_d: float
+    n_samples: int
+    n_target: int
+    leakiest: list[LeakySample]
+    per_sample: list[float]
+    per_sample_stderr: NotRequired[list[float]]
+    target_index: list[int]
+    notes: list[str]
+    mean_ci: NotRequired[list[float]]
+    ci_level: NotRequired[float]
+    mean_upper: NotRequired[float]
+    rtol: NotRequired[float]
+    relative_stderr: NotRequired[float]
+    jacobian_products: NotRequired[int]
+    n_candidates: NotRequired[int]
+    self_check: NotRequired[TraceCheck]
+    approximate: NotRequired[bool]
+    finite_difference: NotRequired[FiniteDifference]
+
+
+class Prior(TypedDict):
+    """The prior term J(pi)/d of the van Trees bound and its sanity checks."""
+
+    method: Literal[PRIOR_NAMES]
+    smoothing: float
+    J_over_d: float
+    J_over_d_used: float
+    stderr: float
+    valid: bool
+    stam_limit: float | None
+    gaussian_floor: float | None
+    notes: list[str]
+    details: dict[str, Any]
+
+
+def _bounds_section() -> type:
+    """The bounds section's TypedDict: each registered bound's key (at the upper end of E[dFIL]'s
+    interval), its `_point` key (at the estimate) and its standard error where one is kept, from
+    registries.BOUNDS, so a new bound needs no line here; then the keys every run writes besides."""
+    per_bound: dict[str, Any] = {}
+    for bound in BOUNDS.values():
+        per_bound[bound.key] = float
+        if bound.stderr_key:
+            per_bound[bound.stderr_key] = float
+        per_bound[f"{bound.key}_point"] = NotRequired[float]
+    section = TypedDict(
+        "Bounds",
+        {
+            **per_bound,
+            "cramer_rao_mse_leakiest": float,
+            "van_trees_stam_mse": float | None,
+            "mean_guess_mse": float,
+            "violated_by": list[str],
+            "violation_causes": NotRequired[list[str]],
+            "notes": list[str],
+            "dfil_used": NotRequired[float],
+        },
+    )
+    section.__doc__ = "Lower bounds on any attacker's reconstruction MSE per input dimension."
+    return section
+
+
+Bounds = _bounds_section()
+
+
+class TokenStatement(TypedDict):
+    """Token inputs: ceilings on any attacker's token accuracy and exact-sentence match from the
+    information the noisy hidden states carry (generalised Fano; estimators/token_information.py)."""
+
+    embedding_dim: int
+    vocab_size: int
+    noise_sigma: float
+    hidden_coordinates: int
+    samples: int
+    information_nats: float
+    information_nats_point: float
+    position_blind_guess: list[float]
+    sentence_blind_guess: float | None
+    position_ceiling: list[float]
+    token_accuracy_ceiling: float
+    exact_match_ceiling: float
+    informative_from_sigma: float | None
+    assumptions: list[str]
+    compared_with: list[str]
+    violated_by: list[str]
+
+
+class Calibration(TypedDict):
+    """The noise sigma that makes the van Trees bound reach a target MSE."""
+
+    target_mse: float
+    target_source: str
+    bound: Literal[GATED_BOUND.slug]
+    sigma: float | None
+    feasible: bool
+    reason: str
+    sigma_unbiased: float | None
+    trace_over_d: float
+    J_over_d: float
+    smoothing: float
+    trace_over_d_upper: NotRequired[float]
+    sigma_point: NotRequired[float | None]
+    sigma_unbiased_point: NotRequired[float | None]
+    sigma_basis: NotRequired[str]
+
+
+class BoundCheck(TypedDict):
+    """A reconstruction attack's MSE against the van Trees bound."""
+
+    van_trees_mse: float
+    margin: float
+    violated: bool
+
+
+Metrics = dict[str, Union[float, dict[str, float]]]
+
+
+class Series(TypedDict):
+    """The report's words for a metric measured against a parameter (a dict-valued metric)."""
+
+    title: str  # the section's heading and the chart's title
+    key: str  # the table's first column: the parameter
+    axis: str  # the chart's x axis: the parameter
+    value: str  # the chart's y axis: the metric
+
+
+class Attack(TypedDict):
+    """One attack's entry: skipped or failed with a reason, or ok with its numbers over seeds.
+    Its words (title, baseline_name, series) travel with it so that a report renders from the
+    result alone; reports written before they did fall back to the attack's name."""
+
+    kind: Literal["label", "reconstruction"]
+    title: NotRequired[str]
+    baseline_name: NotRequired[str]  # what the baseline is, in words
+    query_access_reference: NotRequired[str]  # the attack with query access on the same data, to set beside
+    series: NotRequired[dict[str, Series]]  # words for its dict-valued metrics, by metric name
+    assumptions: str
+    primary_metric: str
+    advantage_basis: NotRequired[str]
+    status: Literal["ok", "skipped", "failed"]
+    reason: str
+    metrics: NotRequired[Metrics]
+    metrics_std: NotRequired[Metrics]
+    baseline: NotRequired[Metrics]
+    baseline_std: NotRequired[Metrics]
+    advantage: NotRequired[float]
+    advantage_std: NotRequired[float]
+    seeds: NotRequired[list[int]]
+    seconds: NotRequired[float]
+    examples: NotRequired[list[dict[str, Any]]]
+    details: NotRequired[dict[str, Any]]
+    bound_check: NotRequired[BoundCheck]
+    # Why an ok attack FAILED: worse than its baseline, or its own training signal did not improve.
+    failed_to_train: NotRequired[str]
+    # When the seeds' spread is as wide as the distance to the baseline.
+    spread_warning: NotRequired[str]
+
+
+def default_baseline_name(kind: str) -> str:
+    """An attack's baseline in words when it declares none: the mean guess for reconstruction."""
+    return "guessing the average input" if kind == "reconstruction" else "baseline"
+
+
+CheckCause = Literal[
+    "complete",
+    "incomplete",
+    "attack-failed-to-train",
+    "bound-met",
+    "bound-missing",
+    "bound-untrusted",
+    "bound-approximate",
+    "prior-untrusted",
+    "bound-too-low",
+    "attack-mse-met",
+    "no-reconstruction-attack",
+    "attack-mse-too-low",
+    "advantage-within-cap",
+    "advantage-too-high",
+    "utility-loss-within-cap",
+    "utility-loss-too-high",
+    "utility-loss-missing",
+    "no-recommendation",
+]
+Severity = Literal["none", "note", "warning", "error"]
+
+
+class GateCheck(TypedDict):
+    """One pass/fail check, decided once by the gate: why it passed or failed, and how much it matters."""
+
+    name: str
+    passed: bool
+    value: float | None
+    threshold: float | None
+    message: str
+    cause: CheckCause
+    severity: Severity
+
+
+class Gate(TypedDict):
+    """The CI gate: the thresholds asked for and each check's verdict."""
+
+    fail_under_mse: float | None
+    fail_under_attack_mse: float | None
+    max_advantage: float | None
+    passed: bool
+    reasons: list[str]
+    checks: list[GateCheck]
+
+
+class Utility(TypedDict):
+    """Task accuracy under the noise: the top model's, or a probe's (source), and its drop from sigma = 0."""
+
+    source: Literal["top-model", "probe"]
+    description: str
+    noise_sigma: float
+    status: Literal["ok", "skipped"]
+    reason: str
+    accuracy: float | None
+    accuracy_std: float | None
+    seeds: NotRequired[list[int]]
+    clean_accuracy: NotRequired[float | None]
+    loss: NotRequired[float | None]
+
+
+class Result(TypedDict):
+    """A splitaudit report: everything the HTML, Markdown, SARIF and terminal outputs show."""
+
+    schema_version: Literal[SCHEMA_VERSION]
+    tool: Tool
+    run: Run
+    model: Model
+    data: Data
+    noise_sigma: float
+    dfil: Dfil
+    prior: Prior
+    bounds: Bounds
+    calibration: Calibration
+    attacks: dict[str, Attack]
+    gate: Gate
+    utility: NotRequired[Utility]
+    tokens: NotRequired[TokenStatement]
+
+
+# --- sweep.json (splitaudit sweep) ----------------------------------------------------------
+
+
+class SweepRun(Run):
+    """The run, and where its audit points were computed."""
+
+    executor: str
+
+
+class SweepPoint(TypedDict):
+    """One audited noise sigma: its sections as in report.json, and where the sigma came from."""
+
+    noise_sigma: float
+    origin: Literal["grid", "calibrated", "around-calibrated"]
+    dfil: Dfil
+    bounds: Bounds
+    attacks: dict[str, Attack]
+    utility: Utility
+
+
+class AutoSigma(TypedDict):
+    """--auto-sigma: the calibrated sigma added to the grid (None when none reaches the target)."""
+
+    requested: bool
+    sigma: float | None
+    factors: list[float]
+    reason: str
+
+
+class Recommendation(TypedDict):
+    """The smallest audited sigma whose van Trees bound reaches the target and that no attack beats."""
+
+    target_mse: float
+    max_utility_loss: float | None
+    noise_sigma: float | None
+    point_index: int | None
+    van_trees_mse: float | None
+    utility_loss: float | None
+    meets_utility: bool | None
+    reason: str
+
+
+class SweepGate(Gate):
+    """The gate of a sweep: the run's thresholds at the recommended sigma, and the utility cap."""
+
+    max_utility_loss: float | None
+
+
+class Sweep(TypedDict):
+    """A splitaudit sweep (sweep.json): one audit point per noise sigma and a recommended sigma."""
+
+    schema_version: Literal[SCHEMA_VERSION]
+    kind: Literal["sweep"]
+    tool: Tool
+    run: SweepRun
+    model: Model
+    data: Data
+    noise_sigmas: list[float]
+    auto_sigma: AutoSigma
+    target_mse: float
+    target_source: str
+    max_utility_loss: float | None
+    prior: Prior
+    calibration: Calibration
+    utility_clean: Utility
+    points: list[SweepPoint]
+    recommendation: Recommendation
+    gate: SweepGate
+
+
+@lru_cache(maxsize=1)
+def sweep_json_schema() -> dict:
+    """The JSON Schema of sweep.json, generated from `Sweep` (sweep.json is checked against it
+    when written and read; `splitaudit schema` prints report.json's)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"splitaudit sweep.json, schema_version {SCHEMA_VERSION}",
+        **_schema_of(Sweep),
+    }
+
+
+# --- JSON Schema ---------------------------------------------------------------------------
+# A small generator over the typing constructs used above (about 40 lines) instead of a
+# library such as pydantic: it encodes report.json's non-finite numbers as one flat
+# {"type": [...], "pattern": ...} rule, so that a wrong value gets a one-level error.
+
+
+def json_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of report.json, generated from `Result`."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"splitaudit report.json, schema_version {SCHEMA_VERSION}",
+        **_schema_of(Result),
+    }
+
+
+def _schema_of(tp: Any) -> dict:
+    if tp is Any:
+        return {}
+    if _is_typed_dict(tp):
+        return _object_schema(tp)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin is list:
+        return {"type": "array", "items": _schema_of(args[0])}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _schema_of(args[1])}
+    if origin in (Union, types.UnionType):
+        return _union_schema(args)
+    return _scalar_schema(tp)
+
+
+def _scalar_schema(tp: Any) -> dict:
+    if tp is float:  # a number, or a non-finite one stored as a string
+        return {"type": ["number", "string"], "pattern": NON_FINITE_PATTERN}
+    names = {bool: "boolean", int: "integer", str: "string", type(None): "null"}
+    if tp not in names:
+        raise TypeError(f"no JSON Schema for {tp!r}")
+    return {"type": names[tp]}
+
+
+def _union_schema(args: tuple) -> dict:
+    """X | None stays flat for scalars (one error message); other unions become anyOf."""
+    parts = [_schema_of(a) for a in args]
+    if all(set(p) <= {"type", "pattern"} for p in parts):
+        merged: list[str] = []
+        for p in parts:
+            merged += [t for t in ([p["type"]] if isinstance(p["type"], str) else p["type"]) if t not in merged]
+        patterns = {p["pattern"] for p in parts if "pattern" in p}
+        return {"type": merged, **({"pattern": patterns.pop()} if len(patterns) == 1 else {})}
+    return {"anyOf": parts}
+
+
+def _object_schema(td: type) -> dict:
+    hints = get_type_hints(td, include_extras=True)
+    properties = {key: _schema_of(_strip_not_required(tp)) for key, tp in hints.items()}
+    schema = {
+        "type": "object",
+        "properties": properties,
+        "required": sorted(td.__required_keys__),
+        "additionalProperties": False,
+    }
+    return {"description": " ".join((td.__doc__ or "").split()), **schema} if td.__doc__ else schema
+
+
+def _strip_not_required(tp: Any) -> Any:
+    return get_args(tp)[0] if get_origin(tp) is NotRequired else tp
+
+
+def _is_typed_dict(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
+
+
+@lru_cache(maxsize=1)
+def shipped_schema() -> dict:
+    """The schema file installed with the package (a test keeps it equal to json_schema())."""
+    return json.loads(files("splitaudit").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+def first_error(document: Any, schema: dict | None = None) -> str | None:
+    """The first place where a report.json document (as stored: strict JSON) breaks the schema
+    (report.json's unless another is given), as "/json/pointer: what was expected", or None."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    error = best_match(Draft202012Validator(schema or shipped_schema()).iter_errors(document))
+    if error is None:
+        return None
+    pointer = "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in error.absolute_path)
+    return f"{pointer}: {_expected(error)}"
+
+
+def _expected(error) -> str:
+    """A short reason in the reader's words, not the validator's."""
+    value = error.validator_value
+    if error.validator == "type":
+        wanted = [value] if isinstance(value, str) else list(value)
+        if "pattern" in error.schema:  # a number field: its strings are only "inf", "-inf", "nan"
+            wanted.remove("string")
+        return "expected " + " or ".join(wanted)
+    if error.validator == "pattern":
+        return f"expected number, got {error.instance!r}"
+    if error.validator == "enum":
+        return "expected one of " + ", ".join(json.dumps(v) for v in value)
+    if error.validator == "required":
+        return error.message.replace("is a required property", "is missing")
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return "unexpected key " + ", ".join(repr(k) for k in extra)
+    return error.message
+
+
+if __name__ == "__main__":  # python -m splitaudit.core.result > audit/report.schema.json
+    print(json.dumps(json_schema(), indent=1))

@@ -1,0 +1,93 @@
+"""What a worker process needs to rebuild the audit context, and the rebuilding.
+
+Torch modules and onnxruntime sessions do not pickle; files and tensors do. A recipe carries the
+options, the model files' bytes (with an ONNX model's external data) and the data already split
+into aux and target, so a worker (a local process of `--workers N`, or a Ray worker) rebuilds
+the same context as the parent's: same model, same split, hence the same numbers.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from splitaudit.core.config import AuditOptions
+from splitaudit.inputs.context import AuditContext, build_context
+from splitaudit.inputs.data import Dataset
+
+
+@dataclass
+class ContextRecipe:
+    """The options, the model files' bytes by name and the split data."""
+
+    options: AuditOptions
+    model_files: dict[str, bytes]
+    top_model_files: dict[str, bytes]
+    aux: Dataset
+    target: Dataset
+    scratch: str | None = None  # the folder the parent owns (and removes) for the workers' files; None: the system's
+
+
+def model_files(path) -> dict[str, bytes]:
+    """A model file's bytes by name, and for ONNX the external-data files it points to (nothing
+    for no model, or for an in-memory torch module, which travels pickled in the options)."""
+    if not isinstance(path, (str, Path)):
+        return {}
+    path = Path(path)
+    files = {path.name: path.read_bytes()}
+    if path.suffix.lower() == ".onnx":
+        import onnx
+        from onnx.external_data_helper import _get_all_tensors
+
+        proto = onnx.load(str(path), load_external_data=False)
+        for tensor in _get_all_tensors(proto):
+            for entry in tensor.external_data:
+                if entry.key == "location" and entry.value not in files:
+                    files[entry.value] = (path.parent / entry.value).read_bytes()
+    return files
+
+
+def make_recipe(options: AuditOptions, ctx: AuditContext) -> ContextRecipe:
+    """The recipe of a prepared context (data on the CPU, so it pickles anywhere)."""
+    return ContextRecipe(
+        options=replace(options, aux="", target=None),
+        model_files=model_files(options.model),
+        top_model_files=model_files(options.top_model),
+        aux=ctx.aux.to("cpu"),
+        target=ctx.target.to("cpu"),
+    )
+
+
+def rebuild_context(recipe: ContextRecipe, device: str) -> AuditContext:
+    """The recipe's context in this process, on `device`: the model files are written to a
+    private temporary folder, opened as the parent did, and removed as soon as the context holds
+    them (a model copy never outlives its opening; the parent's scratch folder catches a worker
+    killed mid-way)."""
+    with tempfile.TemporaryDirectory(prefix="splitaudit-worker-", dir=recipe.scratch) as folder:
+        return _open_copies(recipe, device, Path(folder))
+
+
+def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditContext:
+    """Write the recipe's model files into `folder` and build the context from those copies."""
+    from splitaudit.inputs.models import resolve_device
+    from splitaudit.inputs.token_models import open_audited_model
+
+    for files in (recipe.model_files, recipe.top_model_files):
+        for name, data in files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(data)
+    options = replace(
+        recipe.options,
+        model=_local_copy(recipe.options.model, folder),
+        top_model=_local_copy(recipe.options.top_model, folder),
+        device=device,
+    )
+    resolved = resolve_device(options.device)
+    raw = open_audited_model(options.model, resolved, options.output_name, options.vocab, options.model_mode)
+    return build_context(options, raw, recipe.aux, recipe.target, resolved)
+
+
+def _local_copy(model, folder: Path):
+    """Where the worker wrote a model file (a torch module or None is used as it is)."""
+    return str(folder / Path(model).name) if isinstance(model, (str, Path)) else model

@@ -1,0 +1,1 @@
+"""What the user hands in: the data (and its input space), the bottom model by format (ONNX, TorchScript, a torch module) with its acceptance checks, token inputs, and the audit context that carries them to the attacks and estimators."""

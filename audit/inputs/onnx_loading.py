@@ -1,0 +1,299 @@
+"""Open an ONNX bottom model: check the graph (validity, declared sizes, random operators, the
+audited output), declare its dynamic dimensions, start an onnxruntime session, and convert the
+cleaned graph (splitaudit.inputs.onnx_graph) to torch modules, one converter at a time (onnx2pytorch,
+else onnx2torch). Which converted module is used is decided against onnxruntime on real data
+(splitaudit.inputs.model_checks.check_parity).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import re
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from splitaudit.core.errors import InputError
+from splitaudit.core.safety import describe_bytes, display_path, memory_limit_bytes
+from splitaudit.inputs.onnx_graph import declare_dynamic_dims, op_types, slimmed
+from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
+from splitaudit.inputs.stochastic import refuse_onnx_randomness
+
+ONNX2TORCH_OPSET = 13  # onnx2torch gets older graphs upgraded to this opset (its converters start there)
+ONNX_FLOAT_TYPES = {"tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"}
+ONNX_ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
+
+
+# Operators whose derivative jumps: dFIL is then only defined almost everywhere (Maeng et al., NeurIPS 2023).
+NON_SMOOTH_ONNX = {
+    "Relu",
+    "LeakyRelu",
+    "PRelu",
+    "ThresholdedRelu",
+    "Clip",
+    "Abs",
+    "Max",
+    "Min",
+    "Sign",
+    "Floor",
+    "Ceil",
+    "Round",
+    "MaxPool",
+    "GlobalMaxPool",
+    "MaxRoiPool",
+    "HardSigmoid",
+    "HardSwish",
+    "ArgMax",
+    "ArgMin",
+    "TopK",
+}
+
+
+def open_onnx(path: Path, device: torch.device, output_name: str | None = None, mask_input: bool = False) -> RawModel:
+    import onnx
+
+    try:
+        proto = onnx.load(str(path))
+        onnx.checker.check_model(proto)
+    except Exception as exc:
+        raise InputError(f"{path} is not a valid ONNX model (truncated or corrupt?): {first_line(exc)}") from exc
+    names = [i.name for i in _graph_inputs(proto)]
+    check_single_input(names[:1] if mask_input and len(names) == 2 else names, path)
+    check_onnx_declared_sizes(proto, path)
+    refuse_onnx_randomness(proto, path)
+    output_name, notes = select_onnx_output(proto, path, output_name)
+    redeclared = declare_dynamic_dims(proto)
+    batch, shape = onnx_input_shape(_graph_inputs(proto)[0])
+    session, providers = _ort_session(path, device, proto if redeclared else None)
+    cleaned, slim_error = slimmed(proto, memory_limit_bytes())
+    conversions, failed = convert_onnx(cleaned, device), []
+    first = next_module(conversions, failed)
+    return RawModel(
+        path=path,
+        format="onnx",
+        declared_input_shape=shape,
+        fixed_batch=batch,
+        torch_module=first.module if first else None,
+        session=session,
+        non_smooth_ops=sorted(op_types(proto) & NON_SMOOTH_ONNX),
+        providers=providers,
+        output_name=output_name,
+        notes=notes,
+        converter=first.converter if first else None,
+        pending_conversions=conversions,
+        failed_conversions=failed,
+        slim_error=slim_error,
+    )
+
+
+def next_module(conversions: Iterator[Conversion], failed: list[Conversion]) -> Conversion | None:
+    """The next conversion that gives a module; the attempts that fail on the way go to `failed`."""
+    for conversion in conversions:
+        if conversion.module is not None:
+            return conversion
+        failed.append(conversion)
+    return None
+
+
+def conversion_failure(raw: RawModel, disagreements: list[str]) -> str:
+    """Why no converted module is used, in one line: the operator no converter supports when
+    that is the cause, else each converter's failure or disagreement with onnxruntime."""
+    unsupported = {c.unsupported_op for c in raw.failed_conversions}
+    if not disagreements and len(unsupported) == 1 and None not in unsupported:
+        text = f"operator {unsupported.pop()} is supported by no converter ({', '.join(CONVERTERS)})"
+    else:
+        text = "; ".join([c.error for c in raw.failed_conversions] + disagreements)
+    return text + (f"; {raw.slim_error}" if raw.slim_error else "")
+
+
+def check_onnx_declared_sizes(proto, path: Path, limit: int | None = None) -> None:
+    """Refuse a graph whose weights or statically known tensors (after shape inference with
+    constant propagation, e.g. a ConstantOfShape of a huge constant shape) exceed `limit` bytes:
+    running it would allocate or loop over that many elements before any check could end."""
+    import onnx
+
+    limit = memory_limit_bytes() if limit is None else limit
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception:  # inference is best effort: weights are still checked below
+        inferred = proto
+    weights = sum(_elements(init.dims) * ONNX_ITEM_BYTES.get(init.data_type, 8) for init in proto.graph.initializer)
+    if weights > limit:
+        raise InputError(
+            f"{display_path(path)} declares {describe_bytes(weights)} of weights; splitaudit loads at "
+            f"most {describe_bytes(limit)} (a quarter of this machine's memory)"
+        )
+    for info in (*inferred.graph.value_info, *inferred.graph.output):
+        tensor = info.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        size = _elements(dims) * ONNX_ITEM_BYTES.get(tensor.elem_type, 8) if dims and None not in dims else 0
+        if size > limit:
+            raise InputError(
+                f"{display_path(path)}: tensor {info.name!r} declares shape {dims} "
+                f"({describe_bytes(size)}), over the {describe_bytes(limit)} a "
+                "model may allocate here (a quarter of this machine's memory)"
+            )
+
+
+def _elements(dims) -> int:
+    return int(np.prod([int(d) for d in dims], dtype=object)) if len(dims) else 1
+
+
+def select_onnx_output(proto, path: Path, wanted: str | None) -> tuple[str, list[str]]:
+    """The output audited as the embedding: --output-name, else the only one, else the first (said
+    in a note). The others are dropped from the graph, so conversion builds the chosen one alone."""
+    names = [o.name for o in proto.graph.output]
+    if wanted is not None and wanted not in names:
+        raise InputError(
+            f"--output-name {wanted!r} is not an output of {display_path(path)} (outputs: {', '.join(names)})"
+        )
+    chosen = wanted or names[0]
+    notes = (
+        []
+        if wanted or len(names) == 1
+        else [
+            f"the model has {len(names)} outputs ({', '.join(names)}); auditing the first, {chosen!r} "
+            "(choose another with --output-name)"
+        ]
+    )
+    for output in [o for o in proto.graph.output if o.name != chosen]:
+        proto.graph.output.remove(output)
+    return chosen, notes
+
+
+def _graph_inputs(proto) -> list:
+    """Graph inputs that are not initializers (older exporters list weights as inputs too)."""
+    weights = {init.name for init in proto.graph.initializer}
+    return [i for i in proto.graph.input if i.name not in weights]
+
+
+def onnx_input_shape(value_info) -> tuple[int | None, tuple[int, ...] | None]:
+    """(fixed batch size or None, per-sample shape or None when some dimension is symbolic)."""
+    dims = value_info.type.tensor_type.shape.dim
+    if not dims:
+        return None, None
+    batch = dims[0].dim_value or None
+    rest = [d.dim_value for d in dims[1:]]
+    return batch, (tuple(rest) if all(rest) else None)
+
+
+def _ort_session(path: Path, device: torch.device, proto=None):
+    """An onnxruntime session on the CUDA provider when the device is CUDA and ORT can use it; on
+    `proto` (the graph as rewritten in memory) when given, else on the file."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    wanted = ["CPUExecutionProvider"]
+    if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        wanted.insert(0, "CUDAExecutionProvider")
+    try:
+        source = str(path) if proto is None else proto.SerializeToString()
+        session = ort.InferenceSession(source, sess_options=options, providers=wanted)
+    except Exception as exc:
+        raise InputError(f"onnxruntime cannot load {path}: {first_line(exc)}") from exc
+    return session, session.get_providers()  # the providers actually in use
+
+
+def _onnx2pytorch(proto) -> nn.Module:
+    from onnx2pytorch import ConvertModel
+
+    return ConvertModel(proto, experimental=True)
+
+
+def _onnx2torch(proto) -> nn.Module:
+    """onnx2torch, on the graph upgraded to opset 13 when it is older: its converters start at
+    the opset-13 versions of several operators (Clip, Pad, Split, Squeeze...)."""
+    import onnx
+    from onnx2torch import convert
+
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), ONNX2TORCH_OPSET)
+    if opset < ONNX2TORCH_OPSET:
+        proto = onnx.version_converter.convert_version(proto, ONNX2TORCH_OPSET)
+    return convert(proto)
+
+
+# Tried in this order; the first whose module matches onnxruntime is used. benchmarks/converters.py
+# gives the load matrix behind the order: on 52 graphs (torch, Paddle2ONNX- and tf2onnx-style,
+# opsets 9-20), after the clean-up, onnx2pytorch converts all 52 with parity and onnx2torch 39;
+# onnx2torch is kept as the fallback for graphs onnx2pytorch fails on or gets wrong.
+CONVERTERS: dict[str, Callable] = {"onnx2pytorch": _onnx2pytorch, "onnx2torch": _onnx2torch}
+
+
+@dataclass
+class Conversion:
+    """One converter's attempt: the module, or the reason it failed."""
+
+    converter: str
+    module: nn.Module | None
+    error: str | None = None
+    unsupported_op: str | None = None
+
+
+def convert_onnx(proto, device: torch.device) -> Iterator[Conversion]:
+    """Each converter's attempt on the cleaned graph, lazily (the next is converted only when the
+    one before fails or disagrees with onnxruntime)."""
+    import_torchvision_or_stub()
+    for name, convert in CONVERTERS.items():
+        try:
+            module = convert(proto).eval().to(device)
+        except Exception as exc:  # converters raise anything from KeyError to NotImplementedError
+            yield Conversion(name, None, f"{name}: {first_line(exc)}", _unsupported_op(exc))
+            continue
+        for p in module.parameters():
+            p.requires_grad_(False)
+        yield Conversion(name, module)
+
+
+def _unsupported_op(exc: Exception) -> str | None:
+    """The operator a converter names when it has no converter for it."""
+    match = re.search(r"op_type=(\w+)|operation_type='(\w+)'", str(exc))
+    return next(g for g in match.groups() if g) if isinstance(exc, NotImplementedError) and match else None
+
+
+def import_torchvision_or_stub() -> None:
+    """onnx2pytorch imports torchvision for a few detection ops (RoiAlign, NMS, DeformConv).
+
+    PyPI's torchvision is a CUDA build whose extension cannot load next to a CPU-only torch;
+    its import then fails. Those ops are then unavailable (conversion of a model that uses
+    them fails, and the model runs black-box); every other operator converts as usual.
+    """
+    try:
+        import torchvision  # noqa: F401
+
+        return
+    except Exception:
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+
+    def unavailable(attr: str):
+        if attr.startswith("__"):  # module metadata (__file__, __spec__...) stays absent
+            raise AttributeError(attr)
+
+        def fail(*_args, **_kwargs):
+            raise RuntimeError(f"torchvision.{attr} is unavailable: torchvision does not load here")
+
+        return fail
+
+    for name in ("torchvision", "torchvision.ops", "torchvision.io"):
+        stub = types.ModuleType(name)
+        stub.__spec__ = importlib.machinery.ModuleSpec(name, None)  # find_spec() callers (torch.onnx) need one
+        stub.__getattr__ = unavailable
+        stub.__path__ = []
+        sys.modules[name] = stub
+
+
+def check_onnx_output_type(session, name: str | None) -> None:
+    """Embeddings must be floating point: an integer output (argmax, a quantised code) has no
+    gradient and no Fisher information to bound."""
+    output = next(o for o in session.get_outputs() if name is None or o.name == name)
+    if output.type not in ONNX_FLOAT_TYPES:
+        raise InputError(
+            f"the model's output {output.name!r} is {output.type}; a bottom model must output floating-point embeddings"
+        )

@@ -1,0 +1,83 @@
+"""A model as a loader hands it over (RawModel), and what the loaders and the checks share:
+running a model in its fixed batch size (in_batches), folding --normalize into it (Normalized),
+the one-input rule, and an exception's first line for one-line error messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import torch
+import torch.nn as nn
+
+from splitaudit.core.errors import InputError
+from splitaudit.core.safety import display_path
+
+if TYPE_CHECKING:
+    from splitaudit.inputs.onnx_loading import Conversion
+
+
+@dataclass
+class RawModel:
+    """A model file opened but not yet checked against data."""
+
+    path: Path
+    format: str
+    declared_input_shape: tuple[int, ...] | None
+    fixed_batch: int | None
+    torch_module: nn.Module | None
+    session: object | None = None
+    converter: str | None = None  # the converter that gave torch_module (ONNX)
+    pending_conversions: Iterator[Conversion] = field(default_factory=lambda: iter(()))  # converters not yet tried
+    failed_conversions: list[Conversion] = field(default_factory=list)
+    slim_error: str | None = None  # why the graph clean-up did not run
+    non_smooth_ops: list[str] = field(default_factory=list)
+    providers: list[str] = field(default_factory=list)
+    output_name: str | None = None  # the ONNX output audited as the embedding
+    notes: list[str] = field(default_factory=list)
+    mode: str = "saved"  # --model-mode it was opened in (audit/inputs/stochastic.py)
+    training_modules: list[str] = field(default_factory=list)  # submodules in training mode ("" = root)
+    tokens: object | None = None  # splitaudit.inputs.tokens.TokenSpace when cut after a token-embedding lookup
+
+
+class Normalized(nn.Module):
+    """Folds --normalize into the encoder: f((x - mean) / std), so MSEs live in x's space."""
+
+    def __init__(self, inner: nn.Module, mean: torch.Tensor, std: torch.Tensor) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("mean", mean)
+        self.register_buffer("std", std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner((x - self.mean) / self.std)
+
+
+def check_single_input(names: list[str], path: Path) -> None:
+    """splitaudit audits f(x) of one input; a model that needs several is refused, naming them."""
+    if len(names) != 1:
+        raise InputError(
+            f"{display_path(path)} has {len(names)} inputs ({', '.join(repr(n) for n in names) or 'none'}); "
+            "splitaudit audits bottom models with one input (export the model with the other inputs fixed)"
+        )
+
+
+def in_batches(fn: Callable, x: torch.Tensor, fixed_batch: int | None) -> torch.Tensor:
+    """Run fn on x; models exported with a fixed batch size get padded chunks of that size."""
+    if not fixed_batch or len(x) == fixed_batch:
+        return fn(x)
+    outputs = []
+    for chunk in x.split(fixed_batch):
+        pad = fixed_batch - len(chunk)
+        if pad:
+            chunk = torch.cat([chunk, chunk[:1].expand(pad, *chunk.shape[1:])])
+        outputs.append(fn(chunk)[: fixed_batch - pad])
+    return torch.cat(outputs)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, at most 300 characters: error messages stay one line."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]

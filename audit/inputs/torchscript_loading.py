@@ -1,0 +1,96 @@
+"""Open a TorchScript bottom model: load it, set its mode, list its non-smooth operators, and run
+it with the graph executor's optimisation off (Unoptimized) so that torch.func sees plain operators.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from splitaudit.core.errors import InputError
+from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
+from splitaudit.inputs.stochastic import apply_model_mode
+
+TORCHSCRIPT_SUFFIXES = {".pt", ".pth", ".ts", ".jit", ".torchscript"}
+
+# Graph operators whose derivative jumps (see onnx_loading.NON_SMOOTH_ONNX).
+NON_SMOOTH_TORCHSCRIPT = {
+    "relu",
+    "relu_",
+    "relu6",
+    "leaky_relu",
+    "leaky_relu_",
+    "prelu",
+    "hardtanh",
+    "hardtanh_",
+    "clamp",
+    "clamp_",
+    "abs",
+    "max",
+    "min",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "hardsigmoid",
+    "hardswish",
+    "argmax",
+    "argmin",
+    "topk",
+    "threshold",
+}
+
+
+def open_torchscript(path: Path, device: torch.device, mode: str = "saved", mask_input: bool = False) -> RawModel:
+    try:
+        with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; users still ship it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = torch.jit.load(str(path), map_location=device)
+    except Exception as exc:  # torch raises RuntimeError/ValueError/pickle errors alike
+        raise InputError(
+            f"{path} is not a loadable TorchScript model ({first_line(exc)}); "
+            "save it with torch.jit.trace(...).save() or torch.jit.script(...).save()"
+        ) from exc
+    training = apply_model_mode(module, mode)  # TorchScript keeps each module's .training as saved
+    required = [a.name for a in module.forward.schema.arguments[1:] if not a.has_default_value()]
+    check_single_input(required[:1] if mask_input and len(required) == 2 else required, path)
+    for p in module.parameters():
+        p.requires_grad_(False)
+    ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}
+    return RawModel(
+        path=path,
+        format="torchscript",
+        declared_input_shape=None,
+        fixed_batch=None,
+        torch_module=Unoptimized(module),
+        non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT),
+        mode=mode,
+        training_modules=training,
+    )
+
+
+class Unoptimized(nn.Module):
+    """Runs a TorchScript module with the graph executor's optimisation off.
+
+    The profiling executor re-optimises a graph after its first runs (specialising it to the
+    shapes and requires-grad flags it profiled); torch.func's forward-mode AD through such a
+    re-optimised graph can yield zero tangents on later calls, a silent zero Jacobian. Unoptimised
+    execution interprets the graph op by op, so every torch.func transform sees plain aten
+    operators on every call; the operators dominate the cost, not the interpreter.
+    """
+
+    def __init__(self, scripted: nn.Module) -> None:
+        super().__init__()
+        self.scripted = scripted
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.jit.optimized_execution(False):
+            return self.scripted(x)

@@ -1,0 +1,157 @@
+"""An up-front estimate of the audit's cost, stage by stage, so a long run says so before it starts.
+
+Forward and backward passes of the encoder (and one step of the score network) are timed on
+a small batch, then multiplied by the work each stage plans: the Jacobian products of the dFIL
+traces (estimators/mean_trace.py's own plan: planned_products), the prior's capped training, and each
+attack's own cost model (Attack.estimated_seconds: the optimization attack's inversion steps in
+encoder passes, SDAR's training iterations and the decoder's steps up to its epoch cap, timed on
+the model and data), over the seeds that always run (MIN_SEEDS; the others run only when the
+first ones' spread demands, so every seed is the stage's ceiling, shown as "at most"). The
+estimate is rough (a randomised trace stops when its error target is met; training stops
+early), meant to tell minutes from hours. Attacks without a cost model are listed as not
+estimated. Pure computation, no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from splitaudit.attacks.base import first_seeds
+from splitaudit.core.registries import PRIORS
+from splitaudit.core.threads import threads_for
+from splitaudit.estimators.mean_trace import default_method, planned_products
+from splitaudit.estimators.prior import QUICK_SCORE_SETTINGS, ScoreSettings, score_training_step, within_work_cap
+from splitaudit.inputs.context import AuditContext
+
+TIMING_BATCH = 16  # samples per timed pass (batches amortise per-call overhead, as the stages do)
+MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 3, 100, 1.5  # each timing repeats its step for this long
+PRIOR_TIMING_BATCH = 2  # samples per timed score-network step
+EVAL_PASSES_PER_EPOCH = 1  # the held-out loss: about one training step per held-out sample
+MIN_VALUES_TO_ESTIMATE = 2**20  # input values (aux + target); the bundled digits hold 115k
+
+
+@dataclass
+class CostEstimate:
+    """Estimated seconds per stage (dFIL, prior, each estimated attack) and the attacks left out.
+
+    `stages` holds what a stage is expected to take, `ceilings` the most it can take where that
+    is more: an attack runs MIN_SEEDS seeds and adds the others only when their spread leaves
+    the mean uncertain (attacks/base.py), so its expected time is that of its first seeds and
+    its ceiling that of every seed."""
+
+    stages: dict[str, float] = field(default_factory=dict)
+    ceilings: dict[str, float] = field(default_factory=dict)
+    not_estimated: list[str] = field(default_factory=list)
+    quick: bool = False  # the estimate is of a --quick audit
+
+    @property
+    def total(self) -> float:
+        return sum(self.stages.values())
+
+    @property
+    def ceiling(self) -> float:
+        """The most the estimated stages can take together."""
+        return sum(self.ceilings.get(name, seconds) for name, seconds in self.stages.items())
+
+    def summary(self) -> str:
+        """One line: the total (and the most it can be) and each stage's share, and what was not estimated."""
+        parts = ", ".join(f"{name} {_duration(seconds)}" for name, seconds in self.stages.items() if seconds >= 1)
+        left_out = f"; not estimated: {', '.join(self.not_estimated)}" if self.not_estimated else ""
+        hint = "" if self.quick else "; --quick is faster"
+        at_most = f" (at most {_duration(self.ceiling)})" if _duration(self.ceiling) != _duration(self.total) else ""
+        return f"this audit may take about {_duration(self.total)}{at_most} ({parts}{left_out}){hint}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def worth_estimating(ctx: AuditContext) -> bool:
+    """Whether the data is large enough for the audit to possibly run for minutes; below that,
+    the few seconds of timing an estimate costs would be most of the run (digits, tabular data)."""
+    return ctx.aux.x.numel() + ctx.target.x.numel() >= MIN_VALUES_TO_ESTIMATE
+
+
+def estimate_cost(
+    ctx: AuditContext, prior: str, smoothing: float, attacks: list[str], dfil_samples: int | None = None
+) -> CostEstimate:
+    """Seconds each long stage of the audit is expected to take on ctx's model, data and device."""
+    from splitaudit.stages.leakage import DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES
+
+    with threads_for(ctx.aux.x.numel(), ctx.device):  # the threads the stages themselves use
+        pass_seconds = encoder_pass_seconds(ctx)
+        prior_stage = prior_seconds(ctx, prior, smoothing)
+    cap = dfil_samples or (QUICK_DFIL_MAX_SAMPLES if ctx.quick else DFIL_MAX_SAMPLES)
+    estimate = CostEstimate(quick=ctx.quick)
+    estimate.stages["dFIL"] = dfil_products(ctx, min(cap, len(ctx.target))) * pass_seconds
+    estimate.stages[f"prior ({prior})"] = prior_stage
+    for name in attacks:
+        seconds = attack_seconds(ctx, name, pass_seconds)
+        if seconds is None:
+            estimate.not_estimated.append(name)
+        else:
+            estimate.stages[name] = seconds * len(first_seeds(ctx.seeds)) / len(ctx.seeds)
+            estimate.ceilings[name] = seconds
+    return estimate
+
+
+def encoder_pass_seconds(ctx: AuditContext) -> float:
+    """Per-sample seconds of one forward + backward pass of the encoder on a small batch (of a
+    forward pass for a black-box model: its Jacobians are finite differences)."""
+    x = ctx.target.x[:TIMING_BATCH]
+    if not ctx.encoder.differentiable:
+        return _timed(lambda: ctx.encoder(x)) / len(x)
+
+    def forward_backward() -> None:
+        point = x.detach().clone().requires_grad_(True)
+        torch.autograd.grad(ctx.encoder(point).sum(), point)
+
+    return _timed(forward_backward) / len(x)
+
+
+def _timed(step) -> float:
+    """The least seconds of `step` over calls repeated for TIMING_SECONDS (at least MIN_CALLS, the
+    first not counted). The least, since other work only ever adds time; the window outlasts the
+    slow first seconds of a process (thread pools and allocations warming up make early calls up
+    to ~100x slower on a busy machine)."""
+    start, seconds = time.perf_counter(), []
+    while len(seconds) < MIN_CALLS or (time.perf_counter() - start < TIMING_SECONDS and len(seconds) < MAX_CALLS):
+        begin = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - begin)
+    return min(seconds[1:])
+
+
+def dfil_products(ctx: AuditContext, n: int) -> float:
+    """Jacobian products the dFIL traces of n samples need (estimators/mean_trace.py's own plan)."""
+    return planned_products(ctx.encoder, ctx.target.x[:2], n, default_method(ctx.encoder.differentiable))
+
+
+def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> float:
+    """The score network's training at most (early stopping may end it sooner), 0 for a closed-form prior."""
+    if not PRIORS[prior].trains:
+        return 0.0
+    x = ctx.aux.x
+    settings = within_work_cap(len(x), x[0].numel(), QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings())
+    n = min(len(x), settings.max_samples)
+    steps_per_epoch = n + EVAL_PASSES_PER_EPOCH * max(1, round(settings.heldout_fraction * n))
+    step = _timed(score_training_step(x, prior, smoothing, PRIOR_TIMING_BATCH)) / PRIOR_TIMING_BATCH
+    return settings.max_epochs * steps_per_epoch * step
+
+
+def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> float | None:
+    """Seconds of an attack over all its seeds (at most), from the attack's own cost model (None for the
+    attacks without one); 0 for an attack these inputs skip (SDAR on token inputs)."""
+    from splitaudit.attacks import get_attack
+
+    attack = get_attack(name)
+    if attack.missing(ctx):
+        return 0.0
+    return attack.estimated_seconds(ctx, pass_seconds, _timed)

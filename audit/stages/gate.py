@@ -1,0 +1,238 @@
+"""The CI gate: turn a finished result into pass/fail checks with reasons (no I/O).
+
+Each check records its cause (splitaudit.core.result.CheckCause) and severity here, once: the
+reports, SARIF and JUnit outputs read them and never re-decide a verdict."""
+
+from __future__ import annotations
+
+import math
+
+from splitaudit.core.registries import GATED_BOUND
+
+
+def evaluate_gate(
+    result: dict,
+    fail_under_mse: float | None = None,
+    fail_under_attack_mse: float | None = None,
+    max_advantage: float | None = None,
+) -> dict:
+    """Each check says what was measured, the threshold, and by how much it failed."""
+    for name, value in (
+        ("fail_under_mse", fail_under_mse),
+        ("fail_under_attack_mse", fail_under_attack_mse),
+        ("max_advantage", max_advantage),
+    ):
+        if value is not None and not math.isfinite(value):  # nan passes every comparison: a false PASS
+            raise ValueError(f"gate threshold {name} must be finite, got {value}")
+    checks = [_completeness(result)]
+    if fail_under_mse is not None:
+        checks.append(_bound_check(result, fail_under_mse))
+    if fail_under_attack_mse is not None:
+        checks.append(_attack_mse_check(result, fail_under_attack_mse))
+    if max_advantage is not None:
+        checks.extend(_advantage_checks(result, max_advantage))
+    failed = [c for c in checks if not c["passed"]]
+    return {
+        "fail_under_mse": fail_under_mse,
+        "fail_under_attack_mse": fail_under_attack_mse,
+        "max_advantage": max_advantage,
+        "passed": not failed,
+        "reasons": [c["message"] for c in failed],
+        "checks": checks,
+    }
+
+
+def _check(name: str, passed: bool, cause: str, message: str, value=None, threshold=None) -> dict:
+    """A failed check is an error (it fails the gate); a passed one has no severity."""
+    return {
+        "name": name,
+        "passed": bool(passed),
+        "value": value,
+        "threshold": threshold,
+        "message": message,
+        "cause": cause,
+        "severity": "none" if passed else "error",
+    }
+
+
+def _completeness(result: dict) -> dict:
+    """A failed attack makes the audit incomplete: it must not pass as if it were whole. So does an
+    attack that ran but FAILED to train (Attack.training_failure: worse than its baseline, or its own
+    training signal did not improve): its numbers measure no leakage, and passing on them would
+    read an attack's failure as privacy."""
+    attacks = result.get("attacks", {})
+    failed = [name for name, a in attacks.items() if a.get("status") == "failed"]
+    untrained = [
+        f"{name} ({a['failed_to_train']})"
+        for name, a in attacks.items()
+        if a.get("status") == "ok" and a.get("failed_to_train")
+    ]
+    reasons = (["attack(s) failed: " + ", ".join(failed)] if failed else []) + (
+        ["attack(s) FAILED to train, so they measure no leakage (not evidence of privacy): " + "; ".join(untrained)]
+        if untrained
+        else []
+    )
+    if reasons:
+        cause = "incomplete" if failed else "attack-failed-to-train"
+        return _check("audit-complete", False, cause, "audit incomplete: " + "; ".join(reasons))
+    return _check("audit-complete", True, "complete", "every selected attack ran or was skipped with a reason")
+
+
+def _prior_trusted(prior: dict) -> bool:
+    """Whether the J/d the bound uses is a valid estimate or a limit that holds for every prior
+    (Stam's, or infinity): a failed estimate that fell back to the Gaussian floor is neither."""
+    used, limit = prior.get("J_over_d_used", math.inf), prior.get("stam_limit")
+    return prior.get("valid", True) or used == math.inf or (limit is not None and used >= limit)
+
+
+def _bound_check(result: dict, threshold: float) -> dict:
+    bounds = result.get("bounds") or {}
+    bound = bounds.get(GATED_BOUND.key)
+    violated = bounds.get("violated_by") or []
+    if not isinstance(bound, (int, float)) or math.isnan(bound):
+        return _check(
+            "fail-under-mse",
+            False,
+            "bound-missing",
+            f"no {GATED_BOUND.name} bound was computed, so the bound gate cannot pass",
+            None,
+            threshold,
+        )
+    if (result.get("dfil") or {}).get("approximate"):
+        return _check(
+            "fail-under-mse",
+            False,
+            "bound-approximate",
+            "the dFIL is approximate: its finite-difference error (black-box model) could not be bounded, "
+            f"so the {GATED_BOUND.name} bound is no guarantee and the bound gate cannot pass",
+            bound,
+            threshold,
+        )
+    if not _prior_trusted(result.get("prior") or {}):
+        return _check(
+            "fail-under-mse",
+            False,
+            "prior-untrusted",
+            "the prior estimate J/d failed its sanity check and, without smoothing, no limit that holds for "
+            f"every prior replaces it: the {GATED_BOUND.name} bound may be too optimistic, so the bound gate cannot pass "
+            "(set --smoothing)",
+            bound,
+            threshold,
+        )
+    if violated:
+        return _check(
+            "fail-under-mse",
+            False,
+            "bound-untrusted",
+            f"the {GATED_BOUND.name} bound is not trustworthy: attack(s) {', '.join(violated)} beat it",
+            bound,
+            threshold,
+        )
+    if bound < threshold:
+        return _check(
+            "fail-under-mse",
+            False,
+            "bound-too-low",
+            f"{GATED_BOUND.name} bound MSE {bound:.4g} is below the threshold "
+            f"{threshold:.4g} (short by {threshold - bound:.4g})",
+            bound,
+            threshold,
+        )
+    return _check(
+        "fail-under-mse",
+        True,
+        "bound-met",
+        f"{GATED_BOUND.name} bound MSE {bound:.4g} >= {threshold:.4g}",
+        bound,
+        threshold,
+    )
+
+
+def _attack_mse_check(result: dict, threshold: float) -> dict:
+    measured = {
+        n: a["metrics"]["mse"]
+        for n, a in result.get("attacks", {}).items()
+        if a.get("status") == "ok"
+        and a.get("kind") == "reconstruction"
+        and not math.isnan(a.get("metrics", {}).get("mse", math.nan))
+    }
+    if not measured:
+        return _check(
+            "fail-under-attack-mse",
+            False,
+            "no-reconstruction-attack",
+            "no reconstruction attack ran, so the attack-MSE floor cannot be checked",
+            None,
+            threshold,
+        )
+    name = min(measured, key=measured.get)
+    best = measured[name]
+    if best < threshold:
+        return _check(
+            "fail-under-attack-mse",
+            False,
+            "attack-mse-too-low",
+            f"{name} reconstructs with MSE {best:.4g}, below the floor {threshold:.4g} (by {threshold - best:.4g})",
+            best,
+            threshold,
+        )
+    return _check(
+        "fail-under-attack-mse",
+        True,
+        "attack-mse-met",
+        f"best reconstruction MSE {best:.4g} ({name}) >= {threshold:.4g}",
+        best,
+        threshold,
+    )
+
+
+def _advantage_checks(result: dict, cap: float) -> list[dict]:
+    checks = []
+    for name, attack in result.get("attacks", {}).items():
+        if attack.get("status") != "ok" or not math.isfinite(attack.get("advantage", math.nan)):
+            continue
+        adv = attack["advantage"]
+        message = f"{name} advantage {adv:.4g} {'<=' if adv <= cap else 'exceeds'} the cap {cap:.4g}" + (
+            "" if adv <= cap else f" (by {adv - cap:.4g})"
+        )
+        cause = "advantage-within-cap" if adv <= cap else "advantage-too-high"
+        checks.append(_check(f"max-advantage:{name}", adv <= cap, cause, message, adv, cap))
+    return checks
+
+
+def utility_loss_check(loss: float | None, cap: float, sigma: float) -> dict:
+    """The accuracy lost at the recommended sigma against --max-utility-loss (a sweep's gate)."""
+    if not isinstance(loss, (int, float)) or math.isnan(loss):
+        return _check(
+            "max-utility-loss",
+            False,
+            "utility-loss-missing",
+            f"the utility loss at sigma {sigma:.4g} was not measured, so the utility cap cannot be checked",
+            None,
+            cap,
+        )
+    if loss > cap:
+        return _check(
+            "max-utility-loss",
+            False,
+            "utility-loss-too-high",
+            f"the recommended sigma {sigma:.4g} costs "
+            f"{loss:.4g} accuracy, more than the allowed {cap:.4g} (by {loss - cap:.4g})",
+            loss,
+            cap,
+        )
+    return _check(
+        "max-utility-loss",
+        True,
+        "utility-loss-within-cap",
+        f"the recommended sigma {sigma:.4g} costs {loss:.4g} accuracy <= {cap:.4g}",
+        loss,
+        cap,
+    )
+
+
+def no_recommendation_check(reason: str, target_mse: float) -> dict:
+    """A sweep with thresholds but no recommendable sigma fails: there is nothing to deploy."""
+    return _check(
+        "recommendation", False, "no-recommendation", "no noise sigma can be recommended: " + reason, None, target_mse
+    )
