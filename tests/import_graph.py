@@ -39,8 +39,9 @@ def package_modules() -> dict[str, Path]:
     """Import name -> source file for every module of the package."""
     modules = {}
     for folder, package in PACKAGES.items():
-        for path in sorted((ROOT / folder).glob("*.py")):
-            modules[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            modules[".".join((package, *parts)).removesuffix(".__init__")] = path
     return modules
 
 
