@@ -543,11 +543,13 @@ def test_calibrate_json_is_strict_json(tmp_path, capsys, monkeypatch):
         tmp_path,
         "--target-mse must be a finite number, got inf",
     )
-    from splitaudit.stages import leakage
+    from splitaudit.stages import calibration, leakage
 
     monkeypatch.setattr(pipeline, "prepare_audit", lambda *a, **k: (None, []))
     monkeypatch.setattr(leakage, "measure", lambda *a, **k: None)
-    monkeypatch.setattr(leakage, "calibration_answer", lambda *a, **k: {"sigma": math.inf, "sigma_unbiased": math.nan})
+    monkeypatch.setattr(
+        calibration, "calibration_answer", lambda *a, **k: {"sigma": math.inf, "sigma_unbiased": math.nan}
+    )
     code, out, _ = run_cli(["calibrate", MLP, "--aux", CANCER, "--json", "--target-mse", "1"], capsys)
 
     def no_constants(name):
