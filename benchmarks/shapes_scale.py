@@ -117,21 +117,23 @@ def run_quick(
 
 def full_seed(model: Path, aux: Path, target: Path, name: str) -> None:
     """One seed of attack `name` at the full battery's settings, in CPU seconds, beside the
-    estimate's share of one seed (its cap: training may stop early) and what stopped it."""
+    estimate's share of one seed (about: its expected share of the cap; at most: the cap) and
+    what stopped it."""
     options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0, quick=False)
     ctx = prepare_context(options.validate())
     attack = get_attack(name)
     with threads_for(ctx.aux.x.numel(), ctx.device):
         pass_seconds = cost.encoder_pass_seconds(ctx)
-    per_seed = attack.estimated_seconds(ctx, pass_seconds, cost._timed) / len(ctx.seeds)
+    cap = attack.estimated_seconds(ctx, pass_seconds, cost._timed) / len(ctx.seeds)
+    expected = cap * attack.expected_share_of_cap(ctx)
     begin = cpu_seconds()
     outcome = attack.run_seed(ctx, ctx.seeds[0])
     measured = cpu_seconds() - begin
     metric = attack.primary_metric
     stops = {k: v for k, v in outcome.details.items() if k.endswith(("_run", "stopped_by", "epochs", "iterations"))}
     print(
-        f"{name}, one full seed: estimate {per_seed:.0f} s, measured {measured:.0f} CPU s (ratio "
-        f"{measured / per_seed:.2f}); {metric} {outcome.metrics[metric]:.4g} baseline "
+        f"{name}, one full seed: estimate about {expected:.0f} s (at most {cap:.0f} s), measured {measured:.0f} "
+        f"CPU s (ratio to about {measured / expected:.2f}); {metric} {outcome.metrics[metric]:.4g} baseline "
         f"{outcome.baseline[metric]:.4g}; {stops}"
     )
 
