@@ -83,10 +83,11 @@ def estimates(model: Path, aux: Path, target: Path) -> dict[bool, dict[str, floa
 
 
 def cpu_seconds() -> float:
-    """User + system CPU seconds of this process so far: on a machine shared with other work,
-    an upper bound on the wall time the same run takes on idle cores."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """User + system CPU seconds of this process and its finished children so far (the audit's
+    worker processes, joined when it ends): on a machine shared with other work, an upper bound
+    on the wall time the same run takes on idle cores."""
+    usages = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
 
 
 def run_quick(
