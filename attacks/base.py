@@ -13,6 +13,8 @@ An attack describes itself on its class: `title`, `baseline_name`, `query_access
 result alone, without importing an attack), `metrics` (the metric names every ok run fills) and `Options`, a frozen dataclass whose fields
 are the keys its `[attack.NAME]` table takes, each declared with `option(...)` (default, help,
 range or choices). `parse_options` checks a user's table against it before anything runs.
+An Options field named `quick_X` is X's value under --quick (`resolve_quick`): attacks read X from
+`Attack.options(ctx)` and never choose a quick variant themselves.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import types
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,6 +41,7 @@ NEEDS = {"labels", "attribute", "gradients", "tokens"}
 IMAGE_ONLY_METRICS = frozenset({"ssim"})  # declared in `metrics`, filled only for image data
 MIN_SEEDS = 2  # the fewest seeds a spread can be measured from (or all there are, under --quick)
 SEED_TOLERANCE = 0.1  # enough seeds once the 95% interval's half-width is within 10% of |mean advantage|
+QUICK_PREFIX = "quick_"  # an Options field quick_X holds X's value under --quick
 
 
 @dataclass
@@ -156,6 +159,31 @@ def options_help(options_type: type) -> list[str]:
     ]
 
 
+def quick_variants(options_type: type) -> dict[str, str]:
+    """{X: quick_X} for each Options field quick_X whose X is also a field."""
+    names = {f.name for f in fields(options_type)}
+    return {
+        name.removeprefix(QUICK_PREFIX): name
+        for name in names
+        if name.startswith(QUICK_PREFIX) and name.removeprefix(QUICK_PREFIX) in names
+    }
+
+
+def orphan_quick_options(options_type: type) -> list[str]:
+    """The quick_X fields with no X (a declaration error: under --quick they would set nothing)."""
+    paired = set(quick_variants(options_type).values())
+    return sorted(f.name for f in fields(options_type) if f.name.startswith(QUICK_PREFIX) and f.name not in paired)
+
+
+def resolve_quick(options: Any, quick: bool) -> Any:
+    """The options a run uses: under --quick each X takes its quick_X's value. The quick_X fields
+    stay as they are, so the instance still says what both variants were."""
+    if not quick:
+        return options
+    variants = quick_variants(type(options))
+    return replace(options, **{name: getattr(options, quick_name) for name, quick_name in variants.items()})
+
+
 def _default_words(default: Any) -> str:
     """ ", default X" in TOML spelling; nothing for None (the help says what the run decides)."""
     if default is None:
@@ -196,8 +224,9 @@ class Attack(ABC):
         return parse_options(cls.name, cls.Options, table)
 
     def options(self, ctx: AuditContext) -> Any:
-        """This run's options for the attack (an Options instance)."""
-        return self.parse_options(ctx.options(self.name))
+        """This run's options for the attack (an Options instance), the quick variants resolved:
+        under --quick each X holds its quick_X's value, the quick_X fields unchanged (resolve_quick)."""
+        return resolve_quick(self.parse_options(ctx.options(self.name)), ctx.quick)
 
     @abstractmethod
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:

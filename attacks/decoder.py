@@ -8,7 +8,6 @@ with the bottom model, adds the deployed noise itself, trains a decoder on the p
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,15 +73,14 @@ class DecoderAttack(Attack):
         """Its training at the epoch cap, an upper bound (early stopping usually ends it sooner): a
         training step timed on a batch of this model's embeddings, times the steps of every epoch
         and seed."""
-        settings = dataclasses.asdict(self.options(ctx))
-        batch = max(2, min(settings["batch_size"], len(ctx.aux)))
-        decoder, optimizer = new_decoder(ctx, 0, settings["lr"])
+        opts = self.options(ctx)
+        batch = max(2, min(opts.batch_size, len(ctx.aux)))
+        decoder, optimizer = new_decoder(ctx, 0, opts.lr)
         z, x = ctx.clean_embeddings("aux")[:batch], ctx.aux.x[:batch]
         with threads_for(ctx.aux.x.numel(), ctx.device):
             step = timed(lambda: train_step(decoder.train(), optimizer, z, x))
-        n_train = len(ctx.aux) - max(1, math.ceil(settings["holdout_fraction"] * len(ctx.aux)))
-        epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
-        return len(ctx.seeds) * epochs * math.ceil(n_train / settings["batch_size"]) * step
+        n_train = len(ctx.aux) - max(1, math.ceil(opts.holdout_fraction * len(ctx.aux)))
+        return len(ctx.seeds) * opts.epochs * math.ceil(n_train / opts.batch_size) * step
 
     def expected_share_of_cap(self, ctx: AuditContext) -> float:
         """EXPECTED_SHARE of the epoch cap; the quick cap (15 epochs) is all run: with patience 8 the
@@ -90,10 +88,9 @@ class DecoderAttack(Attack):
         return 1.0 if ctx.quick else EXPECTED_SHARE
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
-        settings = dataclasses.asdict(self.options(ctx))
         gen = ctx.generator(seed)
         with threads_for(ctx.aux.x.numel(), ctx.device):
-            decoder, details = train_decoder(ctx, seed, gen, settings)
+            decoder, details = train_decoder(ctx, seed, gen, self.options(ctx))
             x_hat = decode(decoder, ctx.observed_embeddings("target", gen))
             averaged = decode(decoder, ctx.observed_embeddings("target", gen, ctx.queries)) if ctx.queries > 1 else None
         x_true, is_image = ctx.target.x, ctx.target.is_image
@@ -119,20 +116,20 @@ def new_decoder(ctx: AuditContext, seed: int, lr: float) -> tuple[Decoder, torch
     return decoder, torch.optim.Adam(decoder.parameters(), lr=lr)
 
 
-def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, settings: dict) -> tuple[Decoder, dict]:
+def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, opts: DecoderOptions) -> tuple[Decoder, dict]:
     """Adam on the MSE, fresh noise on the aux embeddings every epoch, early stopping on a
-    held-out slice of the aux data; returns the decoder at its best hold-out epoch."""
+    held-out slice of the aux data; returns the decoder at its best hold-out epoch. `opts` is the
+    run's (Attack.options: under --quick, epochs is already quick_epochs)."""
     n = len(ctx.aux)
     order = torch.randperm(n, generator=gen, device=gen.device)
-    n_holdout = max(1, math.ceil(settings["holdout_fraction"] * n))
+    n_holdout = max(1, math.ceil(opts.holdout_fraction * n))
     holdout, train = order[:n_holdout], order[n_holdout:]
-    decoder, optimizer = new_decoder(ctx, seed, settings["lr"])
-    epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
-    plateau = Plateau(settings["patience"])
-    with ctx.progress(total=epochs, desc="decoder") as bar:
-        for epoch in range(1, epochs + 1):
+    decoder, optimizer = new_decoder(ctx, seed, opts.lr)
+    plateau = Plateau(opts.patience)
+    with ctx.progress(total=opts.epochs, desc="decoder") as bar:
+        for epoch in range(1, opts.epochs + 1):
             z = ctx.observed_embeddings("aux", gen)
-            train_epoch(decoder, optimizer, z[train], ctx.aux.x[train], settings["batch_size"], gen)
+            train_epoch(decoder, optimizer, z[train], ctx.aux.x[train], opts.batch_size, gen)
             holdout_mse = float((decode(decoder, z[holdout]) - ctx.aux.x[holdout]).pow(2).mean())
             bar.update()
             if plateau.update(epoch, holdout_mse, snapshot(decoder)):

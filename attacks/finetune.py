@@ -57,7 +57,9 @@ class FineTuneOptions:
 
 @dataclass(frozen=True)
 class FineTuneSettings:
-    """The attack's knobs, from its options with the defaults that depend on --quick."""
+    """The attack's knobs, from its options with the defaults that depend on --quick. Not quick_X
+    options (Attack.options' rule): only k and epochs left unset take the quick defaults, while a
+    quick_k would replace a k the user asks for under --quick too."""
 
     head: str
     ks: tuple[int, ...]

@@ -19,7 +19,6 @@ On the digits CNN the Gaussian prior beat TV and their product at sigma in {0.1,
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -123,11 +122,10 @@ class OptimizationAttack(Attack):
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
         """Encoder passes: steps x samples x 2 (unbiased and MAP inverted together), plus the step
         pilot's (every fraction of lr on PILOT_TARGETS samples), every seed."""
-        settings = dataclasses.asdict(self.options(ctx))
-        steps = settings["quick_steps"] if ctx.quick else settings["steps"]
-        samples = inverted_samples(ctx, settings)
+        opts = self.options(ctx)
+        samples = inverted_samples(ctx, opts)
         inverted = samples + len(STEP_FRACTIONS) * min(samples, PILOT_TARGETS)
-        return len(ctx.seeds) * steps * 2 * inverted * pass_seconds
+        return len(ctx.seeds) * opts.steps * 2 * inverted * pass_seconds
 
     def check_inputs(self, ctx: AuditContext) -> None:
         """Total variation sums differences of neighbouring pixels: tabular rows have none."""
@@ -139,26 +137,24 @@ class OptimizationAttack(Attack):
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         self.check_inputs(ctx)
-        settings = dataclasses.asdict(self.options(ctx))
+        opts = self.options(ctx)
         gen = ctx.generator(seed)
-        n = inverted_samples(ctx, settings)
+        n = inverted_samples(ctx, opts)
         index = torch.randperm(len(ctx.target), generator=gen, device=gen.device)[:n].sort().values
         z = ctx.observed_embeddings("target", gen)[index]
         x_true, is_image = ctx.target.x[index], ctx.target.is_image
-        steps = settings["quick_steps"] if ctx.quick else settings["steps"]
+        steps = opts.steps
         weight = map_weight(ctx)
         simplex = None if ctx.tokens is None else vocabulary_simplex(ctx.tokens, ctx.aux)
-        stopping = ObjectiveStopping(settings["patience"], settings["min_improvement"])
+        stopping = ObjectiveStopping(opts.patience, opts.min_improvement)
         with threads_for(ctx.aux.x.numel(), ctx.device):
             mask = None if ctx.target.mask is None else ctx.target.mask[index]
-            lr, pilot = choose_step(ctx, z, mask, settings["prior"], weight, steps, settings["lr"], simplex, stopping)
+            lr, pilot = choose_step(ctx, z, mask, opts.prior, weight, steps, opts.lr, simplex, stopping)
             both = per_mask_pattern(  # token inputs: each target inverted under its own attention mask
                 ctx.tokens,
                 mask,
                 z,
-                lambda part: torch.stack(
-                    invert_both(ctx, part, settings["prior"], weight, steps, lr, simplex, stopping), 1
-                ),
+                lambda part: torch.stack(invert_both(ctx, part, opts.prior, weight, steps, lr, simplex, stopping), 1),
             )
             x_unbiased, x_map = both[:, 0], both[:, 1]
         unbiased = reconstruction_metrics(x_true, x_unbiased, is_image)
@@ -172,7 +168,7 @@ class OptimizationAttack(Attack):
                 "samples": n,
                 "steps": steps,
                 **stopping.details(steps),
-                "prior": settings["prior"],
+                "prior": opts.prior,
                 "map_weight": weight,
                 "lr": lr,
                 "pilot_objectives": pilot,
@@ -183,10 +179,11 @@ class OptimizationAttack(Attack):
         return with_token_metrics(ctx, outcome, x_best, index)
 
 
-def inverted_samples(ctx: AuditContext, settings: dict) -> int:
-    """How many target samples are inverted: samples (quick_samples under --quick), and under
-    --quick on token inputs no more sentences than quick_token_sentences allows."""
-    n = min(len(ctx.target), settings["quick_samples"] if ctx.quick else settings["samples"])
+def inverted_samples(ctx: AuditContext, opts: OptimizationOptions) -> int:
+    """How many target samples are inverted: the run's samples (quick_samples under --quick,
+    resolved by Attack.options), and under --quick on token inputs no more sentences than
+    quick_token_sentences allows (a cap from the sentence length, not an option)."""
+    n = min(len(ctx.target), opts.samples)
     if ctx.quick and ctx.tokens is not None:
         n = min(n, quick_token_sentences(ctx.target.token_ids.shape[1]))
     return n

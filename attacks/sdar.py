@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from splitaudit.attacks.base import Attack, SeedOutcome, option, parse_options
+from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.cluster_naming import check_clusterable, geometry_named_labels
 from splitaudit.attacks.kmeans import best_assignment_accuracy
 from splitaudit.attacks.nets import (
@@ -167,7 +167,7 @@ TOP_MODEL_ROLES = {
     "classifier": "it outputs the class scores (vanilla SL: the server's part ends in the classifier)",
     "body": "it is the server's body g of U-shaped SL; the client's tail h after it is simulated (h~)",
 }
-# How the attack gets labels for f~'s embeddings (settings["server_part"]), in the report's words.
+# How the attack gets labels for f~'s embeddings (SDARSettings.server_part), in the report's words.
 SERVER_PARTS = {
     "classifier": "top model g (frozen)",
     "body": "the server's body g (frozen) followed by a simulated tail h~ trained on aux labels",
@@ -316,7 +316,7 @@ class SDARAttack(Attack):
 
     def check_inputs(self, ctx: AuditContext) -> None:
         """Clustered labels need aux samples of every class and a target sample per cluster."""
-        if ctx.aux.y is not None and sdar_settings(ctx)["labels"] == "clustered":
+        if ctx.aux.y is not None and sdar_settings(ctx).labels == "clustered":
             check_clusterable(ctx.aux.y, len(ctx.target), ctx.num_classes)
 
     def training_failure(self, entry: dict, not_converged: list[str]) -> str:
@@ -338,63 +338,63 @@ class SDARAttack(Attack):
         iterations of every seed and ablation variant."""
         settings = sdar_settings(ctx)
         observed = ctx.observed_embeddings("target", ctx.generator(0))
-        known = conditioning_labels(ctx, settings, observed, 0)[0]
-        training = sdar_training(ctx, observed, known, 0, settings["batch_size"], FULL, **training_options(settings))
+        known = conditioning_labels(ctx, settings.labels, observed, 0)[0]
+        training = sdar_training(ctx, observed, known, 0, settings.batch_size, FULL, **training_options(settings))
         with training as (_, iteration, _):
             seconds = timed(iteration)
-        variants = 1 + (len(ABLATIONS) if settings["ablation"] else 0)
-        return len(ctx.seeds) * variants * settings["iterations"] * seconds
+        variants = 1 + (len(ABLATIONS) if settings.ablation else 0)
+        return len(ctx.seeds) * variants * settings.iterations * seconds
 
     def expected_share_of_cap(self, ctx: AuditContext) -> float:
         """EXPECTED_SHARE of the iteration cap where early stopping is on, else all of it."""
-        return 1.0 if sdar_settings(ctx)["stopping"] is None else EXPECTED_SHARE
+        return 1.0 if sdar_settings(ctx).stopping is None else EXPECTED_SHARE
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
         settings = sdar_settings(ctx)
         target = ctx.target
         observed = ctx.observed_embeddings("target", ctx.generator(seed))
-        known_labels, naming = conditioning_labels(ctx, settings, observed, seed)
+        known_labels, naming = conditioning_labels(ctx, settings.labels, observed, seed)
         run = lambda regularizers: sdar_reconstruct(
             ctx,
             observed,
             known_labels,
             seed,
-            settings["iterations"],
-            settings["batch_size"],
+            settings.iterations,
+            settings.batch_size,
             regularizers,
-            stopping=settings["stopping"],
+            stopping=settings.stopping,
             **training_options(settings),
         )
         x_hat, labels, stalled, plateau = run(FULL)
         metrics = reconstruction_metrics(target.x, x_hat, target.is_image)
         baseline = mean_guess_baseline(ctx.aux.x, target.x, target.is_image)
-        if settings["labels"] != "known":
+        if settings.labels != "known":
             metrics["label_accuracy"] = float((labels == target.y).float().mean())
             baseline["label_accuracy"] = majority_class_accuracy(ctx.aux.y, target.y)
             metrics["label_accuracy_relabelled"] = relabelled_accuracy(labels, target.y)
             baseline["label_accuracy_relabelled"] = largest_class_share(target.y)
-        if settings["ablation"]:
+        if settings.ablation:
             for key, regularizers in ABLATIONS.items():
                 metrics[key] = reconstruction_metrics(target.x, run(regularizers)[0], target.is_image)["mse"]
         details = {
-            "preset": settings["preset"],
-            "iterations": settings["iterations"],
-            "batch_size": settings["batch_size"],
+            "preset": settings.preset,
+            "iterations": settings.iterations,
+            "batch_size": settings.batch_size,
             "lambda1": LAMBDA1,
             "lambda2": LAMBDA2,
-            "simulator_init": settings["simulator_init"],
-            "learning_rate": SIMULATOR_LR * settings["lr_scale"],
+            "simulator_init": settings.simulator_init,
+            "learning_rate": SIMULATOR_LR * settings.lr_scale,
             "simulator": "bottom model's architecture, re-initialised"
             if ctx.encoder.architecture() is not None
             else "generic network of the same shapes",
-            "classifier": SERVER_PARTS[settings["server_part"]],
-            "target_labels": LABEL_SOURCES[settings["labels"]],
+            "classifier": SERVER_PARTS[settings.server_part],
+            "target_labels": LABEL_SOURCES[settings.labels],
             "attacker_holds": attacker_holds(ctx, settings),
-            **stop_details(plateau, settings["iterations"]),
+            **stop_details(plateau, settings.iterations),
         }
-        if settings["label_flip"]:
-            details["label_flip"] = settings["label_flip"]
-        if settings["labels"] == "inferred":
+        if settings.label_flip:
+            details["label_flip"] = settings.label_flip
+        if settings.labels == "inferred":
             details["label_inference_limit"] = U_SHAPED_LIMIT
         if naming:  # flat facts: the report's tables show scalars, not nested dicts
             details["label_layout_agreement"] = naming["layout_agreement"]
@@ -408,55 +408,57 @@ class SDARAttack(Attack):
         )
 
 
-def sdar_settings(ctx: AuditContext) -> dict:
-    """The options of a run, checked, with the preset's budget where iterations/batch_size are not given.
+@dataclass(frozen=True)
+class SDARSettings:
+    """What one SDAR run uses: its options with the defaults that depend on the device, the top
+    model and --quick filled in, and what follows from them (server_part, stopping)."""
 
-    The preset defaults to "paper" on a GPU and "cpu" otherwise; quick runs are a smoke test
-    (QUICK_ITERATIONS) unless a preset is asked for.
+    preset: str
+    labels: str  # a key of LABEL_SOURCES (LABEL_ALIASES resolved)
+    iterations: int
+    batch_size: int
+    simulator_init: str
+    lr_scale: float
+    label_flip: float
+    ablation: bool
+    server_part: str  # a key of SERVER_PARTS
+    stopping: Stopping | None
+
+
+def sdar_settings(ctx: AuditContext) -> SDARSettings:
+    """The run's options (checked: InputError), with the preset's budget where iterations/batch_size are not given.
+
+    The preset defaults to "paper" on a GPU and "cpu" otherwise. Quick runs are a smoke test
+    (QUICK_ITERATIONS) unless a preset or iterations are asked for. That quick budget is the one
+    exception to Attack.options' quick_X rule: a quick_iterations option would replace even the
+    iterations a user asks for under --quick, and here the user's preset or iterations win.
     """
-    options = ctx.options("sdar")
-    preset = str(options.get("preset", "paper" if ctx.device.type == "cuda" else "cpu"))
-    if preset not in PRESETS:
-        raise ValueError(f"sdar preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-    labels = str(options.get("labels", "known"))
-    labels = LABEL_ALIASES.get(labels, labels)
-    if labels not in LABEL_SOURCES:
-        raise ValueError(f"sdar labels must be one of {', '.join(LABEL_SOURCES)}, got {labels!r}")
+    opts = SDARAttack().options(ctx)
+    preset = opts.preset or ("paper" if ctx.device.type == "cuda" else "cpu")
+    labels = LABEL_ALIASES.get(opts.labels, opts.labels)
     budget = dict(PRESETS[preset])
-    role = str(options.get("top_model_role", "classifier"))
-    if role not in TOP_MODEL_ROLES:
-        raise ValueError(f"sdar top_model_role must be one of {', '.join(TOP_MODEL_ROLES)}, got {role!r}")
-    part = server_part(ctx.top_model is not None, role, labels)
+    part = server_part(ctx.top_model is not None, opts.top_model_role, labels)
     if preset == "cpu" and part in ("none", "withheld"):
         budget["iterations"] = ITERATIONS_WITHOUT_G
-    if ctx.quick and "preset" not in options:
+    if ctx.quick and opts.preset is None:
         budget["iterations"] = QUICK_ITERATIONS
-    iterations, batch_size = (
-        int(options.get("iterations", budget["iterations"])),
-        int(options.get("batch_size", budget["batch_size"])),
-    )
+    iterations = budget["iterations"] if opts.iterations is None else opts.iterations
     # Flipping regularises label inference (U-shaped SL); with the targets' labels known it would
     # only train the simulator on wrong labels (digits CNN with g, seed 0, 2000 iterations:
     # target MSE 0.0290 with 10% flips against 0.0146 without).
-    label_flip = float(options.get("label_flip", LABEL_FLIP if labels in ("inferred", "predicted") else 0.0))
-    if iterations < 1 or batch_size < 2 or not 0 <= label_flip <= 1:
-        raise ValueError(
-            "sdar needs iterations >= 1, batch_size >= 2 and 0 <= label_flip <= 1, got "
-            f"{iterations}, {batch_size}, {label_flip}"
-        )
-    stops = parse_options("sdar", SDAROptions, options)  # the early-stopping options, checked
-    return {
-        "preset": preset,
-        "labels": labels,
-        "iterations": iterations,
-        "batch_size": batch_size,
-        "simulator_init": budget["simulator_init"],
-        "lr_scale": budget["lr_scale"],
-        "label_flip": label_flip,
-        "ablation": bool(options.get("ablation", False)),
-        "server_part": part,
-        "stopping": early_stopping(stops, iterations),
-    }
+    default_flip = LABEL_FLIP if labels in ("inferred", "predicted") else 0.0
+    return SDARSettings(
+        preset=preset,
+        labels=labels,
+        iterations=iterations,
+        batch_size=budget["batch_size"] if opts.batch_size is None else opts.batch_size,
+        simulator_init=budget["simulator_init"],
+        lr_scale=budget["lr_scale"],
+        label_flip=default_flip if opts.label_flip is None else opts.label_flip,
+        ablation=opts.ablation,
+        server_part=part,
+        stopping=early_stopping(opts, iterations),
+    )
 
 
 def early_stopping(stops: SDAROptions, iterations: int) -> Stopping | None:
@@ -475,16 +477,16 @@ def stop_details(plateau: Plateau | None, iterations: int) -> dict:
     return {**plateau.details("iterations"), "holdout_mse": plateau.best, "holdout_curve": plateau.history}
 
 
-def attacker_holds(ctx: AuditContext, settings: dict) -> str:
+def attacker_holds(ctx: AuditContext, settings: SDARSettings) -> str:
     """What the attacker was given, in the report's words (the threat model of this run)."""
     parts = [
         "the target embeddings (with the client's noise)",
         "labelled auxiliary data",
         "the bottom model's architecture" if ctx.encoder.architecture() is not None else "the bottom model's shapes",
     ]
-    if settings["labels"] == "known":
+    if settings.labels == "known":
         parts.append("the targets' labels")
-    part = settings["server_part"]
+    part = settings.server_part
     if part == "classifier":
         parts.append("the top model g, which outputs the class scores")
     elif part == "body":
@@ -504,25 +506,26 @@ def server_part(has_top_model: bool, role: str, labels: str) -> str:
 
 
 def conditioning_labels(
-    ctx: AuditContext, settings: dict, observed: torch.Tensor, seed: int
+    ctx: AuditContext, labels: str, observed: torch.Tensor, seed: int
 ) -> tuple[torch.Tensor | None, dict]:
     """The target labels the decoder and discriminators are conditioned on, fixed before training
-    (None: the classifier's, as training goes), and how clustered labels were named."""
-    if settings["labels"] == "known":
+    (None: the classifier's, as training goes), and how clustered labels were named. `labels`: the
+    run's label source (SDARSettings.labels)."""
+    if labels == "known":
         return ctx.target.y, {}
-    if settings["labels"] == "clustered":
+    if labels == "clustered":
         return geometry_named_labels(observed, ctx.aux.x, ctx.aux.y, ctx.num_classes, seed)
     return None, {}
 
 
-def training_options(settings: dict) -> dict:
+def training_options(settings: SDARSettings) -> dict:
     """The keyword arguments of sdar_reconstruct/sdar_training that a run's settings decide."""
     return {
-        "conditional": settings["labels"] != "inferred",
-        "label_flip": settings["label_flip"],
-        "simulator_init": settings["simulator_init"],
-        "lr_scale": settings["lr_scale"],
-        "server_part": settings["server_part"],
+        "conditional": settings.labels != "inferred",
+        "label_flip": settings.label_flip,
+        "simulator_init": settings.simulator_init,
+        "lr_scale": settings.lr_scale,
+        "server_part": settings.server_part,
     }
 
 

@@ -15,7 +15,6 @@ attacks cover the continuous route (embeddings decoded to the nearest tokens).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -99,10 +98,9 @@ class TokenInversionAttack(Attack):
         return super().missing(ctx)
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
-        settings = dataclasses.asdict(self.options(ctx))
         gen = ctx.generator(seed)
         with threads_for(ctx.aux.x.numel(), ctx.device):
-            net, details = train_inverter(ctx, seed, gen, settings)
+            net, details = train_inverter(ctx, seed, gen, self.options(ctx))
             pred = predict(net, ctx.observed_embeddings("target", gen))
         metrics, baseline, token_details = token_outcome(ctx, ctx.target.token_ids, pred)
         return SeedOutcome(metrics=metrics, baseline=baseline, details={**details, "tokens": token_details})
@@ -113,24 +111,26 @@ def sequence_states(z: torch.Tensor) -> torch.Tensor:
     return z.flatten(2) if z.dim() > 2 else z.unsqueeze(-1)
 
 
-def train_inverter(ctx: AuditContext, seed: int, gen: torch.Generator, settings: dict) -> tuple[nn.Module, dict]:
-    """Adam on the per-position cross-entropy, fresh noise every epoch, early stopping on held-out aux."""
+def train_inverter(
+    ctx: AuditContext, seed: int, gen: torch.Generator, opts: TokenInversionOptions
+) -> tuple[nn.Module, dict]:
+    """Adam on the per-position cross-entropy, fresh noise every epoch, early stopping on held-out aux
+    (`opts` is the run's: under --quick, epochs is already quick_epochs)."""
     ids = ctx.aux.token_ids
     if ctx.aux.mask is not None:  # padded positions carry no private token: no loss there
         ids = ids.masked_fill(~ctx.aux.mask, IGNORED)
     n = len(ids)
     order = torch.randperm(n, generator=gen, device=gen.device)
-    n_holdout = max(1, math.ceil(settings["holdout_fraction"] * n))
+    n_holdout = max(1, math.ceil(opts.holdout_fraction * n))
     holdout, train = order[:n_holdout], order[n_holdout:]
     width = sequence_states(ctx.clean_embeddings("aux")[:1]).shape[-1]
     with seeded(seed):
-        net = PositionDecoder(ids.shape[1], width, settings["hidden"], ctx.tokens.size).to(ctx.device)
-    optimizer = torch.optim.Adam(net.parameters(), lr=settings["lr"])
-    epochs = settings["quick_epochs"] if ctx.quick else settings["epochs"]
-    batch_size = max(1, min(settings["batch_size"], MAX_BATCH_LOGITS // (ids.shape[1] * ctx.tokens.size)))
+        net = PositionDecoder(ids.shape[1], width, opts.hidden, ctx.tokens.size).to(ctx.device)
+    optimizer = torch.optim.Adam(net.parameters(), lr=opts.lr)
+    batch_size = max(1, min(opts.batch_size, MAX_BATCH_LOGITS // (ids.shape[1] * ctx.tokens.size)))
     holdout_positions = int((ids[holdout] != IGNORED).sum())
-    plateau = Plateau(settings["patience"])
-    for epoch in range(1, epochs + 1):
+    plateau = Plateau(opts.patience)
+    for epoch in range(1, opts.epochs + 1):
         z = sequence_states(ctx.observed_embeddings("aux", gen))
         net.train()
         for batch in train[torch.randperm(len(train), generator=gen, device=gen.device)].split(batch_size):

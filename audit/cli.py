@@ -245,7 +245,7 @@ def print_long_cost(estimate) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> None:
     """The noise sigma that makes MODEL's provable bound reach --target-mse."""
-    from splitaudit import leakage
+    from splitaudit.calibration import describe_calibration
     from splitaudit.pipeline import run_calibration
     from splitaudit.reports.files import to_strict_json
 
@@ -254,7 +254,7 @@ def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> N
     if as_json:
         click.echo(json.dumps(to_strict_json(answer), indent=2, allow_nan=False))
     else:
-        click.echo(leakage.describe_calibration(answer))
+        click.echo(describe_calibration(answer))
 
 
 @cli.command()

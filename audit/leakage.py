@@ -3,6 +3,8 @@
 The wiring between the AuditContext and the pure estimators of Maeng et al. (NeurIPS 2023) (splitaudit.estimators):
 it picks the samples, the smoothing and the methods, and turns the estimates into the JSON-ready
 `dfil`, `prior`, `bounds` and `calibration` sections of report.json (docs/design.md sections 4 and 8).
+The attacks' check against the bound is in bound_check.py, the `splitaudit calibrate` answer in
+calibration.py.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ IMAGE_SMOOTHING = 0.25  # Maeng et al. (NeurIPS 2023), A.1: the randomized-smoot
 DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES = 2048, 256
 MAX_PROBES, QUICK_MAX_PROBES = 256, 64
 DFIL_RTOL = 0.02  # default target of the mean trace's relative standard error (--dfil-rtol)
-VIOLATION_Z = 2.0  # an attack violates the bound when it is below it by this many standard errors
 
 
 @dataclass
@@ -191,7 +192,7 @@ def assess_measurement(ctx: AuditContext, m: Measurement, target_mse: float | No
         "dfil": _dfil_section(ctx, m, per_sample, mean_dfil, mean_se),
         "prior": _prior_section(m.prior),
         "bounds": _bounds_section(ctx, m, per_sample, mean_dfil, mean_se),
-        "calibration": _calibration_section(ctx, m, target_mse),
+        "calibration": calibration_section(ctx, m, target_mse),
     }
 
 
@@ -404,7 +405,7 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
     }
 
 
-def _calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | None) -> dict:
+def calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | None) -> dict:
     """Noise sigmas for a target bound: --fail-under-mse, else half the mean-guess MSE."""
     source = "the --fail-under-mse threshold"
     if target_mse is None:
@@ -428,107 +429,3 @@ def _calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | 
         "sigma_unbiased_point": sigma_for_unbiased(m.trace_over_d, target_mse).sigma,
         "sigma_basis": "upper end of the 95% confidence interval of E||J||_F^2 (conservative)",
     }
-
-
-# --- after the attacks --------------------------------------------------------------------------
-
-
-def check_against_bound(bounds: dict, attacks: dict[str, dict], smoothing: float) -> tuple[dict, dict]:
-    """(attacks, bounds) as new sections: each ok reconstruction attack with its bound_check, and
-    the bounds listing (with the likely causes) every one whose MSE is below the van Trees bound
-    by more than VIOLATION_Z standard errors (attack spread over seeds and the bound's own error).
-    The sections given are left as they are, so a result is assembled once, already checked."""
-    bound, bound_se = bounds[GATED_BOUND.key], bounds.get(GATED_BOUND.stderr_key, 0.0)
-    checked, violated = {}, []
-    for name, attack in attacks.items():
-        if attack.get("status") != "ok" or attack.get("kind") != "reconstruction":
-            checked[name] = attack
-            continue
-        mse = attack["metrics"]["mse"]
-        spread = attack.get("metrics_std", {}).get("mse", 0.0)
-        margin = VIOLATION_Z * math.hypot(spread if math.isfinite(spread) else 0.0, bound_se)
-        checked[name] = {
-            **attack,
-            "bound_check": {GATED_BOUND.key: bound, "margin": margin, "violated": mse < bound - margin},
-        }
-        if mse < bound - margin:
-            violated.append(name)
-    flagged = {**bounds, "violated_by": violated}
-    if violated:
-        causes = violation_causes(smoothing)
-        flagged["violation_causes"] = causes
-        flagged["notes"] = [
-            *bounds.get("notes", []),
-            f"{', '.join(violated)} reconstructed below the {GATED_BOUND.name} bound: the bound's assumptions failed "
-            f"({'; '.join(causes)}), so it is not a guarantee here",
-        ]
-    return checked, flagged
-
-
-def violation_causes(smoothing: float) -> list[str]:
-    """Why an attack can beat the van Trees bound, likeliest first."""
-    causes = [
-        "the prior term J may be underestimated (score matching struggles with data near a low-dimensional manifold)"
-    ]
-    if smoothing > 0:
-        causes.insert(
-            0,
-            f"the bound covers inputs smoothed with noise tau = {smoothing:g} (Maeng et al., NeurIPS 2023, A.1) while "
-            "the attacks reconstruct the clean inputs, so it applies only if the client smooths its inputs",
-        )
-    return causes
-
-
-# --- splitaudit calibrate ---------------------------------------------------------------------
-
-
-def calibrate(
-    ctx: AuditContext,
-    target_mse: float,
-    prior: str = "ssm",
-    smoothing: float | None = None,
-    dfil_rtol: float = DFIL_RTOL,
-    dfil_samples: int | None = None,
-) -> dict:
-    """The answer of `splitaudit calibrate --json`: the sigma for the van Trees bound (and the
-    unbiased one) to reach target_mse, or why no sigma can."""
-    return calibration_answer(ctx, measure(ctx, prior, smoothing, dfil_rtol, dfil_samples), target_mse)
-
-
-def calibration_answer(ctx: AuditContext, m: Measurement, target_mse: float) -> dict:
-    """calibrate's answer from an existing measurement."""
-    answer = _calibration_section(ctx, m, target_mse)
-    del answer["target_source"]
-    return {
-        **answer,
-        "prior": {
-            "method": m.prior.method,
-            "J_over_d": m.prior.j_over_d,
-            "valid": m.prior.valid,
-            "notes": list(m.prior.notes),
-        },
-        "dfil_method": m.traces.method,
-        "dfil_approximate": m.mean_trace.approximate,
-        "n_samples": len(m.index),
-    }
-
-
-def describe_calibration(answer: dict) -> str:
-    """One or two lines for people: the sigma, or why none exists."""
-    where = f" (bound on the smoothed input, tau = {answer['smoothing']:g})" if answer["smoothing"] > 0 else ""
-    caveat = (
-        "\nThe dFIL is approximate (black-box finite differences whose error could not be bounded): "
-        "this sigma is no guarantee."
-        if answer.get("dfil_approximate")
-        else ""
-    )
-    if not answer["feasible"]:
-        return (
-            f"no noise sigma reaches a van Trees bound of {answer['target_mse']:.4g}: {answer['reason']}.\n"
-            f"Against unbiased attackers only, sigma = {answer['sigma_unbiased']:.4g} would suffice." + caveat
-        )
-    return (
-        f"noise sigma {answer['sigma']:.4g} makes the van Trees bound reach MSE {answer['target_mse']:.4g}"
-        f"{where}, prior {answer['prior']['method']}.\n"
-        f"Against unbiased attackers only (Cramér-Rao), sigma {answer['sigma_unbiased']:.4g} suffices." + caveat
-    )

@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options
+from splitaudit.bound_check import check_against_bound
 from splitaudit.config import AuditOptions
 from splitaudit.context import AuditContext, build_context, silent_progress
 from splitaudit.data import Dataset, split_dataset
@@ -185,11 +186,10 @@ class AuditEngine:
     ) -> dict:
         """One audit point: the sections at sigma, the attacks' entries (run at sigma) checked
         against the bound, and utility (its loss against clean_utility; measured unless given)."""
-        from splitaudit import leakage
         from splitaudit.utility import utility_section
 
         sections = self.assess(sigma, target_mse)
-        checked, bounds = leakage.check_against_bound(sections["bounds"], attacks, sections["prior"]["smoothing"])
+        checked, bounds = check_against_bound(sections["bounds"], attacks, sections["prior"]["smoothing"])
         if utility is None:
             utility = utility_section(self.ctx.at_sigma(sigma, self.options.seed), self.clean_utility)
         return {"noise_sigma": sigma, **sections, "bounds": bounds, "attacks": checked, "utility": utility}
@@ -260,11 +260,11 @@ def _announce_cost(ctx: AuditContext, options: AuditOptions, names: list[str], o
 
 def run_calibration(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
     """`splitaudit calibrate`: the measurement alone (no attack), and the noise sigma that makes its
-    van Trees bound reach options.target_mse (splitaudit.leakage.calibration_answer)."""
-    from splitaudit import leakage
+    van Trees bound reach options.target_mse (splitaudit.calibration.calibration_answer)."""
+    from splitaudit.calibration import calibration_answer
 
     with AuditEngine.prepared(options, progress, attacks=False) as engine:
-        return leakage.calibration_answer(engine.ctx, engine.measurement, options.target_mse)
+        return calibration_answer(engine.ctx, engine.measurement, options.target_mse)
 
 
 def check_executor(options: AuditOptions) -> None:

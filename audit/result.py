@@ -17,7 +17,7 @@ from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from splitaudit.registries import GATED_BOUND, PRIOR_NAMES
+from splitaudit.registries import BOUNDS, GATED_BOUND, PRIOR_NAMES
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
@@ -191,21 +191,34 @@ class Prior(TypedDict):
     details: dict[str, Any]
 
 
-class Bounds(TypedDict):
-    """Lower bounds on any attacker's reconstruction MSE per input dimension."""
+def _bounds_section() -> type:
+    """The bounds section's TypedDict: each registered bound's key (at the upper end of E[dFIL]'s
+    interval), its `_point` key (at the estimate) and its standard error where one is kept, from
+    registries.BOUNDS, so a new bound needs no line here; then the keys every run writes besides."""
+    per_bound: dict[str, Any] = {}
+    for bound in BOUNDS.values():
+        per_bound[bound.key] = float
+        if bound.stderr_key:
+            per_bound[bound.stderr_key] = float
+        per_bound[f"{bound.key}_point"] = NotRequired[float]
+    section = TypedDict(
+        "Bounds",
+        {
+            **per_bound,
+            "cramer_rao_mse_leakiest": float,
+            "van_trees_stam_mse": float | None,
+            "mean_guess_mse": float,
+            "violated_by": list[str],
+            "violation_causes": NotRequired[list[str]],
+            "notes": list[str],
+            "dfil_used": NotRequired[float],
+        },
+    )
+    section.__doc__ = "Lower bounds on any attacker's reconstruction MSE per input dimension."
+    return section
 
-    cramer_rao_mse: float
-    cramer_rao_mse_leakiest: float
-    van_trees_mse: float
-    van_trees_stderr: float
-    van_trees_stam_mse: float | None
-    mean_guess_mse: float
-    violated_by: list[str]
-    violation_causes: NotRequired[list[str]]
-    notes: list[str]
-    cramer_rao_mse_point: NotRequired[float]
-    van_trees_mse_point: NotRequired[float]
-    dfil_used: NotRequired[float]
+
+Bounds = _bounds_section()
 
 
 class TokenStatement(TypedDict):

@@ -1,14 +1,14 @@
-"""Seconds per SDAR training iteration: ways to speed it up, against today's, side by side in one process.
+"""Seconds per SDAR training iteration: ways to speed it up, against the attack as it is, side by side in one process.
 
-SDAR is the bulk of a full audit's estimate (issue 23: 3.4 h of 3.8 h on the 64 px ResNet stem).
+SDAR is the bulk of a full audit's estimate (3.4 h of 3.8 h on the 64 px ResNet stem, 2 CPU cores).
 Each variant gets its own networks, built from the same seed by the attack's own
 `sdar_training`, and the variants' iterations are timed interleaved in rounds (round-robin, so
 that a burst of load from other processes hits every variant alike); the table gives the
-median seconds per iteration over the rounds and today / variant (above 1: faster). A variant
+median seconds per iteration over the rounds and baseline / variant (above 1: faster). A variant
 that fails to build or to run (torch.compile without a compiler, say) is reported, not fatal.
 
 Then each variant is trained alone for `--check` iterations from the same seed and its
-decoder's output on a fixed batch is compared with today's: "identical" only when bit-equal;
+decoder's output on a fixed batch is compared with the baseline's: "identical" only when bit-equal;
 otherwise the largest absolute difference (floating-point reordering grows through training,
 so a variant that is kept must show its final MSE within the seeds' spread, benchmarks/README.md).
 
@@ -83,7 +83,7 @@ def _threads(count: int) -> Callable[[SDARNets, Step], Step]:
 
 
 VARIANTS: dict[str, Callable[[SDARNets, Step], Step]] = {
-    "today": lambda nets, step: step,
+    "baseline": lambda nets, step: step,
     "foreach Adam": lambda nets, step: _optimisers(nets, step, foreach=True),
     "fused Adam": lambda nets, step: _optimisers(nets, step, fused=True),
     "channels_last": _channels_last,
@@ -158,17 +158,17 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         ctx, name = context(args, Path(tmp))
-        names = ["today", *[v for v in args.variants if v != "today"]]
+        names = ["baseline", *[v for v in args.variants if v != "baseline"]]
         times = time_variants(ctx, names, args.rounds, args.per_round, args.warmup)
-        reference = trained_output(ctx, "today", args.check) if args.check else None
+        reference = trained_output(ctx, "baseline", args.check) if args.check else None
         print(
             f"{name}; SDAR cpu preset (batch {PRESETS['cpu']['batch_size']}), torch threads in the attack "
             f"{'1 (small data)' if ctx.aux.x.numel() < 1_000_000 else torch.get_num_threads()}; "
             f"{args.rounds} rounds of {args.per_round} iterations; load average {os.getloadavg()[0]:.1f}"
         )
-        today = statistics.median(times["today"])
+        baseline = statistics.median(times["baseline"])
         print(
-            f"{'variant':>14} {'s/iteration':>12} {'today/variant':>13}  {'after ' + str(args.check) + ' iterations'}"
+            f"{'variant':>14} {'s/iteration':>12} {'baseline/variant':>16}  {'after ' + str(args.check) + ' iterations'}"
         )
         for variant in names:
             if isinstance(times[variant], str):
@@ -176,13 +176,13 @@ def main() -> None:
                 continue
             seconds = statistics.median(times[variant])
             check = ""
-            if reference is not None and variant != "today":
+            if reference is not None and variant != "baseline":
                 try:
                     diff = float((trained_output(ctx, variant, args.check) - reference).abs().max())
                     check = "identical" if diff == 0 else f"max |difference| {diff:.2e}"
                 except Exception as exc:
                     check = f"check failed: {type(exc).__name__}"
-            print(f"{variant:>14} {seconds:>12.4f} {today / seconds:>13.2f}  {check}")
+            print(f"{variant:>14} {seconds:>12.4f} {baseline / seconds:>16.2f}  {check}")
 
 
 if __name__ == "__main__":

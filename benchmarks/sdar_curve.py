@@ -105,7 +105,7 @@ def curve(
     to sdar_reconstruct."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     target = ctx.target
-    conditioning, naming = conditioning_labels(ctx, {"labels": source}, observed, seed)
+    conditioning, naming = conditioning_labels(ctx, source, observed, seed)
     if naming:
         print(f"  clusters named by the class layout: layout agreement {naming['layout_agreement']:.3f}")
     points = []

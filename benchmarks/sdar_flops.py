@@ -10,7 +10,7 @@ aux and on observed embeddings, d1 on simulated and observed embeddings, d2 on d
 inputs). It prints GFLOP per iteration and each network's parameters and GFLOP per pass.
 
     python benchmarks/sdar_flops.py                                           # digits CNN with g
-    python benchmarks/sdar_flops.py --architecture resnet --size 64 --width 64   # issue 23's stem
+    python benchmarks/sdar_flops.py --architecture resnet --size 64 --width 64   # a ResNet-18 stem + layer1 at 64 px
 """
 
 from __future__ import annotations

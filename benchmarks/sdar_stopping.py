@@ -1,10 +1,10 @@
-"""SDAR's early stopping on the attacker's own signal against today's fixed iteration budget.
+"""SDAR's early stopping on the attacker's own signal against the fixed iteration budget.
 
 The attacker cannot see the targets; it can hold a slice of its aux data out of training and
 watch the MSE of reconstructing it through its simulator f~ and decoder (attacks/sdar.py,
 option early_stopping). For every seed this runs
 
-- the fixed budget: today's attack, every aux sample in training, `--iterations` iterations;
+- the fixed budget: the attack without early stopping, every aux sample in training, `--iterations` iterations;
 - one recording run with the held-out slice out of training, measuring the held-out aux MSE
   (the attacker's signal) and the target MSE (what the attacker cannot see) every `--every`
   iterations and never stopping. Stopping does not change the training before the stop (the
@@ -71,7 +71,7 @@ def context(args, folder: Path):
 
 
 def fixed_budget(ctx, seed: int, iterations: int, preset: dict) -> tuple[float, float]:
-    """(target MSE, seconds) of today's attack: every aux sample trains, no early stopping."""
+    """(target MSE, seconds) of the attack at the fixed budget: every aux sample trains, no early stopping."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     start = time.perf_counter()
     x_hat, *_ = sdar_reconstruct(
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument(
         "--same-data",
         action="store_true",
-        help="compare with the recording at the cap instead of running today's attack (half the time)",
+        help="compare with the recording at the cap instead of running the fixed budget (half the time)",
     )
     args = parser.parse_args()
     preset = PRESETS["cpu"]

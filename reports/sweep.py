@@ -275,7 +275,10 @@ def _frontier(sweep: dict) -> Table:
 def _mse_series(sweep: dict) -> tuple:
     points = _points(sweep)
     sigmas = [p.get("noise_sigma") for p in points]
-    gated = charts.SweepSeries(GATED_BOUND.label, [(p.get("bounds") or {}).get(GATED_BOUND.key) for p in points])
+    bounds = [
+        (charts.SweepSeries(bound.label, [(p.get("bounds") or {}).get(key) for p in points]), bound.chart_color)
+        for key, bound in BOUNDS.items()
+    ]
     attacks = []
     for name in _attack_names(points, "reconstruction"):
         entries = [(p.get("attacks") or {}).get(name) or {} for p in points]
@@ -288,7 +291,7 @@ def _mse_series(sweep: dict) -> tuple:
         )
     guesses = [(p.get("bounds") or {}).get("mean_guess_mse") for p in points]
     mean_guess = next((g for g in guesses if is_finite(g)), None)
-    return sigmas, [(gated, GATED_BOUND.chart_color)], attacks, mean_guess, sweep.get("target_mse")
+    return sigmas, bounds, attacks, mean_guess, sweep.get("target_mse")
 
 
 def _attack_names(points: list[dict], kind: str) -> list[str]:

@@ -20,7 +20,8 @@ import torch.nn as nn
 from conftest import sample
 
 from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class, get_attack
-from splitaudit.attacks.base import IMAGE_ONLY_METRICS, NEEDS, option_rule
+from splitaudit.attacks.base import IMAGE_ONLY_METRICS, NEEDS, option, option_rule, orphan_quick_options, resolve_quick
+from splitaudit.attacks.plateau import STOPPED_BY_CAP
 from splitaudit.context import AuditContext
 from splitaudit.data import Dataset
 from splitaudit.errors import InputError
@@ -183,6 +184,53 @@ def bad_value(spec: dataclasses.Field, hint) -> object:
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)
+def test_every_quick_option_names_the_option_it_replaces(name):
+    """quick_X is X's value under --quick: a quick_X without X would silently set nothing."""
+    assert orphan_quick_options(attack_class(name).Options) == []
+
+
+@dataclasses.dataclass(frozen=True)
+class QuickDeclared:
+    epochs: int = option(200, "epoch cap", low=1)
+    quick_epochs: int = option(15, "epoch cap under --quick", low=1)
+    lr: float = option(0.1, "step", above=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuickWithoutItsOption:
+    quick_steps: int = option(5, "steps under --quick", low=1)
+    quick_epochs: int = option(15, "epoch cap under --quick", low=1)
+    epochs: int = option(200, "epoch cap", low=1)
+
+
+def test_a_quick_option_without_its_option_is_a_declaration_error():
+    assert orphan_quick_options(QuickWithoutItsOption) == ["quick_steps"]
+    assert orphan_quick_options(QuickDeclared) == []
+
+
+def test_quick_runs_take_the_quick_value_and_keep_the_quick_field():
+    declared = QuickDeclared(epochs=50, quick_epochs=4)
+    assert resolve_quick(declared, quick=False) == declared
+    quick = resolve_quick(declared, quick=True)
+    assert quick == QuickDeclared(epochs=4, quick_epochs=4, lr=0.1)
+    assert resolve_quick(quick, quick=True) == quick, "resolving again changes nothing"
+    assert declared.epochs == 50, "the user's instance is not modified"
+
+
+@pytest.mark.parametrize("quick, trained", [(True, 2), (False, 3)])
+def test_attack_options_resolve_quick_variants_for_the_run(quick, trained, plain_ctx):
+    """The decoder trains for quick_epochs under --quick and epochs otherwise (patience beyond
+    both caps, so the cap ends training), read from Attack.options alone."""
+    table = {"epochs": 3, "quick_epochs": 2, "patience": 10}
+    ctx = dataclasses.replace(plain_ctx, quick=quick, attack_options={"decoder": table})
+    decoder = get_attack("decoder")
+    opts = decoder.options(ctx)
+    assert (opts.epochs, opts.quick_epochs) == (trained, 2)
+    details = decoder.run_seed(ctx, 0).details
+    assert details["epochs_trained"] == trained and details["stopped_by"] == STOPPED_BY_CAP
+
+
+@pytest.mark.parametrize("name", ATTACK_NAMES)
 def test_attack_checks_its_options_before_running(name, tiny_ctx):
     attack = attack_class(name)
     defaults = attack.parse_options({})
@@ -260,3 +308,12 @@ def test_attacks_on_token_inputs_report_token_metrics_or_say_why_not(token_ctx, 
                 assert metric in entry["metrics"] and metric in entry["baseline"], (name, metric)
             assert len(entry["details"]["tokens"]["position_accuracy"]) == 4
     assert get_attack("token-inversion").run(plain_ctx)["status"] == "skipped"
+
+
+@pytest.mark.parametrize("name", ATTACK_NAMES)
+def test_attack_accepts_labelled_data_in_its_input_check(name, tiny_ctx):
+    """check_inputs runs on every audit before any attack (pipeline.check_attack_inputs): on the
+    tiny context, labelled and of a kind the attack takes, it must pass with the default options
+    (it once read a typed option as a dict and stopped every labelled audit with exit 3)."""
+    assert tiny_ctx.aux.y is not None
+    assert get_attack(name).check_inputs(tiny_ctx) is None

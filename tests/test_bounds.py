@@ -145,11 +145,11 @@ def _markdown(write, *args, tmp_path: Path) -> str:
 
 def test_a_new_bound_is_one_registry_line(tmp_path, monkeypatch):
     """A bound added to the registry alone is stated by the report, the comparison and the sweep
-    (table rows, formula, audience) without other code. (The leakage stage computes every entry by
-    bound_mse; the schema's Bounds section still lists its keys by hand.)"""
+    (table rows, formula, audience, the sweep's MSE chart) and has its keys in the schema's Bounds
+    section without other code (the leakage stage computes every entry by bound_mse)."""
     from splitaudit import registries
     from splitaudit.reports.compare import write_comparison
-    from splitaudit.reports.sweep import write_sweep_reports
+    from splitaudit.reports.sweep import _mse_series, write_sweep_reports
     from splitaudit.reports.writer import load_result, write_reports
 
     extra = registries.Bound(
@@ -169,3 +169,8 @@ def test_a_new_bound_is_one_registry_line(tmp_path, monkeypatch):
         point["bounds"]["test_mse"] = 0.0456
     page = _markdown(write_sweep_reports, sweep, tmp_path=tmp_path / "s")
     assert "Test MSE" in page and "Test bound MSE (test attackers)" in page and "0.0456" in page
+    charted = {series.label: series.values for series, _ in _mse_series(sweep)[1]}
+    assert set(charted) == {b.label for b in registries.BOUNDS.values()}
+    assert charted["Test bound (test attackers)"] == [0.0456] * len(sweep["points"])
+    section = get_type_hints(result._bounds_section())
+    assert {"test_mse", "test_mse_point"} <= set(section) and "test_mse" not in get_type_hints(result.Bounds)

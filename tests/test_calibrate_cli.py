@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import sample
 
-from splitaudit import leakage
+from splitaudit import calibration
 from splitaudit.cli import main
 
 
@@ -31,7 +31,7 @@ def test_calibrate_json_matches_the_library_answer(capsys, digits_ctx):
     assert answer["smoothing"] == 0.25 and answer["prior"]["method"] == "ssm"
     # Bit-identical on CPU; CUDA's non-deterministic kernels move the trained prior by ~1e-5 (seen on an H100).
     rel = 1e-4 if digits_ctx.device.type == "cuda" else 1e-6
-    assert answer["sigma"] == pytest.approx(leakage.calibrate(digits_ctx, 0.03)["sigma"], rel=rel)
+    assert answer["sigma"] == pytest.approx(calibration.calibrate(digits_ctx, 0.03)["sigma"], rel=rel)
 
 
 def test_calibrate_prints_one_or_two_lines_for_people(capsys):

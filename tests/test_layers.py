@@ -75,7 +75,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "attacks.token_inversion",
         },
     ),
-    ("stages", {"leakage", "utility", "cost", "gate", "recommend"}),
+    ("stages", {"leakage", "bound_check", "calibration", "utility", "cost", "gate", "recommend"}),
     ("execution", {"tasks", "executor", "process_pool", "ray_executor", "recipe"}),
     ("engine", {"pipeline", "sweep"}),
     (

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from splitaudit import leakage
+from splitaudit import bound_check, calibration, leakage
 from splitaudit.estimators.prior import mean_variance
 
 
@@ -90,7 +90,7 @@ def test_bounds_follow_dfil_under_noise(digits_ctx):
 
 def test_calibration_round_trip_reaches_the_target_within_5_percent(digits_ctx):
     target = 0.03
-    answer = leakage.calibrate(digits_ctx, target, prior="ssm")
+    answer = calibration.calibrate(digits_ctx, target, prior="ssm")
     assert answer["feasible"] and answer["bound"] == "van-trees"
     at_sigma = leakage.assess(dataclasses.replace(digits_ctx, noise_sigma=answer["sigma"]), prior="ssm")
     assert at_sigma["bounds"]["van_trees_mse"] == pytest.approx(target, rel=0.05)
@@ -101,16 +101,16 @@ def test_calibration_round_trip_reaches_the_target_within_5_percent(digits_ctx):
 
 
 def test_calibration_says_why_no_sigma_reaches_an_easy_target(digits_ctx):
-    answer = leakage.calibrate(digits_ctx, 0.5, prior="gaussian")  # 1/t = 2 < J/d ~ 7.4
+    answer = calibration.calibrate(digits_ctx, 0.5, prior="gaussian")  # 1/t = 2 < J/d ~ 7.4
     assert not answer["feasible"] and answer["sigma"] is None
     assert "prior alone" in answer["reason"]
-    text = leakage.describe_calibration(answer)
+    text = calibration.describe_calibration(answer)
     assert text.startswith("no noise sigma") and len(text.splitlines()) == 2
 
 
 def test_describe_calibration_names_the_sigma(digits_ctx):
-    answer = leakage.calibrate(digits_ctx, 0.03, prior="gaussian")
-    text = leakage.describe_calibration(answer)
+    answer = calibration.calibrate(digits_ctx, 0.03, prior="gaussian")
+    text = calibration.describe_calibration(answer)
     assert f"{answer['sigma']:.4g}" in text and "tau = 0.25" in text
 
 
@@ -131,7 +131,7 @@ def test_check_against_bound_lists_reconstructions_below_the_bound_beyond_their_
         },
     }
     given = copy.deepcopy(result)
-    attacks, bounds = leakage.check_against_bound(result["bounds"], result["attacks"], result["prior"]["smoothing"])
+    attacks, bounds = bound_check.check_against_bound(result["bounds"], result["attacks"], result["prior"]["smoothing"])
     assert result == given, "the sections given are left as they are"
     assert bounds["violated_by"] == ["decoder"]
     assert attacks["decoder"]["bound_check"]["violated"]
@@ -150,7 +150,7 @@ def test_a_zero_bound_is_never_violated():
         "bounds": {"van_trees_mse": 0.0, "van_trees_stderr": 0.0, "violated_by": []},
         "attacks": {"decoder": attack("reconstruction", 0.0)},
     }
-    _, bounds = leakage.check_against_bound(result["bounds"], result["attacks"], smoothing=0.0)
+    _, bounds = bound_check.check_against_bound(result["bounds"], result["attacks"], smoothing=0.0)
     assert bounds["violated_by"] == []
 
 
@@ -162,7 +162,7 @@ def test_white_box_inversion_of_the_digits_cnn_stays_above_the_van_trees_bound(d
     ctx = dataclasses.replace(digits_ctx, noise_sigma=0.3)
     result = leakage.assess(ctx)
     attacks = {"optimization": get_attack("optimization").run(ctx)}
-    attacks, bounds = leakage.check_against_bound(result["bounds"], attacks, result["prior"]["smoothing"])
+    attacks, bounds = bound_check.check_against_bound(result["bounds"], attacks, result["prior"]["smoothing"])
     assert attacks["optimization"]["status"] == "ok"
     assert bounds["violated_by"] == []
     assert attacks["optimization"]["metrics"]["mse"] >= bounds["van_trees_mse"]

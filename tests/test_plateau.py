@@ -1,4 +1,4 @@
-"""Early stopping on the attacker's own signal (attacks/plateau.py) and its use in the attacks (issue 23)."""
+"""Early stopping on the attacker's own signal (attacks/plateau.py) and its use in the attacks."""
 
 from __future__ import annotations
 
@@ -184,10 +184,10 @@ def test_sdar_holds_no_aux_out_when_no_plateau_could_end_training_before_the_cap
     """The earliest stop is eval_every x (patience + 1) iterations; at or below it (a quick run's
     150 against the defaults' 350) stopping is off, so no aux is held out for nothing."""
     settings = lambda **options: sdar_settings(dataclasses.replace(digits_top_ctx, attack_options={"sdar": options}))
-    assert digits_top_ctx.quick and settings()["iterations"] == 150 and settings()["stopping"] is None
-    assert settings(iterations=350)["stopping"] is None
-    assert settings(iterations=351)["stopping"] == Stopping(every=50, patience=6, holdout_fraction=0.1)
-    assert settings(iterations=40, eval_every=10, patience=1)["stopping"] is not None
+    assert digits_top_ctx.quick and settings().iterations == 150 and settings().stopping is None
+    assert settings(iterations=350).stopping is None
+    assert settings(iterations=351).stopping == Stopping(every=50, patience=6, holdout_fraction=0.1)
+    assert settings(iterations=40, eval_every=10, patience=1).stopping is not None
 
 
 def test_optimization_step_is_the_one_whose_pilot_objective_ends_lowest(digits_ctx):

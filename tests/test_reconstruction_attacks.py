@@ -1,4 +1,4 @@
-"""Reconstruction metrics and the decoder and optimisation inversion attacks (issue 5)."""
+"""Reconstruction metrics and the decoder and optimisation inversion attacks."""
 
 from __future__ import annotations
 

@@ -326,7 +326,7 @@ def test_a_complete_audit_without_thresholds_is_not_called_passed():
 def test_smoothed_bounds_state_their_condition_wherever_they_promise_something():
     """With randomized smoothing the bound covers smoothed inputs only (Maeng et al., NeurIPS 2023, A.1): the
     recommendation must say so, and a violation must name that cause before blaming the prior."""
-    from splitaudit.leakage import check_against_bound
+    from splitaudit.bound_check import check_against_bound
     from splitaudit.reports.view import build_view
 
     result = fixture("blackbox_audit")

@@ -189,14 +189,14 @@ def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_
     ctx = _cost_context(16, attack_options={"sdar": {"ablation": ablation}})
     estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["sdar"])
     settings = sdar_settings(ctx)
-    per_seed = settings["iterations"] * (3 if ablation else 1) * 0.5
+    per_seed = settings.iterations * (3 if ablation else 1) * 0.5
     assert estimate.ceilings["sdar"] == pytest.approx(len(ctx.seeds) * per_seed) and estimate.not_estimated == []
-    assert settings["stopping"] is not None and len(ctx.seeds) > MIN_SEEDS
+    assert settings.stopping is not None and len(ctx.seeds) > MIN_SEEDS
     assert estimate.stages["sdar"] == pytest.approx(MIN_SEEDS * per_seed * EXPECTED_SHARE)
     assert len(steps) == 2  # the encoder pass and one SDAR iteration
     quick = _cost_context(16, quick=True, attack_options={"sdar": {"ablation": ablation}})
-    assert sdar_settings(quick)["stopping"] is None
-    quick_seconds = sdar_settings(quick)["iterations"] * (3 if ablation else 1) * 0.5
+    assert sdar_settings(quick).stopping is None
+    quick_seconds = sdar_settings(quick).iterations * (3 if ablation else 1) * 0.5
     assert cost.estimate_cost(quick, "gaussian", 0.25, ["sdar"]).stages["sdar"] == pytest.approx(quick_seconds)
 
 

@@ -28,6 +28,7 @@ from splitaudit.attacks.sdar import (
     sdar_settings,
     simultaneous_step,
 )
+from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
 
 
@@ -196,28 +197,29 @@ def test_presets_and_label_options(digits_ctx):
     on_cpu = dataclasses.replace(
         digits_ctx, encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cpu"))
     )
-    assert settings(on_cpu)["iterations"] == 150 and settings(on_cpu)["preset"] == "cpu"  # quick
+    assert settings(on_cpu).iterations == 150 and settings(on_cpu).preset == "cpu"  # quick
     paper = settings(digits_ctx, preset="paper")
-    assert (paper["iterations"], paper["batch_size"]) == (20000, 128)
+    assert (paper.iterations, paper.batch_size) == (20000, 128)
     # the authors' Glorot simulator under the paper's preset; Kaiming (measured faster on digits) on cpu
-    assert (paper["simulator_init"], settings(on_cpu)["simulator_init"]) == ("glorot", "kaiming")
-    assert settings(digits_ctx, preset="paper", iterations=50)["iterations"] == 50
+    assert (paper.simulator_init, settings(on_cpu).simulator_init) == ("glorot", "kaiming")
+    assert settings(digits_ctx, preset="paper", iterations=50).iterations == 50
     on_gpu = dataclasses.replace(
         digits_ctx, quick=False, encoder=dataclasses.replace(digits_ctx.encoder, device=torch.device("cuda"))
     )
-    assert (settings(on_gpu)["preset"], settings(on_gpu)["iterations"]) == ("paper", 20000)
-    assert settings(dataclasses.replace(on_cpu, quick=False))["iterations"] == 2500  # cpu, no g
+    assert (settings(on_gpu).preset, settings(on_gpu).iterations) == ("paper", 20000)
+    assert settings(dataclasses.replace(on_cpu, quick=False)).iterations == 2500  # cpu, no g
     # the cpu preset trains at 4x the paper's rates (measured curves in attacks/sdar.py), the paper preset at 1x
-    assert (settings(on_cpu)["lr_scale"], paper["lr_scale"]) == (4.0, 1.0)
-    assert settings(digits_ctx, labels="true")["labels"] == "known"
+    assert (settings(on_cpu).lr_scale, paper.lr_scale) == (4.0, 1.0)
+    assert settings(digits_ctx, labels="true").labels == "known"
     # label flips regularise label inference only: with known labels they would train the
     # simulator on wrong labels (0.0290 against 0.0146 target MSE, digits CNN with g, seed 0)
     # clustered labels come from k-means, not from a classifier: nothing to regularise
     modes = ("known", "inferred", "predicted", "clustered")
-    assert [settings(digits_ctx, labels=mode)["label_flip"] for mode in modes] == [0.0, 0.1, 0.1, 0.0]
-    assert settings(digits_ctx, label_flip=0.2)["label_flip"] == 0.2  # asked for: honoured
+    assert [settings(digits_ctx, labels=mode).label_flip for mode in modes] == [0.0, 0.1, 0.1, 0.0]
+    assert settings(digits_ctx, label_flip=0.2).label_flip == 0.2  # asked for: honoured
+    # a bad option is the user's input error (exit 2), named with the values it takes
     for bad in ({"preset": "fast"}, {"labels": "guess"}, {"batch_size": 1}, {"label_flip": 2.0}):
-        with pytest.raises(ValueError):
+        with pytest.raises(InputError, match=f"sdar.{next(iter(bad))} must be"):
             settings(digits_ctx, **bad)
 
 
@@ -312,16 +314,16 @@ def test_u_shaped_attack_never_reads_labels_off_a_classifier_top_model(digits_to
     assert details["classifier"].startswith("head trained jointly; --top-model was not used")
     assert "top model" not in details["attacker_holds"] and "targets' labels" not in details["attacker_holds"]
     assert details["target_labels"].startswith("inferred") and details["label_flip"] == 0.1
-    assert sdar_settings(ctx)["iterations"] == 30 and sdar_settings(ctx)["server_part"] == "withheld"
+    assert sdar_settings(ctx).iterations == 30 and sdar_settings(ctx).server_part == "withheld"
     nets = SDARNets.build(ctx, 0, FULL, conditional=False, server_part="withheld")
     assert nets.decoder.label_embedding is None and nets.d1.label is None and nets.d2.label is None
     assert not any(isinstance(m, Tripwire) for m in nets.classifier.modules())
     # vanilla SL (known or predicted labels) keeps using a classifier top model
     known = dataclasses.replace(digits_top_ctx, attack_options={"sdar": {"labels": "predicted"}})
-    assert sdar_settings(known)["server_part"] == "classifier"
+    assert sdar_settings(known).server_part == "classifier"
     # U-shaped SL with clustered labels does not have h either
     clustered = dataclasses.replace(digits_top_ctx, attack_options={"sdar": {"labels": "clustered"}})
-    assert sdar_settings(clustered)["server_part"] == "withheld"
+    assert sdar_settings(clustered).server_part == "withheld"
 
 
 def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
@@ -344,7 +346,6 @@ def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
     # a body has no classifier to score: the utility comes from a probe; one left declared as a
     # classifier is refused when it has fewer outputs than classes (not scored on the argmax of its
     # 6 features; a wider one cannot be told from a classifier, hence the option)
-    from splitaudit.errors import InputError
     from splitaudit.utility import measure_utility, utility_source
 
     assert utility_source(ctx) == "probe" and utility_source(digits_top_ctx) == "top-model"

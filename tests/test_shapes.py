@@ -1,4 +1,4 @@
-"""Every input shape (issue 20): anisotropic images (3x48x192 text lines, 1x64x400 spectrograms)
+"""Every input shape: anisotropic images (3x48x192 text lines, 1x64x400 spectrograms)
 and 1-D sequences (C x T from 1-D conv bottoms) in every attack and estimator.
 
 The networks the attacks build grow per axis and never past the input (a 16x3x96 map headed

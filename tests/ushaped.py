@@ -4,7 +4,7 @@ Each model is three parts, H = h . g . f (Zhu et al., NDSS 2025, Sec. II): the c
 (the audited bottom model), the server's body g and the client's tail h, trained together on
 the private (target) data. A U-shaped attacker holds g, never h. Architectures:
 - ``flat_ln``: conv 16 + GELU + avg-pool + conv 8 + GELU + flatten + linear 24 + LayerNorm
-  without affine (issue 25's CNN); g a GELU layer of 32, h a linear classifier;
+  without affine (the digits CNN of the U-shaped label tests); g a GELU layer of 32, h a linear classifier;
 - ``resnet``: conv + BN + ReLU + a residual basic block (8x8x8 embeddings); g a strided basic
   block, h global average pooling + linear (ResNet-20's U-shaped split, Sec. V-A);
 - ``mobilenet``: conv + Hardswish + an inverted residual with squeeze-excitation; g another

@@ -1,0 +1,59 @@
+"""`splitaudit calibrate`: the noise sigma that makes the van Trees bound reach a target MSE,
+from one leakage measurement (the calibration section of leakage.py, without a report)."""
+
+from __future__ import annotations
+
+from splitaudit.context import AuditContext
+from splitaudit.leakage import DFIL_RTOL, Measurement, calibration_section, measure
+
+
+def calibrate(
+    ctx: AuditContext,
+    target_mse: float,
+    prior: str = "ssm",
+    smoothing: float | None = None,
+    dfil_rtol: float = DFIL_RTOL,
+    dfil_samples: int | None = None,
+) -> dict:
+    """The answer of `splitaudit calibrate --json`: the sigma for the van Trees bound (and the
+    unbiased one) to reach target_mse, or why no sigma can."""
+    return calibration_answer(ctx, measure(ctx, prior, smoothing, dfil_rtol, dfil_samples), target_mse)
+
+
+def calibration_answer(ctx: AuditContext, m: Measurement, target_mse: float) -> dict:
+    """calibrate's answer from an existing measurement."""
+    answer = calibration_section(ctx, m, target_mse)
+    del answer["target_source"]
+    return {
+        **answer,
+        "prior": {
+            "method": m.prior.method,
+            "J_over_d": m.prior.j_over_d,
+            "valid": m.prior.valid,
+            "notes": list(m.prior.notes),
+        },
+        "dfil_method": m.traces.method,
+        "dfil_approximate": m.mean_trace.approximate,
+        "n_samples": len(m.index),
+    }
+
+
+def describe_calibration(answer: dict) -> str:
+    """One or two lines for people: the sigma, or why none exists."""
+    where = f" (bound on the smoothed input, tau = {answer['smoothing']:g})" if answer["smoothing"] > 0 else ""
+    caveat = (
+        "\nThe dFIL is approximate (black-box finite differences whose error could not be bounded): "
+        "this sigma is no guarantee."
+        if answer.get("dfil_approximate")
+        else ""
+    )
+    if not answer["feasible"]:
+        return (
+            f"no noise sigma reaches a van Trees bound of {answer['target_mse']:.4g}: {answer['reason']}.\n"
+            f"Against unbiased attackers only, sigma = {answer['sigma_unbiased']:.4g} would suffice." + caveat
+        )
+    return (
+        f"noise sigma {answer['sigma']:.4g} makes the van Trees bound reach MSE {answer['target_mse']:.4g}"
+        f"{where}, prior {answer['prior']['method']}.\n"
+        f"Against unbiased attackers only (Cramér-Rao), sigma {answer['sigma_unbiased']:.4g} suffices." + caveat
+    )
