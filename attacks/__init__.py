@@ -4,10 +4,11 @@ Modules (and torch) are imported on first use so that `splitaudit --help` stays 
 
 Adding an attack: write one module here with one `Attack` subclass (see attacks/base.py) that
 sets `name`, `kind`, `primary_metric`, `title`, `baseline_name`, `metrics`, `needs`,
-`assumptions`, an `Options` dataclass of `option(...)` fields when it takes options, and
-implements `run_seed`; then add one line to REGISTRY below. The CLI (--attacks), option
-checking, the report's words (each result entry carries them) and the conformance suite
-(tests/test_attack_contract.py) all read the registry.
+`input_kinds` (when it is not built for every kind of input), `assumptions`, an `Options`
+dataclass of `option(...)` fields when it takes options, and implements `run_seed`; then add
+one line to REGISTRY below. The CLI (--attacks), option checking, the report's words (each
+result entry carries them) and the conformance suite (tests/test_attack_contract.py, which runs
+each attack on a tiny context of every input kind it declares) all read the registry.
 """
 
 from __future__ import annotations

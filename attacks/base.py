@@ -1,8 +1,9 @@
 """The contract every attack follows (one module per attack, one class each).
 
-An attack declares what it needs from the inputs, runs once per seed, and returns its metrics
-and the matching baseline (what an attacker achieves without the bottom model). `Attack.run`
-turns that into the result entry: skipped with a reason, failed with a reason, or ok with the
+An attack declares what it needs from the inputs and the input kinds it is built for
+(`input_kinds`: image, sequence, tabular, tokens; splitaudit.input_space), runs once per seed,
+and returns its metrics and the matching baseline (what an attacker achieves without the bottom
+model). `Attack.run` turns that into the result entry: skipped with a reason, failed with a reason, or ok with the
 mean and std over seeds and the advantage over the baseline (Zheng et al., IJCAI 2024, Def. 1).
 Seeds are added by their spread (`Attack.next_seed`): at least MIN_SEEDS of the context's seeds
 run, and another while the mean advantage's 95% interval is wider than SEED_TOLERANCE of its
@@ -33,12 +34,12 @@ from scipy import stats
 
 from splitaudit.context import AuditContext
 from splitaudit.errors import InputError
+from splitaudit.input_space import INPUT_KINDS
 from splitaudit.result import default_baseline_name
 
 MAX_OPTION_INT = 2**31 - 1  # the implicit upper limit of an integer option (see _limits)
 
-NEEDS = {"labels", "attribute", "gradients", "tokens"}
-IMAGE_ONLY_METRICS = frozenset({"ssim"})  # declared in `metrics`, filled only for image data
+NEEDS = {"labels", "attribute", "gradients"}
 MIN_SEEDS = 2  # the fewest seeds a spread can be measured from (or all there are, under --quick)
 SEED_TOLERANCE = 0.1  # enough seeds once the 95% interval's half-width is within 10% of |mean advantage|
 QUICK_PREFIX = "quick_"  # an Options field quick_X holds X's value under --quick
@@ -206,12 +207,17 @@ class Attack(ABC):
     query_access_reference: ClassVar[str] = ""
     # The report's words for a dict-valued metric METRIC_by_KEY: {metric: {"title", "key", "axis", "value"}}.
     series: ClassVar[dict[str, dict[str, str]]] = {}
-    metrics: ClassVar[tuple[str, ...]]  # the metric names every ok run fills (IMAGE_ONLY_METRICS on images)
+    # The metric names an ok run fills; those that fit one input kind only (input_space.KIND_METRICS:
+    # SSIM on images) are filled on that kind.
+    metrics: ClassVar[tuple[str, ...]]
     # A seed's typical run time against other attacks' (a scheduling hint: workers start the
     # heaviest tasks first, so the last ones to start are short and the workers finish together).
     relative_cost: ClassVar[float] = 1.0
     Options: ClassVar[type] = NoOptions  # a frozen dataclass of option(...) fields: its [attack.NAME] table
-    not_for_tokens: ClassVar[str] = ""  # why it does not carry over to token inputs (--vocab); "" when it does
+    # The input kinds (input_space.INPUT_KINDS) it is built for; on another kind it is skipped
+    # with `other_kinds_reason` (or, when that is "", a reason naming the kinds it runs on).
+    input_kinds: ClassVar[frozenset[str]] = frozenset(INPUT_KINDS)
+    other_kinds_reason: ClassVar[str] = ""
 
     @classmethod
     def option_names(cls) -> frozenset[str]:
@@ -251,8 +257,10 @@ class Attack(ABC):
 
     def missing(self, ctx: AuditContext) -> str | None:
         """Why the attack cannot run on these inputs, or None when it can."""
-        if self.not_for_tokens and ctx.tokens is not None:
-            return self.not_for_tokens
+        if ctx.space.kind not in self.input_kinds:
+            return self.other_kinds_reason or (
+                f"not built for {ctx.space.kind} inputs; it runs on {', '.join(sorted(self.input_kinds))} inputs"
+            )
         if "labels" in self.needs and (ctx.aux.y is None or ctx.target.y is None):
             return "the data has no labels (npz 'y', --label-column, or an image folder's class names)"
         if "labels" in self.needs and self.kind == "label" and len(ctx.aux.y.unique()) < 2:
@@ -261,8 +269,6 @@ class Attack(ABC):
             return "the data has no sensitive attribute (npz 'attr' or --attr-column)"
         if "attribute" in self.needs and len(ctx.aux.attr.unique()) < 2:
             return "the sensitive attribute takes a single value: inferring it would be trivially right"
-        if "tokens" in self.needs and ctx.tokens is None:
-            return "needs token inputs (--vocab): it reconstructs token ids"
         if "gradients" in self.needs and not ctx.encoder.differentiable:
             return "needs gradients of the model, and it runs black-box (see the model warnings)"
         return None

@@ -93,14 +93,14 @@ class DecoderAttack(Attack):
             decoder, details = train_decoder(ctx, seed, gen, self.options(ctx))
             x_hat = decode(decoder, ctx.observed_embeddings("target", gen))
             averaged = decode(decoder, ctx.observed_embeddings("target", gen, ctx.queries)) if ctx.queries > 1 else None
-        x_true, is_image = ctx.target.x, ctx.target.is_image
-        metrics = reconstruction_metrics(x_true, x_hat, is_image)
+        x_true = ctx.target.x
+        metrics = reconstruction_metrics(x_true, x_hat, ctx.space)
         if averaged is not None:  # the same decoder on the mean of k sends of each target input
-            metrics["k_query"] = reconstruction_metrics(x_true, averaged, is_image)
+            metrics["k_query"] = reconstruction_metrics(x_true, averaged, ctx.space)
             details["queries"] = ctx.queries
         outcome = SeedOutcome(
             metrics=metrics,
-            baseline=mean_guess_baseline(ctx.aux.x, x_true, is_image),
+            baseline=mean_guess_baseline(ctx.aux.x, x_true, ctx.space),
             examples=reconstruction_examples(x_true, x_hat),
             details=details,
         )
@@ -110,9 +110,7 @@ class DecoderAttack(Attack):
 def new_decoder(ctx: AuditContext, seed: int, lr: float) -> tuple[Decoder, torch.optim.Optimizer]:
     """A seeded decoder for the context's shapes and its Adam optimiser."""
     with seeded(seed):
-        decoder = Decoder(
-            ctx.encoder.output_shape, ctx.encoder.input_shape, ctx.aux.in_unit_range, positional=ctx.tokens is None
-        ).to(ctx.device)
+        decoder = Decoder(ctx.encoder.output_shape, ctx.space).to(ctx.device)
     return decoder, torch.optim.Adam(decoder.parameters(), lr=lr)
 
 

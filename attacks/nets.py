@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from splitaudit.context import AuditContext
+from splitaudit.input_space import InputSpace
 
 
 @contextmanager
@@ -125,8 +126,9 @@ class Reshape(nn.Module):
 
 
 def has_spatial_axes(shape: tuple[int, ...]) -> bool:
-    """Whether samples of this shape are channels over one or two spatial axes: (C, T) sequences
-    (1-D conv bottoms: audio, sensor series) or (C, H, W) images; flat (d,) samples are not."""
+    """Whether a feature map of this shape (an embedding, a discriminator's input) is channels over
+    one or two spatial axes, (C, t) or (C, h, w); flat (m,) maps are not. What the inputs are is
+    the input space's to say (`InputSpace.spatial_axes`), never this shape rule's."""
     return len(shape) in (2, 3)
 
 
@@ -153,15 +155,16 @@ def pixel_scaled_width(base: int, reference_pixels: int, size: tuple[int, ...], 
     return max(low, min(high, round(base * math.sqrt(reference_pixels / math.prod(size)))))
 
 
-def generic_encoder(input_shape: tuple[int, ...], output_shape: tuple[int, ...]) -> nn.Module:
-    """A network with the bottom model's input and output shapes, for when its architecture is
-    unknown: per-axis strided convolutions when both have the same spatial axes (a 48x192 line to
-    a 3x96 map halves the height four times and the width once), else a conv stem and a dense
-    layer (images to other shapes) or an MLP."""
-    out = math.prod(output_shape)
-    if has_spatial_axes(input_shape) and len(output_shape) == len(input_shape):
+def generic_encoder(space: InputSpace, output_shape: tuple[int, ...]) -> nn.Module:
+    """A network from the input space to the bottom model's output shape, for when its
+    architecture is unknown: per-axis strided convolutions when images or sequences map to the
+    same spatial axes (a 48x192 line to a 3x96 map halves the height four times and the width
+    once), else a conv stem and a dense layer (images to other shapes) or an MLP (tabular rows,
+    token embeddings)."""
+    input_shape, out = space.sample_shape, math.prod(output_shape)
+    if space.spatial_axes and len(output_shape) == len(input_shape):
         body = downsampling_stages(input_shape, output_shape)
-    elif len(input_shape) == 3:
+    elif space.kind == "image":
         channels = input_shape[0]
         body = nn.Sequential(
             nn.Conv2d(channels, 32, 3, padding=1),
@@ -214,7 +217,7 @@ def bottom_architecture(ctx: AuditContext, seed: int, init: str = "kaiming", bat
     known = ctx.encoder.architecture()
     with seeded(seed):
         if known is None:
-            net = generic_encoder(ctx.encoder.input_shape, ctx.encoder.output_shape)
+            net = generic_encoder(ctx.space, ctx.encoder.output_shape)
         else:
             net = reinitialized_copy(known, seed, init)
             if batch_norm and ctx.encoder.format == "onnx":
@@ -223,9 +226,10 @@ def bottom_architecture(ctx: AuditContext, seed: int, init: str = "kaiming", bat
 
 
 class Decoder(nn.Module):
-    """Embedding (and optionally a label) -> input, built from the shapes (SDAR Table IX style).
+    """Embedding (and optionally a label) -> input, built from the embedding's shape and the input
+    space (SDAR Table IX style).
 
-    Spatial embeddings of spatial inputs with the same axes, (C, h, w) of images or (C, t) of
+    Spatial embeddings of images or sequences with the same axes, (C, h, w) of images or (C, t) of
     sequences, stay spatial (Zhu et al., NDSS 2025, App. B-C, Table IX): the label, when given,
     becomes one more input channel (50-unit embedding -> dense layer -> reshape), and one
     upsampling stage per doubling follows, each axis upsampled only by what it still needs
@@ -235,22 +239,15 @@ class Decoder(nn.Module):
     Flat embeddings of image inputs: a linear stem to a 64-channel map at the image size halved
     up to three times (more for large images, down to at most 7x7), then a stride-1
     transposed-conv block, one Upsample+Conv block per doubling and three transposed-conv blocks.
-    Other pairs (flat inputs, flat embeddings of sequences, and positional=False: token embeddings
-    T x D, whose axes are positions and features, not channels over a signal): an MLP. BN + ReLU after every conv;
-    a sigmoid when the data lies in [0, 1].
+    Other pairs (tabular inputs, flat embeddings of sequences, and token embeddings T x D, whose
+    axes are positions and features, not channels over a signal): an MLP. BN + ReLU after every
+    conv; a sigmoid when the input space lies in [0, 1].
     """
 
-    def __init__(
-        self,
-        embedding_shape: tuple[int, ...],
-        input_shape: tuple[int, ...],
-        unit_range: bool,
-        num_classes: int | None = None,
-        positional: bool = True,
-    ) -> None:
+    def __init__(self, embedding_shape: tuple[int, ...], space: InputSpace, num_classes: int | None = None) -> None:
         super().__init__()
-        self.input_shape = tuple(input_shape)
-        self.spatial = positional and has_spatial_axes(input_shape) and len(embedding_shape) == len(input_shape)
+        self.input_shape = input_shape = space.sample_shape
+        self.spatial = bool(space.spatial_axes) and len(embedding_shape) == len(input_shape)
         if self.spatial:
             channels, *size = embedding_shape
             self.label = LabelChannel(num_classes, tuple(size)) if num_classes else None
@@ -261,9 +258,9 @@ class Decoder(nn.Module):
             self.label_embedding = nn.Embedding(num_classes, LABEL_EMBEDDING) if num_classes else None
             m = math.prod(embedding_shape) + (LABEL_EMBEDDING if num_classes else 0)
             self.body = (
-                _image_decoder(m, input_shape) if len(input_shape) == 3 else mlp([m, 256, 256, math.prod(input_shape)])
+                _image_decoder(m, input_shape) if space.kind == "image" else mlp([m, 256, 256, math.prod(input_shape)])
             )
-        self.squash = nn.Sigmoid() if unit_range else nn.Identity()
+        self.squash = nn.Sigmoid() if space.unit_range else nn.Identity()
 
     def forward(self, z: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         if self.spatial:

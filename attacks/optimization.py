@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 import torch
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
-from splitaudit.attacks.nets import has_spatial_axes
 from splitaudit.attacks.plateau import STOPPED_BY_CAP, STOPPED_BY_PLATEAU, Plateau
 from splitaudit.attacks.reconstruction import (
     data_range,
@@ -38,7 +37,6 @@ from splitaudit.attacks.reconstruction import (
 from splitaudit.attacks.text_metrics import with_token_metrics
 from splitaudit.attacks.token_relaxation import VocabularySimplex, quick_token_sentences, vocabulary_simplex
 from splitaudit.context import AuditContext
-from splitaudit.data import in_unit_range
 from splitaudit.errors import InputError
 from splitaudit.memory import batch_within, per_sample_bytes
 from splitaudit.models import Encoder
@@ -129,10 +127,10 @@ class OptimizationAttack(Attack):
 
     def check_inputs(self, ctx: AuditContext) -> None:
         """Total variation sums differences of neighbouring pixels: tabular rows have none."""
-        if self.options(ctx).prior == "tv" and (ctx.tokens is not None or not has_spatial_axes(ctx.aux.sample_shape)):
+        if self.options(ctx).prior == "tv" and not ctx.space.spatial_axes:
             raise InputError(
                 "attack option optimization.prior=tv needs images or sequences (total variation runs along their "
-                "spatial axes) and these inputs are neither; use optimization.prior=gaussian"
+                f"spatial axes) and these inputs are {ctx.space.kind}; use optimization.prior=gaussian"
             )
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
@@ -142,10 +140,10 @@ class OptimizationAttack(Attack):
         n = inverted_samples(ctx, opts)
         index = torch.randperm(len(ctx.target), generator=gen, device=gen.device)[:n].sort().values
         z = ctx.observed_embeddings("target", gen)[index]
-        x_true, is_image = ctx.target.x[index], ctx.target.is_image
+        x_true = ctx.target.x[index]
         steps = opts.steps
         weight = map_weight(ctx)
-        simplex = None if ctx.tokens is None else vocabulary_simplex(ctx.tokens, ctx.aux)
+        simplex = vocabulary_simplex(ctx.tokens, ctx.aux) if ctx.space.kind == "tokens" else None
         stopping = ObjectiveStopping(opts.patience, opts.min_improvement)
         with threads_for(ctx.aux.x.numel(), ctx.device):
             mask = None if ctx.target.mask is None else ctx.target.mask[index]
@@ -157,12 +155,12 @@ class OptimizationAttack(Attack):
                 lambda part: torch.stack(invert_both(ctx, part, opts.prior, weight, steps, lr, simplex, stopping), 1),
             )
             x_unbiased, x_map = both[:, 0], both[:, 1]
-        unbiased = reconstruction_metrics(x_true, x_unbiased, is_image)
-        posterior = reconstruction_metrics(x_true, x_map, is_image)
+        unbiased = reconstruction_metrics(x_true, x_unbiased, ctx.space)
+        posterior = reconstruction_metrics(x_true, x_map, ctx.space)
         best, x_best = (posterior, x_map) if posterior["mse"] < unbiased["mse"] else (unbiased, x_unbiased)
         outcome = SeedOutcome(
             metrics={**best, "mse_unbiased": unbiased["mse"], "mse_map": posterior["mse"]},
-            baseline=mean_guess_baseline(ctx.aux.x, x_true, is_image),
+            baseline=mean_guess_baseline(ctx.aux.x, x_true, ctx.space),
             examples=reconstruction_examples(x_true, x_best, index),
             details={
                 "samples": n,
@@ -184,7 +182,7 @@ def inverted_samples(ctx: AuditContext, opts: OptimizationOptions) -> int:
     resolved by Attack.options), and under --quick on token inputs no more sentences than
     quick_token_sentences allows (a cap from the sentence length, not an option)."""
     n = min(len(ctx.target), opts.samples)
-    if ctx.quick and ctx.tokens is not None:
+    if ctx.quick and ctx.space.kind == "tokens":
         n = min(n, quick_token_sentences(ctx.target.token_ids.shape[1]))
     return n
 
@@ -240,7 +238,18 @@ def invert_both(
     """(unbiased, MAP) reconstructions, optimised together as one batch (Adam is per
     coordinate, so without early stopping this equals two separate runs)."""
     weights = torch.cat([torch.zeros(len(z)), torch.full((len(z),), weight)]).to(z.device)
-    x = invert(ctx.encoder, torch.cat([z, z]), ctx.aux.x, prior, weights, steps, lr, simplex, stopping)
+    x = invert(
+        ctx.encoder,
+        torch.cat([z, z]),
+        ctx.aux.x,
+        prior,
+        weights,
+        steps,
+        lr,
+        simplex,
+        stopping,
+        unit_range=ctx.space.unit_range,
+    )
     return x[: len(z)], x[len(z) :]
 
 
@@ -254,19 +263,22 @@ def invert(
     lr: float,
     simplex: VocabularySimplex | None = None,
     stopping: ObjectiveStopping | None = None,
+    *,
+    unit_range: bool,
 ) -> torch.Tensor:
     """argmin_x ||f(x) - z||^2 + 2 w (-log pi(x)) per sample, by Adam from the aux mean.
 
-    Iterates are clamped to [0, 1] when the aux data lies there (projected gradient descent).
+    Iterates are clamped to [0, 1] when the input space lies there (`unit_range`: projected
+    gradient descent); the step is scaled to the data's range (`data_range`).
     Token inputs (simplex given) are optimised as per-position logits over the vocabulary,
     x = softmax(logits) @ table (attacks/token_relaxation.py says why).
     Samples are inverted in chunks whose saved activations fit the memory budget; the loss is a
     sum over samples and Adam works per coordinate, so chunks give the same result as one batch
     (`stopping` ends each chunk on its own objective, `steps` is then a cap).
     """
-    neg_log_prior = fit_prior(aux_x, prior)
+    neg_log_prior = fit_prior(aux_x, prior, unit_range)
     if simplex is None:
-        start, to_input, step = aux_x.mean(dim=0, keepdim=True), lambda x: x, lr * data_range(aux_x)
+        start, to_input, step = aux_x.mean(dim=0, keepdim=True), lambda x: x, lr * data_range(aux_x, unit_range)
     else:
         start, to_input, step = simplex.start[None], simplex.inputs, lr * simplex.step_unit
     size = batch_within(
@@ -285,7 +297,7 @@ def invert(
             prior_weight[i : i + size],
             steps,
             step,
-            simplex is None and in_unit_range(aux_x),
+            simplex is None and unit_range,
             stopping,
         )
         for i in range(0, len(z), size)
@@ -335,13 +347,14 @@ def _invert_chunk(
         return to_input(v)
 
 
-def fit_prior(aux_x: torch.Tensor, prior: str):
-    """-log pi(x) per sample (up to a constant) for a prior fitted to the aux data."""
+def fit_prior(aux_x: torch.Tensor, prior: str, unit_range: bool):
+    """-log pi(x) per sample (up to a constant) for a prior fitted to the aux data (unit_range:
+    whether the input space lies in [0, 1], which sets the variance floor's scale)."""
     if prior == "tv":
         scale = total_variation(aux_x).mean() / _difference_count(aux_x.shape[1:])
         return lambda x: total_variation(x) / scale
     mean = aux_x.mean(dim=0, keepdim=True)
-    variance = aux_x.var(dim=0, keepdim=True).clamp_min(VARIANCE_FLOOR * data_range(aux_x) ** 2)
+    variance = aux_x.var(dim=0, keepdim=True).clamp_min(VARIANCE_FLOOR * data_range(aux_x, unit_range) ** 2)
     return lambda x: 0.5 * ((x - mean).pow(2) / variance).flatten(1).sum(dim=1)
 
 

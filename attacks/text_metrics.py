@@ -122,7 +122,7 @@ def token_outcome(ctx, target_ids: torch.Tensor, pred_ids: torch.Tensor, index=N
 def with_token_metrics(ctx, outcome, x_hat: torch.Tensor, index: torch.Tensor | None = None):
     """A reconstruction attack's SeedOutcome with the token metrics of its reconstructed
     embeddings decoded to the nearest tokens (token inputs only; index: the target rows of x_hat)."""
-    if ctx.tokens is None:
+    if ctx.space.kind != "tokens":
         return outcome
     ids = ctx.target.token_ids if index is None else ctx.target.token_ids[index]
     metrics, baseline, details = token_outcome(ctx, ids, ctx.tokens.nearest(x_hat), index)

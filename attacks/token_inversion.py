@@ -81,7 +81,8 @@ class TokenInversionAttack(Attack):
     kind = "label"
     primary_metric = "token_accuracy"
     relative_cost = 5.0
-    needs = frozenset({"tokens"})
+    input_kinds = frozenset({"tokens"})
+    other_kinds_reason = "needs token inputs (--vocab): it reconstructs token ids"
     title = "Learned token inversion"
     baseline_name = "the most frequent aux token at each position"
     metrics = ("token_accuracy", "exact_match", "rouge_l", "bleu", "rare_token_recall")
@@ -93,7 +94,7 @@ class TokenInversionAttack(Attack):
     )
 
     def missing(self, ctx: AuditContext) -> str | None:
-        if ctx.tokens is not None and ctx.encoder.output_shape[:1] != ctx.aux.token_ids.shape[1:]:
+        if ctx.space.kind == "tokens" and ctx.encoder.output_shape[:1] != ctx.aux.token_ids.shape[1:]:
             return f"needs one hidden state per position; the model outputs shape {list(ctx.encoder.output_shape)}"
         return super().missing(ctx)
 

@@ -12,9 +12,10 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from splitaudit.data import Dataset
+from splitaudit.data import Dataset, in_unit_range
 from splitaudit.errors import InputError
 from splitaudit.estimators.jacobian import seeded_draws
+from splitaudit.input_space import InputSpace, decide_space
 from splitaudit.model_checks import within_time_limit
 from splitaudit.models import Encoder, open_model, prepare_encoder, prepare_top_model
 from splitaudit.raw_model import RawModel
@@ -50,11 +51,14 @@ class AuditContext:
     progress: Callable[..., tqdm] = silent_progress
     queries: int = 1  # sends of one input a query-access attacker averages (k-query numbers when > 1)
     tokens: TokenSpace | None = None  # token inputs: the embedding table and vocabulary (x holds embeddings)
+    space: InputSpace | None = None  # the inputs' kind and value range: decided from aux and tokens when not given
     _clean: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.top_model_forward is None:
             self.top_model_forward = self.top_model
+        if self.space is None:  # where the data and the encoder meet: the one place the space is decided
+            self.space = decide_space(self.aux.sample_shape, in_unit_range(self.aux.x), self.tokens is not None)
 
     @property
     def device(self) -> torch.device:

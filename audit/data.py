@@ -43,18 +43,6 @@ class Dataset:
         return tuple(self.x.shape[1:])
 
     @property
-    def is_tokens(self) -> bool:
-        return self.token_ids is not None
-
-    @property
-    def is_image(self) -> bool:
-        return not self.is_tokens and len(self.sample_shape) == 3
-
-    @property
-    def in_unit_range(self) -> bool:
-        return not self.is_tokens and in_unit_range(self.x)
-
-    @property
     def num_classes(self) -> int | None:
         return None if self.y is None else int(self.y.max()) + 1
 
@@ -82,7 +70,8 @@ class Dataset:
 
 
 def in_unit_range(x: torch.Tensor) -> bool:
-    """Whether every value lies in [0, 1] (pixel-like data: decoders squash and attacks clamp there)."""
+    """Whether every value lies in [0, 1]: the value range the input space records (pixel-like data,
+    where decoders squash and attacks clamp; splitaudit.input_space)."""
     return bool(x.min() >= 0 and x.max() <= 1)
 
 

@@ -84,9 +84,9 @@ def resolve_smoothing(ctx: AuditContext, smoothing: float | None) -> float:
     embedding table's spread for token inputs, and 0 for other data."""
     if smoothing is not None:
         return float(smoothing)
-    if ctx.tokens is not None:
+    if ctx.space.kind == "tokens":
         return ctx.tokens.default_smoothing()
-    return IMAGE_SMOOTHING if ctx.aux.is_image and ctx.aux.in_unit_range else 0.0
+    return IMAGE_SMOOTHING if ctx.space.kind == "image" and ctx.space.unit_range else 0.0
 
 
 def measure(
@@ -158,7 +158,7 @@ def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, rtol: float, runner: Jo
 
 
 def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
-    if ctx.tokens is not None:
+    if ctx.space.kind == "tokens":
         return ctx.tokens.smoothed_prior(method, tau, ctx.aux.x) if tau > 0 else ctx.tokens.unsmoothed_prior(method)
     settings = QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings()
     if not PRIORS[method].trains:

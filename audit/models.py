@@ -144,7 +144,7 @@ def open_model(
 ) -> RawModel:
     """Open a model file (or take an in-memory module) in `mode` (audit/stochastic.py: saved, eval
     or train); raise InputError with a one-line reason when it cannot be used. mask_input: a
-    TorchScript or ONNX model may take a second (attention mask) input, which audit/tokens.py binds."""
+    TorchScript or ONNX model may take a second (attention mask) input, which audit/token_models.py binds."""
     if isinstance(path, nn.Module):
         if output_name is not None:
             raise InputError("--output-name selects an output of an ONNX model, not of a torch module")

@@ -37,12 +37,8 @@ from splitaudit.model_checks import within_time_limit
 from splitaudit.models import resolve_device
 from splitaudit.raw_model import RawModel
 from splitaudit.result import SCHEMA_VERSION
-from splitaudit.tokens import (
-    checked_against_attacks,
-    load_audited_data,
-    open_audited_model,
-    token_statement,
-)
+from splitaudit.token_models import load_audited_data, open_audited_model
+from splitaudit.token_statement import checked_against_attacks, token_statement
 from splitaudit.version import __version__
 
 if TYPE_CHECKING:
@@ -217,7 +213,7 @@ def run_audit(
             stages.set_postfix_str("dFIL and bounds")
             _ = engine.measurement  # taken here, inside its stage (the engine measures once, on first use)
             statement = None
-            if ctx.tokens is not None:
+            if ctx.space.kind == "tokens":
                 hidden = ctx.clean_embeddings("target")
                 statement = token_statement(ctx.tokens, hidden, ctx.noise_sigma, ctx.aux, ctx.target.mask)
             stages.update()
@@ -315,8 +311,9 @@ def describe_data(ctx: AuditContext, options: AuditOptions) -> dict:
         "class_names": ctx.aux.class_names,
         "has_labels": ctx.aux.y is not None,
         "has_attr": ctx.aux.attr is not None,
-        "is_image": ctx.aux.is_image,
-        "in_unit_range": ctx.aux.in_unit_range,
+        "input_kind": ctx.space.kind,
+        "is_image": ctx.space.kind == "image",
+        "in_unit_range": ctx.space.unit_range,
         "sample_shape": list(ctx.aux.sample_shape),
     }
 

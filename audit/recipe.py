@@ -71,7 +71,7 @@ def rebuild_context(recipe: ContextRecipe, device: str) -> AuditContext:
 def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditContext:
     """Write the recipe's model files into `folder` and build the context from those copies."""
     from splitaudit.models import resolve_device
-    from splitaudit.tokens import open_audited_model
+    from splitaudit.token_models import open_audited_model
 
     for files in (recipe.model_files, recipe.top_model_files):
         for name, data in files.items():

@@ -17,6 +17,7 @@ from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from splitaudit.input_space import InputKind
 from splitaudit.registries import BOUNDS, GATED_BOUND, PRIOR_NAMES
 
 if sys.version_info >= (3, 11):
@@ -24,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only (typing.TypedDict ignores NotRequired there)
     from typing_extensions import NotRequired, TypedDict
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMA_FILE = "report.schema.json"
 NON_FINITE_PATTERN = "^(inf|-inf|nan)$"
 
@@ -101,7 +102,8 @@ class Data(TypedDict):
     class_names: list[str] | None
     has_labels: bool
     has_attr: bool
-    is_image: bool
+    input_kind: InputKind  # the input space's kind (splitaudit.input_space): what the reports draw
+    is_image: bool  # input_kind == "image"
     in_unit_range: bool
     sample_shape: list[int]
 

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from splitaudit.attacks.sdar import ADAM_EPS, FULL, PRESETS, SDARNets, sdar_training
+from splitaudit.attacks.sdar import PRESETS
+from splitaudit.attacks.sdar_training import ADAM_EPS, FULL, SDARNets, sdar_training
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sdar_stopping import context  # noqa: E402

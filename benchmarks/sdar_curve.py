@@ -35,18 +35,13 @@ import torch.nn as nn
 
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
 from splitaudit.attacks.sdar import (
-    ABLATIONS,
-    FULL,
     LABEL_FLIP,
     PRESETS,
-    SDARNets,
-    Stopping,
-    bce,
     conditioning_labels,
     majority_class_accuracy,
     relabelled_accuracy,
-    sdar_reconstruct,
 )
+from splitaudit.attacks.sdar_training import ABLATIONS, FULL, SDARNets, Stopping, bce, sdar_reconstruct
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 
@@ -114,7 +109,7 @@ def curve(
         if i % every == 0:
             x_hat, labels = nets.decode(observed)
             nets.decoder.train()
-            mse = reconstruction_metrics(target.x, x_hat, target.is_image)["mse"]
+            mse = reconstruction_metrics(target.x, x_hat, ctx.space)["mse"]
             accuracy = relabelled = None
             task_loss = float(torch.stack(nets.task_losses[-every:]).mean())
             discriminated = d1_loss(ctx, nets, observed)
@@ -205,7 +200,7 @@ def main() -> None:
         if args.body:
             ctx = dataclasses.replace(ctx, top_model=bundled_body(top))
     preset = {**PRESETS[args.preset], **({"batch_size": args.batch_size} if args.batch_size else {})}
-    baseline = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
+    baseline = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.space)["mse"]
     inferred = args.labels != "known"
     part = "none" if not args.top_model else ("body" if args.body or args.u_shaped else "classifier")
     how = f"inferred (label flips {args.label_flip})" if args.labels == "inferred" else "clustered"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from torch.utils.flop_counter import FlopCounterMode
 
-from splitaudit.attacks.sdar import Regularizers, sdar_training
+from splitaudit.attacks.sdar_training import Regularizers, sdar_training
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

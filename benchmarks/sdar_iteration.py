@@ -28,7 +28,8 @@ import time
 import torch
 import torch.nn as nn
 
-from splitaudit.attacks.sdar import FULL, PRESETS, BatchStream, SDARNets, sdar_iteration
+from splitaudit.attacks.sdar import PRESETS
+from splitaudit.attacks.sdar_training import FULL, BatchStream, SDARNets, sdar_iteration
 from splitaudit.context import AuditContext
 from splitaudit.data import Dataset
 from splitaudit.models import Encoder, resolve_device

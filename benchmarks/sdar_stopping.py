@@ -36,7 +36,8 @@ import numpy as np
 
 from splitaudit.attacks.plateau import Plateau
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
-from splitaudit.attacks.sdar import FULL, PRESETS, sdar_reconstruct
+from splitaudit.attacks.sdar import PRESETS
+from splitaudit.attacks.sdar_training import FULL, sdar_reconstruct
 from splitaudit.config import AuditOptions
 from splitaudit.pipeline import prepare_context
 
@@ -86,7 +87,7 @@ def fixed_budget(ctx, seed: int, iterations: int, preset: dict) -> tuple[float, 
         lr_scale=preset["lr_scale"],
         server_part="classifier" if ctx.top_model is not None else "none",
     )
-    return reconstruction_metrics(ctx.target.x, x_hat, ctx.target.is_image)["mse"], time.perf_counter() - start
+    return reconstruction_metrics(ctx.target.x, x_hat, ctx.space)["mse"], time.perf_counter() - start
 
 
 def replay(points: list, every: int, k: int, patience: int) -> tuple[int, float, float]:
@@ -122,7 +123,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ctx, name = context(args, Path(tmp))
         part = "classifier" if ctx.top_model is not None else "none"
-        base = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.target.is_image)["mse"]
+        base = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.space)["mse"]
         print(f"{name}; cpu preset, cap {args.iterations}, holdout {args.holdout}; mean-guess MSE {base:.4f}")
         fixed, recorded = [], []
         for seed in args.seeds:

@@ -145,23 +145,23 @@ def _finite(values: list[float]) -> list[float]:
     return [v if math.isfinite(v) else 0.0 for v in values]
 
 
-def reconstructions_chart(examples: list[dict]) -> bytes:
-    """Originals next to reconstructions: images for 2-D/3-D shapes, feature profiles otherwise."""
+def reconstructions_chart(examples: list[dict], input_kind: str) -> bytes:
+    """Originals next to reconstructions: images of the image kind (report.json's
+    `data.input_kind`) that imshow can show (1 or 3 channels), feature profiles otherwise."""
     with plt.rc_context(STYLE):
-        if all(_as_image(np.asarray(e["original"], dtype=float)) is not None for e in examples):
+        if input_kind == "image" and all(
+            _as_image(np.asarray(e["original"], dtype=float)) is not None for e in examples
+        ):
             return _png(_image_grid(examples))
         return _png(_feature_profiles(examples))
 
 
 def _as_image(array: np.ndarray) -> np.ndarray | None:
-    """CxHxW or HxW as HxW(xC) in [0,1] for imshow, or None when it is not an image."""
-    if array.ndim == 3 and array.shape[0] in (1, 3):
-        array = array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0)
-    elif array.ndim == 3 and array.shape[-1] in (1, 3):
-        array = array[..., 0] if array.shape[-1] == 1 else array
-    if array.ndim not in (2, 3) or min(array.shape[:2]) < 2:
+    """A C x H x W image as H x W (x 3) in [0, 1] for imshow, or None when imshow cannot show it
+    (other channel counts, or a report whose example does not have the image's three axes)."""
+    if array.ndim != 3 or array.shape[0] not in (1, 3):
         return None
-    return np.clip(array, 0, 1)
+    return np.clip(array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0), 0, 1)
 
 
 def _image_grid(examples: list[dict]):

@@ -46,6 +46,7 @@ DATA_LABELS = {
     "class_names": "class names",
     "has_labels": "labels",
     "has_attr": "sensitive attribute",
+    "input_kind": "kind of inputs",
     "is_image": "images",
     "in_unit_range": "values in [0, 1]",
     "sample_shape": "sample shape",

@@ -117,7 +117,11 @@ def attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Atta
     examples = [e for e in attack.get("examples") or [] if isinstance(e, dict) and "original" in e]
     if examples:
         view.reconstructions = figures.add(
-            f"{name}-reconstructions", f"{name}: originals and reconstructions", charts.reconstructions_chart, examples
+            f"{name}-reconstructions",
+            f"{name}: originals and reconstructions",
+            charts.reconstructions_chart,
+            examples,
+            str(section(result, "data").get("input_kind", "")),
         )
         view.examples = Table(
             ["example", "target index", "MSE"],

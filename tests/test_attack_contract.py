@@ -1,11 +1,15 @@
 """One conformance suite every registered attack passes (like scikit-learn's check_estimator):
-it describes itself, declares its needs, skips cleanly with a reason, fills its declared metrics
-and baseline, is reproducible for a fixed seed, handles noisy embeddings and checks its options
-before running. It reads the registry, so a new attack is checked without editing this file.
+it describes itself, declares its needs and the input kinds it is built for, runs on a tiny
+context of every kind it declares and fills the metrics that fit that kind, skips the other
+kinds and inputs that lack what it needs with a reason, is reproducible for a fixed seed, handles
+noisy embeddings and checks its options before running. It reads the registry, so a new attack
+is checked without editing this file.
 
-The fast checks run on a tiny synthetic tabular context (8 features, 3 classes, a binary
-attribute, a one-layer encoder) with every attack's options turned down to a few steps; only the
-check on a real image model is slow."""
+The fast checks run on tiny synthetic contexts of each input kind (images 1 x 8 x 8 in [0, 1],
+sequences 2 x 16, tabular rows of 8 features, sentences of 4 tokens; 3 classes, a binary
+attribute, a one-layer encoder written here) with every attack's options turned down to a few
+steps; the other checks run on the attack's home kind (tabular, or tokens for a token-only
+attack). Only the check on a real image model is slow."""
 
 from __future__ import annotations
 
@@ -20,11 +24,12 @@ import torch.nn as nn
 from conftest import sample
 
 from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class, get_attack
-from splitaudit.attacks.base import IMAGE_ONLY_METRICS, NEEDS, option, option_rule, orphan_quick_options, resolve_quick
+from splitaudit.attacks.base import NEEDS, option, option_rule, orphan_quick_options, resolve_quick
 from splitaudit.attacks.plateau import STOPPED_BY_CAP
 from splitaudit.context import AuditContext
 from splitaudit.data import Dataset
 from splitaudit.errors import InputError
+from splitaudit.input_space import INPUT_KINDS, KIND_METRICS
 from splitaudit.models import prepare_encoder, wrap_module
 from splitaudit.result import default_baseline_name
 from splitaudit.tokens import TokenSpace
@@ -46,6 +51,24 @@ def synthetic_part(n: int, generator: torch.Generator) -> Dataset:
     return Dataset(x=x, y=y, attr=(x[:, 0] > x[:, 0].median()).long())
 
 
+def shaped_part(n: int, generator: torch.Generator, shape: tuple[int, ...], unit_range: bool) -> Dataset:
+    """n samples of `shape` whose level depends on the class (squashed into [0, 1] for images);
+    the attribute follows the first value."""
+    y = torch.arange(n) % 3
+    x = torch.randn(n, *shape, generator=generator) * 0.5 + y.reshape(-1, *[1] * len(shape)).float()
+    x = torch.sigmoid(x - 1) if unit_range else x
+    first = x.flatten(1)[:, 0]
+    return Dataset(x=x, y=y, attr=(first > first.median()).long())
+
+
+def shaped_ctx(shape: tuple[int, ...], bottom: nn.Module, unit_range: bool = False) -> AuditContext:
+    """A tiny context over samples of `shape` and the bottom model given."""
+    generator = torch.Generator().manual_seed(0)
+    aux, target = (shaped_part(48, generator, shape, unit_range) for _ in range(2))
+    encoder = prepare_encoder(wrap_module(bottom, torch.device("cpu")), aux.x)
+    return AuditContext(encoder=encoder, aux=aux, target=target, quick=True, attack_options=TINY_OPTIONS)
+
+
 @pytest.fixture(scope="module")
 def plain_ctx() -> AuditContext:
     generator = torch.Generator().manual_seed(0)
@@ -53,6 +76,20 @@ def plain_ctx() -> AuditContext:
     torch.manual_seed(0)
     encoder = prepare_encoder(wrap_module(nn.Sequential(nn.Linear(8, 6), nn.Tanh()), torch.device("cpu")), aux.x)
     return AuditContext(encoder=encoder, aux=aux, target=target, quick=True, attack_options=TINY_OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def image_ctx() -> AuditContext:
+    """Grey 8 x 8 images in [0, 1] through a strided conv to a 2 x 4 x 4 map."""
+    torch.manual_seed(0)
+    return shaped_ctx((1, 8, 8), nn.Sequential(nn.Conv2d(1, 2, 3, stride=2, padding=1), nn.Tanh()), unit_range=True)
+
+
+@pytest.fixture(scope="module")
+def sequence_ctx() -> AuditContext:
+    """Two channels over 16 steps through a strided 1-D conv to a 3 x 8 map."""
+    torch.manual_seed(0)
+    return shaped_ctx((2, 16), nn.Sequential(nn.Conv1d(2, 3, 3, stride=2, padding=1), nn.Tanh()))
 
 
 def token_part(n: int, table: torch.Tensor, generator: torch.Generator, vocab: int) -> Dataset:
@@ -74,17 +111,41 @@ def token_ctx() -> AuditContext:
     return AuditContext(encoder=encoder, aux=aux, target=target, quick=True, attack_options=TINY_OPTIONS, tokens=tokens)
 
 
+@pytest.fixture(scope="module")
+def kind_ctx(image_ctx, sequence_ctx, plain_ctx, token_ctx) -> dict[str, AuditContext]:
+    """The tiny context of each input kind."""
+    contexts = {"image": image_ctx, "sequence": sequence_ctx, "tabular": plain_ctx, "tokens": token_ctx}
+    assert {kind: ctx.space.kind for kind, ctx in contexts.items()} == {kind: kind for kind in INPUT_KINDS}
+    return contexts
+
+
+def home_kind(name: str) -> str:
+    """The kind the checks that need one context run an attack on: tabular, else its first kind."""
+    kinds = attack_class(name).input_kinds
+    return "tabular" if "tabular" in kinds else next(k for k in INPUT_KINDS if k in kinds)
+
+
+DECLARED = [(name, kind) for name in ATTACK_NAMES for kind in INPUT_KINDS if kind in attack_class(name).input_kinds]
+UNDECLARED = [
+    (name, kind) for name in ATTACK_NAMES for kind in INPUT_KINDS if kind not in attack_class(name).input_kinds
+]
+
+
 @pytest.fixture
-def tiny_ctx(request, plain_ctx, token_ctx) -> AuditContext:
-    """The tiny context the test's attack runs on: token inputs for an attack that needs them."""
-    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
-    return token_ctx if name and "tokens" in attack_class(name).needs else plain_ctx
+def tiny_ctx(request, kind_ctx) -> AuditContext:
+    """The tiny context of the test's attack's home kind."""
+    return kind_ctx[home_kind(request.node.callspec.params["name"])]
 
 
 @pytest.fixture(scope="module")
-def first_runs(plain_ctx, token_ctx) -> dict[str, dict]:
-    pick = lambda name: token_ctx if "tokens" in attack_class(name).needs else plain_ctx
-    return {name: get_attack(name).run(pick(name)) for name in ATTACK_NAMES}
+def kind_runs(kind_ctx) -> dict[tuple[str, str], dict]:
+    """Every attack's result entry on every kind it declares (each run once per module)."""
+    return {(name, kind): get_attack(name).run(kind_ctx[kind]) for name, kind in DECLARED}
+
+
+@pytest.fixture(scope="module")
+def first_runs(kind_runs) -> dict[str, dict]:
+    return {name: kind_runs[name, home_kind(name)] for name in ATTACK_NAMES}
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)
@@ -92,10 +153,11 @@ def test_attack_describes_itself(name):
     attack = attack_class(name)
     assert attack.name == name and REGISTRY[name][1] == attack.__name__
     assert attack.kind in {"label", "reconstruction"}
-    label_metric = "token_accuracy" if "tokens" in attack.needs else "accuracy"
+    label_metric = "token_accuracy" if attack.input_kinds == {"tokens"} else "accuracy"
     assert attack.primary_metric == ("mse" if attack.kind == "reconstruction" else label_metric)
     assert attack.primary_metric in attack.metrics
     assert set(attack.needs) <= NEEDS
+    assert attack.input_kinds and set(attack.input_kinds) <= set(INPUT_KINDS)
     assert len(attack.title) > 5 and len(attack.assumptions) > 20, "the report shows both"
     assert attack.kind == "reconstruction" or attack.baseline_name, "a label attack names its baseline"
     assert attack.__doc__, "the class says what the attack does"
@@ -119,14 +181,36 @@ def test_tiny_options_name_declared_options():
 def test_attack_runs_fills_its_metrics_and_is_reproducible(name, tiny_ctx, first_runs):
     first, second = first_runs[name], get_attack(name).run(tiny_ctx)
     assert first["status"] == "ok", first.get("reason")
-    assert set(attack_class(name).metrics) - IMAGE_ONLY_METRICS <= set(first["metrics"])
     assert first["primary_metric"] in first["baseline"]
     assert math.isfinite(first["advantage"]) and first["seconds"] > 0
-    assert "ssim" not in first["metrics"], "SSIM is for images only"
     json.dumps(first)  # report.json must be able to hold it
     assert flat(first["metrics"]) == pytest.approx(flat(second["metrics"]), rel=1e-5, abs=1e-6), (
         "same seed, same result"
     )
+
+
+@pytest.mark.parametrize("name, kind", DECLARED)
+def test_attack_runs_on_each_input_kind_it_declares_and_fills_the_metrics_that_fit(name, kind, kind_runs, kind_ctx):
+    """Every declared metric but those of other kinds is filled; a reconstruction attack adds the
+    metrics that fit the kind (SSIM on images, text metrics on tokens) to its metrics and baseline,
+    and no metric fits a kind it was not made for (no SSIM on a sequence)."""
+    entry, space = kind_runs[name, kind], kind_ctx[kind].space
+    assert entry["status"] == "ok", entry.get("reason")
+    attack = attack_class(name)
+    assert set(attack.metrics) - space.leaves_out(attack.metrics) <= set(entry["metrics"])
+    if attack.kind == "reconstruction":
+        assert space.metrics <= set(entry["metrics"]) and space.metrics <= set(entry["baseline"])
+    assert not set(entry["metrics"]) & space.leaves_out(KIND_METRICS["image"] | KIND_METRICS["tokens"])
+    assert math.isfinite(entry["metrics"][entry["primary_metric"]]) and math.isfinite(entry["advantage"])
+    json.dumps(entry)
+
+
+@pytest.mark.parametrize("name, kind", UNDECLARED)
+def test_attack_skips_an_input_kind_it_does_not_declare_with_a_reason(name, kind, kind_ctx):
+    attack = get_attack(name)
+    entry = attack.run(kind_ctx[kind])
+    assert entry["status"] == "skipped"
+    assert entry["reason"].startswith(attack.other_kinds_reason or f"not built for {kind} inputs")
 
 
 def flat(metrics: dict, prefix: str = "") -> dict:
@@ -158,8 +242,6 @@ def test_attack_skips_with_a_reason_when_inputs_lack_what_it_needs(name, tiny_ct
     entry = attack.run(unlabelled)
     if attack.needs & {"labels", "attribute"}:
         assert entry["status"] == "skipped" and entry["reason"]
-    elif "tokens" in attack.needs and tiny_ctx.tokens is None:
-        assert entry["status"] == "skipped" and "token inputs" in entry["reason"]
     else:
         assert entry["status"] == "ok", entry.get("reason")
 
@@ -253,12 +335,13 @@ def test_attack_checks_its_options_before_running(name, tiny_ctx):
 
 @pytest.mark.slow
 def test_every_attack_runs_on_the_digits_cnn_with_ssim(digits_ctx):
-    for name in (n for n in ATTACK_NAMES if "tokens" not in attack_class(n).needs):
+    assert digits_ctx.space.kind == "image"
+    for name in (n for n in ATTACK_NAMES if "image" in attack_class(n).input_kinds):
         entry = get_attack(name).run(digits_ctx)
         assert entry["status"] == "ok", (name, entry.get("reason"))
         assert set(attack_class(name).metrics) <= set(entry["metrics"])
         if entry["kind"] == "reconstruction":
-            assert IMAGE_ONLY_METRICS <= set(entry["metrics"])
+            assert KIND_METRICS["image"] <= set(entry["metrics"])
 
 
 @pytest.mark.parametrize(
@@ -294,20 +377,20 @@ def test_cli_refuses_a_bad_attack_option_up_front(setting, words, capsys, monkey
     assert capsys.readouterr().err.strip().endswith(words)
 
 
-def test_attacks_on_token_inputs_report_token_metrics_or_say_why_not(token_ctx, plain_ctx):
-    """On token inputs every attack runs or is skipped with its reason; reconstruction attacks add
-    the token metrics (nearest-token decoding) beside their MSE, with the most-frequent-token baseline."""
-    for name in ATTACK_NAMES:
-        entry = get_attack(name).run(token_ctx)
-        if name == "sdar":
-            assert entry["status"] == "skipped" and "token inputs" in entry["reason"]
-            continue
-        assert entry["status"] == "ok", (name, entry.get("reason"))
-        if entry["kind"] == "reconstruction" or "tokens" in attack_class(name).needs:
-            for metric in ("token_accuracy", "exact_match", "rouge_l", "bleu", "rare_token_recall"):
-                assert metric in entry["metrics"] and metric in entry["baseline"], (name, metric)
-            assert len(entry["details"]["tokens"]["position_accuracy"]) == 4
-    assert get_attack("token-inversion").run(plain_ctx)["status"] == "skipped"
+def test_attacks_on_token_inputs_report_token_metrics_or_say_why_not(kind_runs, token_ctx, plain_ctx):
+    """On token inputs every attack runs or is skipped with its reason (SDAR, built for continuous
+    inputs; token inversion on every other kind); the attacks that reconstruct tokens give the
+    accuracy at each of the 4 positions beside their token metrics."""
+    sdar = get_attack("sdar").run(token_ctx)
+    assert sdar["status"] == "skipped" and sdar["reason"].startswith("not adapted to token inputs")
+    inversion = get_attack("token-inversion").run(plain_ctx)
+    assert inversion["status"] == "skipped" and "needs token inputs (--vocab)" in inversion["reason"]
+    on_tokens = {name: entry for (name, kind), entry in kind_runs.items() if kind == "tokens"}
+    assert set(on_tokens) == set(ATTACK_NAMES) - {"sdar"}
+    for name, entry in on_tokens.items():
+        if entry["kind"] == "reconstruction" or name == "token-inversion":
+            assert KIND_METRICS["tokens"] <= set(entry["metrics"]) & set(entry["baseline"]), name
+            assert len(entry["details"]["tokens"]["position_accuracy"]) == 4, name
 
 
 @pytest.mark.parametrize("name", ATTACK_NAMES)

@@ -12,7 +12,7 @@ import torch
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.base import SeedOutcome
-from splitaudit.attacks.sdar import FULL, SDARNets
+from splitaudit.attacks.sdar_training import FULL, SDARNets
 from splitaudit.gate import evaluate_gate
 from splitaudit.reports.terminal import terminal_summary
 from splitaudit.reports.view import build_view

@@ -20,7 +20,7 @@ from import_graph import Edge, cycles, import_graph, package_modules
 
 # Lowest first. A module may import modules of its own layer and of the layers before it.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("core", {"errors", "safety", "memory", "threads", "config", "registries", "result", "version"}),
+    ("core", {"errors", "safety", "memory", "threads", "config", "registries", "input_space", "result", "version"}),
     # Pure tensor functions: they know nothing of models or data files, and the context and the
     # token space use their seeded draws and trace types, so they sit below the inputs.
     (
@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "model_checks",
             "models",
             "tokens",
+            "token_models",
             "context",
             "sample_models",
             "sample_models.build",
@@ -72,10 +73,11 @@ LAYERS: list[tuple[str, set[str]]] = [
             "attacks.kmeans",
             "attacks.optimization",
             "attacks.sdar",
+            "attacks.sdar_training",
             "attacks.token_inversion",
         },
     ),
-    ("stages", {"leakage", "bound_check", "calibration", "utility", "cost", "gate", "recommend"}),
+    ("stages", {"leakage", "bound_check", "calibration", "token_statement", "utility", "cost", "gate", "recommend"}),
     ("execution", {"tasks", "executor", "process_pool", "ray_executor", "recipe"}),
     ("engine", {"pipeline", "sweep"}),
     (

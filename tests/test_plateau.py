@@ -22,7 +22,8 @@ from splitaudit.attacks.optimization import (
     map_weight,
 )
 from splitaudit.attacks.plateau import Plateau, evaluating, restore, snapshot
-from splitaudit.attacks.sdar import FULL, PRESETS, BatchStream, Stopping, sdar_reconstruct, sdar_settings
+from splitaudit.attacks.sdar import PRESETS, sdar_settings
+from splitaudit.attacks.sdar_training import FULL, BatchStream, Stopping, sdar_reconstruct
 
 
 def feed(plateau: Plateau, values: list[float]) -> int | None:
@@ -159,7 +160,7 @@ def test_optimization_stops_on_its_objective_and_returns_the_best_checked_iterat
     aux = digits_ctx.aux.x
     weights = torch.zeros(len(z))
     stopping = ObjectiveStopping(patience=1, min_improvement=0.3)
-    x = invert(digits_ctx.encoder, z, aux, "gaussian", weights, 200, 0.1, stopping=stopping)
+    x = invert(digits_ctx.encoder, z, aux, "gaussian", weights, 200, 0.1, stopping=stopping, unit_range=True)
     (plateau,) = stopping.runs
     assert plateau.stopped and plateau.last_step < 200 and plateau.last_step % OBJECTIVE_EVERY == 0
     assert stopping.details(200) == {"steps_run": plateau.last_step, "stopped_by": "plateau"}
@@ -173,8 +174,10 @@ def test_optimization_at_its_cap_is_the_fixed_budget(digits_ctx):
     z = digits_ctx.observed_embeddings("target", digits_ctx.generator(0))[:4]
     weights = torch.zeros(len(z))
     stopping = ObjectiveStopping(patience=50, min_improvement=0.0)
-    stopped = invert(digits_ctx.encoder, z, digits_ctx.aux.x, "gaussian", weights, 30, 0.1, stopping=stopping)
-    fixed = invert(digits_ctx.encoder, z, digits_ctx.aux.x, "gaussian", weights, 30, 0.1)
+    stopped = invert(
+        digits_ctx.encoder, z, digits_ctx.aux.x, "gaussian", weights, 30, 0.1, stopping=stopping, unit_range=True
+    )
+    fixed = invert(digits_ctx.encoder, z, digits_ctx.aux.x, "gaussian", weights, 30, 0.1, unit_range=True)
     assert torch.equal(stopped, fixed)
     assert stopping.details(30) == {"steps_run": 30, "stopped_by": "cap"}
 

@@ -20,7 +20,9 @@ from splitaudit.attacks.reconstruction import (
     reconstruction_metrics,
     ssim_window,
 )
+from splitaudit.input_space import decide_space
 
+IMAGES = decide_space((1, 8, 8), unit_range=True, tokens=False)  # 8x8 grey images in [0, 1]
 LARGE_SIGMA = 3.0  # three times the embeddings' spread on both sample models
 
 
@@ -43,7 +45,7 @@ def linear_context(tmp_path, x: np.ndarray, out_features: int, **overrides):
 
 def test_identical_images_have_zero_mse_unit_ssim_and_capped_psnr():
     x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    metrics = reconstruction_metrics(x, x.clone(), is_image=True)
+    metrics = reconstruction_metrics(x, x.clone(), IMAGES)
     assert metrics["mse"] == 0.0
     assert metrics["ssim"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["psnr"] == pytest.approx(100.0)  # MSE floored at 1e-10 for range 1
@@ -52,7 +54,7 @@ def test_identical_images_have_zero_mse_unit_ssim_and_capped_psnr():
 def test_known_offset_gives_exact_mse_and_psnr_for_unit_range_data():
     x = torch.full((4, 1, 8, 8), 0.5)
     x[:, :, ::2] = 0.2
-    metrics = reconstruction_metrics(x, x + 0.1, is_image=True)
+    metrics = reconstruction_metrics(x, x + 0.1, IMAGES)
     assert metrics["mse"] == pytest.approx(0.01, rel=1e-5)
     assert metrics["psnr"] == pytest.approx(20.0, rel=1e-5)
     assert metrics["ssim"] < 1.0
@@ -62,7 +64,7 @@ def test_psnr_uses_the_target_range_outside_unit_range_and_tabular_has_no_ssim()
     x = torch.linspace(-1.0, 3.0, 40).reshape(4, 10)  # range 4
     x_hat = x.clone()
     x_hat[:2] += 0.2  # per-sample MSE 0.04, 0.04, 0, 0
-    metrics = reconstruction_metrics(x, x_hat, is_image=False)
+    metrics = reconstruction_metrics(x, x_hat, decide_space((10,), False, tokens=False))
     assert set(metrics) == {"mse", "psnr"}
     assert metrics["mse"] == pytest.approx(0.02, rel=1e-5)
     expected_psnr = (2 * 10 * math.log10(16 / 0.04) + 2 * 10 * math.log10(16 / 1e-10)) / 4
@@ -83,7 +85,7 @@ def test_ssim_window_is_odd_and_fits_the_image(height, width, window):
 def test_mean_guess_baseline_predicts_the_aux_mean():
     aux = torch.cat([torch.zeros(3, 1, 8, 8), torch.ones(3, 1, 8, 8)])  # mean 0.5 everywhere
     target = torch.zeros(5, 1, 8, 8)
-    baseline = mean_guess_baseline(aux, target, is_image=True)
+    baseline = mean_guess_baseline(aux, target, IMAGES)
     assert baseline["mse"] == pytest.approx(0.25)
     assert baseline["psnr"] == pytest.approx(10 * math.log10(1 / 0.25), rel=1e-5)
     assert "ssim" in baseline
@@ -171,7 +173,8 @@ def test_map_attack_on_a_linear_gaussian_model_is_the_posterior_mean(tmp_path):
     ctx, layer = linear_context(tmp_path, x, out_features=4, noise_sigma=sigma)  # not injective
     aux = ctx.aux.x
     z = ctx.observed_embeddings("target", ctx.generator(0))[:16]
-    x_map = invert(ctx.encoder, z, aux, "gaussian", torch.full((16,), sigma**2, device=z.device), steps=600, lr=0.05)
+    weights = torch.full((16,), sigma**2, device=z.device)
+    x_map = invert(ctx.encoder, z, aux, "gaussian", weights, steps=600, lr=0.05, unit_range=ctx.space.unit_range)
     a, b = layer.weight.detach().double().to(aux.device), layer.bias.detach().double().to(aux.device)
     mu, v = aux.double().mean(0), torch.diag(aux.double().var(0))
     gain = v @ a.T @ torch.linalg.inv(a @ v @ a.T + sigma**2 * torch.eye(4, dtype=torch.float64, device=aux.device))
@@ -217,5 +220,5 @@ def test_tv_prior_is_rejected_for_tabular_data(cancer_ctx):
 
 def test_tv_prior_is_fitted_to_the_aux_pixel_differences():
     aux = torch.tensor([[[[0.0, 1.0], [0.0, 1.0]]]])  # TV 2 over 4 differences: Laplace scale 0.5
-    neg_log_prior = fit_prior(aux, "tv")
+    neg_log_prior = fit_prior(aux, "tv", unit_range=True)
     assert neg_log_prior(aux).item() == pytest.approx(4.0)

@@ -15,6 +15,7 @@ import pytest
 from splitaudit import cli
 from splitaudit.errors import InputError
 from splitaudit.reports import load_result, terminal_summary, write_comparison, write_junit, write_reports
+from splitaudit.result import SCHEMA_VERSION
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = ["real", "image_audit", "sigma0_audit", "blackbox_audit", "tabular_audit", "failed_attack_audit"]
@@ -224,7 +225,7 @@ def test_malicious_strings_are_escaped(render, fmt):
 
 
 def test_minimal_result_renders_without_empty_sections(render):
-    minimal = {"schema_version": 4, "gate": {"passed": True, "reasons": [], "checks": []}}
+    minimal = {"schema_version": SCHEMA_VERSION, "gate": {"passed": True, "reasons": [], "checks": []}}
     html, md = render(None, minimal)
     assert empty_html_sections(html) == [] and empty_markdown_sections(md) == []
     assert "Not computed" in html
@@ -262,7 +263,7 @@ def test_junit_has_one_case_per_gate_check(tmp_path):
 def test_load_result_rejects_other_files(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"schema_version": 99}')
-    with pytest.raises(InputError, match="schema version 99; this splitaudit reads version 4"):
+    with pytest.raises(InputError, match=f"schema version 99; this splitaudit reads version {SCHEMA_VERSION}"):
         load_result(bad)
     bad.write_text("not json")
     with pytest.raises(InputError, match="invalid JSON"):

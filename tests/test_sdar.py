@@ -12,24 +12,23 @@ from conftest import make_context, sample
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.nets import Decoder, reinitialized_copy, restore_batch_norm
 from splitaudit.attacks.reconstruction import reconstruction_metrics
-from splitaudit.attacks.sdar import (
+from splitaudit.attacks.sdar import PRESETS, U_SHAPED_LIMIT, sdar_settings
+from splitaudit.attacks.sdar_training import (
     ABLATIONS,
     D2_CONVS,
     D2_SIDE,
     FULL,
-    PRESETS,
-    U_SHAPED_LIMIT,
     BatchStream,
     SDARNets,
     d1_discriminator,
     discriminator,
     sdar_iteration,
     sdar_reconstruct,
-    sdar_settings,
     simultaneous_step,
 )
 from splitaudit.errors import InputError
 from splitaudit.gate import evaluate_gate
+from splitaudit.input_space import decide_space
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +82,7 @@ def test_level7_decoder_is_table_ix_fully_convolutional_with_the_label_as_a_chan
     """Table IX, split level 7 (ResNet-20, 64x8x8 -> 3x32x32): the label becomes an 8x8 channel;
     Upsample, Conv 64, ConvT 32 x2, Upsample, Conv 32, ConvT 16 x3, Conv 3, sigmoid; no dense layer
     on the embedding."""
-    decoder = Decoder((64, 8, 8), (3, 32, 32), unit_range=True, num_classes=10)
+    decoder = Decoder((64, 8, 8), decide_space((3, 32, 32), True, tokens=False), num_classes=10)
     body = [row for row in layer_list(decoder.body) if row[0] not in ("BatchNorm2d", "ReLU")]
     assert body == [
         ("Upsample",),
@@ -101,7 +100,7 @@ def test_level7_decoder_is_table_ix_fully_convolutional_with_the_label_as_a_chan
     assert layer_list(decoder.label) == [("Embedding",), ("Linear",)] and decoder.label.net[1].out_features == 64
     x = decoder(torch.randn(4, 64, 8, 8), torch.tensor([0, 1, 2, 9]))
     assert x.shape == (4, 3, 32, 32) and 0 <= x.min() and x.max() <= 1
-    unlabelled = Decoder((64, 8, 8), (3, 32, 32), unit_range=True)
+    unlabelled = Decoder((64, 8, 8), decide_space((3, 32, 32), True, tokens=False))
     assert unlabelled.body[1].in_channels == 64 and unlabelled(torch.randn(2, 64, 8, 8)).shape == (2, 3, 32, 32)
 
 
@@ -109,13 +108,18 @@ def test_decoder_on_a_224px_resnet_stem_stays_small_and_convolutional():
     """Issue 11: a 64x56x56 stem embedding of 3x224x224 inputs. Two doublings as at level 7, every
     layer convolutional (parameters independent of the image size), exact output size; a flat
     embedding gets a linear stem to a 7x7 map, not a full-resolution dense layer."""
-    decoder = Decoder((64, 56, 56), (3, 224, 224), unit_range=True, num_classes=5)
+    decoder = Decoder((64, 56, 56), decide_space((3, 224, 224), True, tokens=False), num_classes=5)
     dense = [m for m in decoder.body.modules() if isinstance(m, torch.nn.Linear)]
     assert not dense and sum(p.numel() for p in decoder.body.parameters()) < 200_000
     assert decoder(torch.randn(2, 64, 56, 56), torch.tensor([0, 4])).shape == (2, 3, 224, 224)
-    flat = Decoder((512,), (3, 224, 224), unit_range=True)
+    flat = Decoder((512,), decide_space((3, 224, 224), True, tokens=False))
     assert flat.body[0].out_features == 64 * 7 * 7
-    assert Decoder((16, 9, 9), (3, 30, 30), unit_range=False)(torch.randn(2, 16, 9, 9)).shape == (2, 3, 30, 30)
+    assert Decoder((16, 9, 9), decide_space((3, 30, 30), False, tokens=False))(torch.randn(2, 16, 9, 9)).shape == (
+        2,
+        3,
+        30,
+        30,
+    )
 
 
 def test_level7_d1_and_d2_are_table_ix_stacks_without_extra_layers_after_the_last_conv():
@@ -368,7 +372,7 @@ def test_removing_d1_makes_the_reconstruction_worse(digits_ctx):
         x_hat, *_ = sdar_reconstruct(
             digits_ctx, observed, target.y, 0, 1500, cpu["batch_size"], regularizers, lr_scale=cpu["lr_scale"]
         )
-        return reconstruction_metrics(target.x, x_hat, target.is_image)["mse"]
+        return reconstruction_metrics(target.x, x_hat, digits_ctx.space)["mse"]
 
     assert mse(ABLATIONS["mse_no_d1"]) > 2 * mse(FULL)
 

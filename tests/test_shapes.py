@@ -22,7 +22,8 @@ from shaped_data import audio_clips
 import splitaudit
 from splitaudit.attacks.nets import Decoder, generic_encoder, stage_sizes
 from splitaudit.attacks.optimization import _difference_count, fit_prior, total_variation
-from splitaudit.attacks.sdar import D2_CONVS, D2_SIDE, d1_discriminator, discriminator
+from splitaudit.attacks.sdar_training import D2_CONVS, D2_SIDE, d1_discriminator, discriminator
+from splitaudit.input_space import decide_space
 
 TEXT_LINE, TEXT_EMBEDDING = (3, 48, 192), (16, 3, 96)
 SPECTROGRAM, SPECTROGRAM_EMBEDDING = (1, 64, 400), (16, 4, 200)
@@ -61,7 +62,7 @@ def test_decoder_grows_per_axis_never_past_the_input_and_costs_no_more_than_tabl
     no conv is wider than Table IX's for a map of as many positions (its last 32x32 stage: ConvT
     16, the conv before them 32; widths times sqrt(1024 / positions), rounded up), so a layer
     costs about what Table IX's last stage costs instead of growing with the positions."""
-    decoder = Decoder(embedding, sample, unit_range=True, num_classes=2)
+    decoder = Decoder(embedding, decide_space(sample, True, tokens=False), num_classes=2)
     z, y = torch.randn(2, *embedding), torch.tensor([0, 1])
     sizes = upsampled_sizes(decoder, z, y)
     assert sizes[-1] == sample[1:]
@@ -84,7 +85,7 @@ def test_text_line_decoder_is_several_times_cheaper_than_doubling_both_axes():
     under a tenth of that."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    decoder = Decoder(TEXT_EMBEDDING, TEXT_LINE, unit_range=True, num_classes=2)
+    decoder = Decoder(TEXT_EMBEDDING, decide_space(TEXT_LINE, True, tokens=False), num_classes=2)
     z, y, x = torch.randn(32, *TEXT_EMBEDDING), torch.randint(0, 2, (32,)), torch.rand(32, *TEXT_LINE)
     with FlopCounterMode(display=False) as counter:
         (decoder(z, y) - x).pow(2).mean().backward()
@@ -97,7 +98,7 @@ def test_text_line_decoder_is_several_times_cheaper_than_doubling_both_axes():
 def test_generic_encoder_halves_each_axis_down_to_the_embedding(sample, embedding):
     """The simulator of an unknown architecture maps the input's shape to the embedding's with
     strided convolutions (1-D for sequences), and trains: every weight gets a gradient."""
-    encoder = generic_encoder(sample, embedding)
+    encoder = generic_encoder(decide_space(sample, True, tokens=False), embedding)
     x = torch.rand(3, *sample)
     z = encoder(x)
     assert z.shape == (3, *embedding)
@@ -137,7 +138,7 @@ def test_total_variation_of_a_hand_made_sequence_and_the_tv_prior_on_sequences()
     assert total_variation(x).item() == pytest.approx(3.0)
     assert _difference_count((2, 4)) == 6
     assert _difference_count((1, 3, 5)) == 2 * 5 + 3 * 4
-    neg_log_prior = fit_prior(torch.rand(10, 2, 16), "tv")
+    neg_log_prior = fit_prior(torch.rand(10, 2, 16), "tv", unit_range=True)
     assert torch.isfinite(neg_log_prior(torch.rand(3, 2, 16))).all()
 
 

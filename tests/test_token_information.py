@@ -19,7 +19,8 @@ from splitaudit.token_information import (
     variance_upper,
     wilson_upper,
 )
-from splitaudit.tokens import TokenSpace, checked_against_attacks, token_statement
+from splitaudit.token_statement import checked_against_attacks, token_statement
+from splitaudit.tokens import TokenSpace
 
 
 def binary_entropy(p: float) -> float:

@@ -14,6 +14,7 @@ from token_models import LENGTH, TokenBottom, save_token_data, save_token_model
 
 from splitaudit import leakage
 from splitaudit.config import AuditOptions
+from splitaudit.input_space import InputSpace
 from splitaudit.pipeline import prepare_context
 from splitaudit.result import first_error
 from splitaudit.tokens import load_vocab
@@ -53,7 +54,7 @@ def test_the_model_is_cut_at_its_embedding_lookup(files, bottom, fmt):
         expected = bottom(ids)
         for _ in range(2):  # a second call through the interpreter gives the same
             torch.testing.assert_close(ctx.encoder(ctx.target.x), expected, atol=1e-5, rtol=1e-5)
-    assert ctx.encoder.differentiable and not ctx.target.is_image and not ctx.target.in_unit_range
+    assert ctx.encoder.differentiable and ctx.space == InputSpace("tokens", (LENGTH, 8), unit_range=False)
     assert ctx.tokens.nearest(ctx.target.x).equal(ids)
 
 
