@@ -220,7 +220,7 @@ def choose_step(
     tried = {}
     for step in (lr * fraction for fraction in STEP_FRACTIONS):
         both = per_mask_pattern(ctx.tokens, mask, z, functools.partial(inverted, step))
-        tried[step] = float((both - x_true[:, None]).pow(2).mean() * 2)
+        tried[step] = float((both.detach() - x_true[:, None]).pow(2).mean() * 2)
     best = min(tried, key=lambda step: (math.isnan(tried[step]), tried[step]))
     return best, {f"{step:.4g}": value for step, value in tried.items()}
 
