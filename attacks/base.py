@@ -244,6 +244,12 @@ class Attack(ABC):
         sample; timed(step): the least seconds of a call of step, over repeated calls."""
         return None
 
+    def expected_share_of_cap(self, ctx: AuditContext) -> float:
+        """The share of estimated_seconds the attack is expected to take: where that estimate counts a
+        training up to its cap and early stopping usually ends it sooner, less than 1 (the cost
+        estimate's "about X", the cap being its "at most")."""
+        return 1.0
+
     def check_inputs(self, ctx: AuditContext) -> None:
         """Raise InputError when this run's options cannot apply to the loaded data (checked once
         the data is loaded, before any attack runs); most options fit any data."""

@@ -84,10 +84,11 @@ def estimates(model: Path, aux: Path, target: Path) -> dict[bool, dict[str, floa
 
 
 def cpu_seconds() -> float:
-    """User + system CPU seconds of this process so far: on a machine shared with other work,
-    an upper bound on the wall time the same run takes on idle cores."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """User + system CPU seconds of this process and its finished children so far (the audit's
+    worker processes, joined when it ends): on a machine shared with other work, an upper bound
+    on the wall time the same run takes on idle cores."""
+    usages = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
 
 
 def run_quick(
@@ -118,21 +119,23 @@ def run_quick(
 
 def full_seed(model: Path, aux: Path, target: Path, name: str) -> None:
     """One seed of attack `name` at the full battery's settings, in CPU seconds, beside the
-    estimate's share of one seed (its cap: training may stop early) and what stopped it."""
+    estimate's share of one seed (about: its expected share of the cap; at most: the cap) and
+    what stopped it."""
     options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0, quick=False)
     ctx = prepare_context(options.validate())
     attack = get_attack(name)
     with threads_for(ctx.aux.x.numel(), ctx.device):
         pass_seconds = cost.encoder_pass_seconds(ctx)
-    per_seed = attack.estimated_seconds(ctx, pass_seconds, cost._timed) / len(ctx.seeds)
+    cap = attack.estimated_seconds(ctx, pass_seconds, cost._timed) / len(ctx.seeds)
+    expected = cap * attack.expected_share_of_cap(ctx)
     begin = cpu_seconds()
     outcome = attack.run_seed(ctx, ctx.seeds[0])
     measured = cpu_seconds() - begin
     metric = attack.primary_metric
     stops = {k: v for k, v in outcome.details.items() if k.endswith(("_run", "stopped_by", "epochs", "iterations"))}
     print(
-        f"{name}, one full seed: estimate {per_seed:.0f} s, measured {measured:.0f} CPU s (ratio "
-        f"{measured / per_seed:.2f}); {metric} {outcome.metrics[metric]:.4g} baseline "
+        f"{name}, one full seed: estimate about {expected:.0f} s (at most {cap:.0f} s), measured {measured:.0f} "
+        f"CPU s (ratio to about {measured / expected:.2f}); {metric} {outcome.metrics[metric]:.4g} baseline "
         f"{outcome.baseline[metric]:.4g}; {stops}"
     )
 

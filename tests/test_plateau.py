@@ -11,7 +11,16 @@ import torch.nn as nn
 from conftest import make_context, sample
 
 from splitaudit.attacks import get_attack
-from splitaudit.attacks.optimization import OBJECTIVE_EVERY, ObjectiveStopping, invert
+from splitaudit.attacks.optimization import (
+    OBJECTIVE_EVERY,
+    PILOT_TARGETS,
+    STEP_FRACTIONS,
+    ObjectiveStopping,
+    choose_step,
+    invert,
+    invert_both,
+    map_weight,
+)
 from splitaudit.attacks.plateau import Plateau, evaluating, restore, snapshot
 from splitaudit.attacks.sdar import PRESETS, sdar_settings
 from splitaudit.attacks.sdar_training import FULL, BatchStream, Stopping, sdar_reconstruct
@@ -181,3 +190,25 @@ def test_sdar_holds_no_aux_out_when_no_plateau_could_end_training_before_the_cap
     assert settings(iterations=350).stopping is None
     assert settings(iterations=351).stopping == Stopping(every=50, patience=6, holdout_fraction=0.1)
     assert settings(iterations=40, eval_every=10, patience=1).stopping is not None
+
+
+def test_optimization_step_is_the_one_that_best_inverts_the_attackers_own_aux_samples(digits_ctx):
+    """choose_step tries every fraction of lr on the first PILOT_TARGETS aux samples, keeps the lowest
+    MSE, and each MSE it reports is the one an independent inversion at that step ends with. With one
+    step the choice is forced: Adam's first update moves every pixel by the whole step (lr x sign of
+    its gradient), so from lr = the data range every pixel lands on a clamp (0 or 1) and a smaller
+    step must win."""
+    weight = map_weight(digits_ctx)
+    stopping = ObjectiveStopping(patience=3, min_improvement=1e-3)
+    lr, tried = choose_step(digits_ctx, digits_ctx.generator(0), "gaussian", weight, 1, 1.0, None, stopping)
+    assert list(tried) == [f"{fraction:.4g}" for fraction in STEP_FRACTIONS]
+    assert tried[f"{lr:.4g}"] == min(tried.values()) and lr < 1.0
+    assert not stopping.runs  # the pilot leaves the attack's own stopping record alone
+    x = digits_ctx.aux.x[:PILOT_TARGETS]
+    z = digits_ctx.clean_embeddings("aux")[:PILOT_TARGETS]  # sigma = 0: observed = clean
+    for step in (lr, 1.0):
+        x_unbiased, x_map = invert_both(digits_ctx, z, "gaussian", weight, 1, step, None, ObjectiveStopping(3, 1e-3))
+        mse = float((x_unbiased - x).pow(2).mean() + (x_map - x).pow(2).mean())
+        assert mse == pytest.approx(tried[f"{step:.4g}"], rel=1e-4)
+    thrown = x_unbiased[digits_ctx.aux.x.var(dim=0).expand_as(x_unbiased) > 0]  # pixels with a gradient
+    assert ((thrown == 0) | (thrown == 1)).float().mean() > 0.9

@@ -198,7 +198,9 @@ def test_map_beats_unbiased_without_noise_when_the_encoder_is_not_injective():
     result = get_attack("optimization").run(make_context("digits_mlp.onnx", "digits.npz"))
     metrics = result["metrics"]
     assert result["details"]["map_weight"] > 0
-    assert metrics["mse_map"] < 0.8 * metrics["mse_unbiased"]  # measured 0.70x (quick)
+    # measured 0.86x (quick; the step pilot keeps 0.03, where both variants beat the fixed step 0.1's
+    # 0.0479 / 0.0687, the unbiased one more: 0.70x there)
+    assert metrics["mse_map"] < 0.95 * metrics["mse_unbiased"]
     assert metrics["mse"] == metrics["mse_map"]
 
 

@@ -172,8 +172,10 @@ def _cost(size: int, prior: str, quick: bool = False):
 def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_variant(ablation, monkeypatch):
     """SDAR's estimate times its own training iteration on the model and data (one real iteration
     here, its time fixed at 0.5 s) and multiplies by iterations x seeds x variants (3 with the
-    ablation: without d1 and without d2): about MIN_SEEDS seeds (seeds by spread), at most all."""
-    from splitaudit.attacks.sdar import sdar_settings
+    ablation: without d1 and without d2): at most all seeds' whole cap; about MIN_SEEDS seeds (seeds
+    by spread) of the share of the cap early stopping is expected to leave (EXPECTED_SHARE; under
+    --quick the stopping is off and the whole cap runs)."""
+    from splitaudit.attacks.sdar import EXPECTED_SHARE, sdar_settings
     from splitaudit.stages import cost
 
     steps = []
@@ -189,8 +191,13 @@ def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_
     settings = sdar_settings(ctx)
     per_seed = settings.iterations * (3 if ablation else 1) * 0.5
     assert estimate.ceilings["sdar"] == pytest.approx(len(ctx.seeds) * per_seed) and estimate.not_estimated == []
-    assert estimate.stages["sdar"] == pytest.approx(MIN_SEEDS * per_seed) and len(ctx.seeds) > MIN_SEEDS
+    assert settings.stopping is not None and len(ctx.seeds) > MIN_SEEDS
+    assert estimate.stages["sdar"] == pytest.approx(MIN_SEEDS * per_seed * EXPECTED_SHARE)
     assert len(steps) == 2  # the encoder pass and one SDAR iteration
+    quick = _cost_context(16, quick=True, attack_options={"sdar": {"ablation": ablation}})
+    assert sdar_settings(quick).stopping is None
+    quick_seconds = sdar_settings(quick).iterations * (3 if ablation else 1) * 0.5
+    assert cost.estimate_cost(quick, "gaussian", 0.25, ["sdar"]).stages["sdar"] == pytest.approx(quick_seconds)
 
 
 def test_cost_estimate_is_positive_finite_and_grows_with_the_input():
@@ -277,17 +284,19 @@ def test_embedding_reports_progress_batch_by_batch(monkeypatch):
 
 
 def test_decoder_cost_is_a_timed_step_times_the_steps_of_every_capped_epoch_and_seed(monkeypatch):
-    """The decoder's estimate is an upper bound: a real training step on a batch of the model's
-    embeddings (its time fixed at 0.5 s here) times the steps of its epoch cap, for the MIN_SEEDS
-    seeds that always run (at most every seed); the summary shows both."""
+    """The decoder's ceiling is a real training step on a batch of the model's embeddings (its time
+    fixed at 0.5 s here) times the steps of its epoch cap for every seed; its expected time the
+    share of the cap early stopping is expected to leave (EXPECTED_SHARE) for the MIN_SEEDS seeds
+    that always run; the summary shows both. The quick cap of 15 epochs is expected to run whole."""
+    from splitaudit.attacks.decoder import EXPECTED_SHARE
     from splitaudit.stages import cost
 
     monkeypatch.setattr(cost, "_timed", lambda step: (step(), 0.5)[1])
     ctx = _cost_context(16)  # 16 aux samples: 2 held out, 14 trained on in one batch of 64
     estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["decoder"])
-    assert estimate.stages["decoder"] == pytest.approx(MIN_SEEDS * 200 * 1 * 0.5)
+    assert estimate.stages["decoder"] == pytest.approx(MIN_SEEDS * 200 * 1 * 0.5 * EXPECTED_SHARE)
     assert estimate.ceilings["decoder"] == pytest.approx(len(ctx.seeds) * 200 * 1 * 0.5)
-    assert estimate.ceiling - estimate.total == pytest.approx((len(ctx.seeds) - MIN_SEEDS) * 200 * 0.5)
+    assert estimate.ceiling - estimate.total == pytest.approx((len(ctx.seeds) - MIN_SEEDS * EXPECTED_SHARE) * 200 * 0.5)
     assert f"(at most {cost._duration(estimate.ceiling)})" in estimate.summary()
     quick = cost.estimate_cost(_cost_context(16, quick=True), "gaussian", 0.25, ["decoder"])
     assert quick.stages["decoder"] == quick.ceilings["decoder"] == pytest.approx(1 * 15 * 1 * 0.5)

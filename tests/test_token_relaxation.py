@@ -11,6 +11,7 @@ from token_models import VOCAB
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks import token_relaxation as relaxation
+from splitaudit.attacks.optimization import PILOT_TARGETS, STEP_FRACTIONS
 
 
 def test_the_simplex_starts_at_the_smoothed_aux_frequencies_and_spans_the_table(files):  # noqa: F811
@@ -69,7 +70,8 @@ def test_the_cost_estimate_counts_nothing_for_an_attack_token_inputs_skip(files)
 def test_under_quick_long_sentences_are_inverted_up_to_a_position_budget(files, monkeypatch):  # noqa: F811
     """QUICK_TOKEN_POSITIONS = 12 at T = 6: the optimisation inverts 2 sentences (not quick_samples = 64,
     nor the 60 targets), its token metrics count those 2 x 6 positions, and the up-front estimate
-    (linear in the sentences inverted) falls by the same factor 30; 1024 positions at GPT-2's
+    (linear in the sentences inverted, the step pilot's 4 x 4 aux sentences added) falls from 60 + 16 to 2 + 16
+    inverted; 1024 positions at GPT-2's
     T = 128 are 8 sentences."""
     models, data, vocab = files
     ctx = token_context(models["torchscript"], data, vocab)
@@ -79,6 +81,7 @@ def test_under_quick_long_sentences_are_inverted_up_to_a_position_budget(files, 
     entry = attack.run(ctx)
     assert entry["details"]["samples"] == 2 and len(ctx.target) == 60
     assert entry["metrics"]["token_accuracy"] * 12 == pytest.approx(round(entry["metrics"]["token_accuracy"] * 12))
-    assert attack.estimated_seconds(ctx, 1.0, None) == pytest.approx(full / 30, rel=1e-12)
+    inverted = lambda n: n + len(STEP_FRACTIONS) * PILOT_TARGETS  # the step pilot's aux samples
+    assert attack.estimated_seconds(ctx, 1.0, None) == pytest.approx(full * inverted(2) / inverted(60), rel=1e-12)
     monkeypatch.setattr(relaxation, "QUICK_TOKEN_POSITIONS", 1024)
     assert relaxation.quick_token_sentences(128) == 8 and relaxation.quick_token_sentences(100000) == 1

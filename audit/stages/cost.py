@@ -6,9 +6,11 @@ traces (estimators/mean_trace.py's own plan: planned_products), the prior's capp
 attack's own cost model (Attack.estimated_seconds: the optimization attack's inversion steps in
 encoder passes, SDAR's training iterations and the decoder's steps up to its epoch cap, timed on
 the model and data), over the seeds that always run (MIN_SEEDS; the others run only when the
-first ones' spread demands, so every seed is the stage's ceiling, shown as "at most"). The
-estimate is rough (a randomised trace stops when its error target is met; training stops
-early), meant to tell minutes from hours. Attacks without a cost model are listed as not
+first ones' spread demands, so every seed is the stage's ceiling, shown as "at most"). Attacks
+whose training has a cap that early stopping usually ends sooner count their expected share of
+it (Attack.expected_share_of_cap, measured on the benchmarks' models) in the expected time and
+the whole cap in the ceiling. The estimate is rough (a randomised trace stops when its error
+target is met), meant to tell minutes from hours. Attacks without a cost model are listed as not
 estimated. Pure computation, no I/O.
 """
 
@@ -39,8 +41,9 @@ class CostEstimate:
 
     `stages` holds what a stage is expected to take, `ceilings` the most it can take where that
     is more: an attack runs MIN_SEEDS seeds and adds the others only when their spread leaves
-    the mean uncertain (attacks/base.py), so its expected time is that of its first seeds and
-    its ceiling that of every seed."""
+    the mean uncertain (attacks/base.py), and its early stopping usually ends a capped training
+    sooner, so its expected time is its expected share of the cap over its first seeds and its
+    ceiling the whole cap over every seed."""
 
     stages: dict[str, float] = field(default_factory=dict)
     ceilings: dict[str, float] = field(default_factory=dict)
@@ -97,8 +100,9 @@ def estimate_cost(
         if seconds is None:
             estimate.not_estimated.append(name)
         else:
-            estimate.stages[name] = seconds * len(first_seeds(ctx.seeds)) / len(ctx.seeds)
-            estimate.ceilings[name] = seconds
+            expected, cap = seconds
+            estimate.stages[name] = expected * len(first_seeds(ctx.seeds)) / len(ctx.seeds)
+            estimate.ceilings[name] = cap
     return estimate
 
 
@@ -146,12 +150,14 @@ def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> float:
     return settings.max_epochs * steps_per_epoch * step
 
 
-def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> float | None:
-    """Seconds of an attack over all its seeds (at most), from the attack's own cost model (None for the
-    attacks without one); 0 for an attack these inputs skip (SDAR on token inputs)."""
+def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> tuple[float, float] | None:
+    """(expected, at most) seconds of an attack over all its seeds, from the attack's own cost model
+    (None for the attacks without one): its training cap, and the share of it early stopping is
+    expected to leave; 0 for an attack these inputs skip (SDAR on token inputs)."""
     from splitaudit.attacks import get_attack
 
     attack = get_attack(name)
     if attack.missing(ctx):
-        return 0.0
-    return attack.estimated_seconds(ctx, pass_seconds, _timed)
+        return 0.0, 0.0
+    cap = attack.estimated_seconds(ctx, pass_seconds, _timed)
+    return None if cap is None else (cap * attack.expected_share_of_cap(ctx), cap)
