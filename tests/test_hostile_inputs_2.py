@@ -131,11 +131,13 @@ def test_a_signal_that_a_library_turns_into_its_own_error_still_exits_as_the_sig
             raise ValueError("Invalid affine transformation matrix") from None
 
     monkeypatch.setattr(cli_module.cli, "main", rendering)
+    # what the process had before (default_int_handler, or SIG_IGN when started in the background)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(SystemExit) as exit_info:
         cli_module.main(["run"])
     assert exit_info.value.code == code
     assert "internal error" not in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert {s: signal.getsignal(s) for s in before} == before  # handlers restored
 
 
 # --- 2. render refuses a report or sweep whose verdict contradicts its own numbers ------------------
