@@ -43,12 +43,13 @@ from splitaudit.inputs.context import AuditContext
 from splitaudit.inputs.models import Encoder
 from splitaudit.inputs.tokens import per_mask_pattern
 
-PRIORS = ("gaussian", "tv")
+PRIORS = ("gaussian", "pca", "tv")
 MAP_SIGMA_FLOOR = 0.03  # times the aux embeddings' std: the MAP weight's noise level at sigma = 0
 VARIANCE_FLOOR = 1e-4  # times range^2: a constant pixel still gets a finite prior precision
 OBJECTIVE_EVERY = 10  # steps between two checks of the objective for early stopping
 STEP_FRACTIONS = (1.0, 0.3, 0.1, 0.03)  # of the lr option: the Adam steps the pilot tries
 PILOT_TARGETS = 4  # aux samples the step pilot inverts with each step (both variants)
+PCA_FOLDS = 5  # aux folds whose held-out likelihood chooses the PCA prior's rank
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class OptimizationOptions:
         above=0,
         high=1,
     )
-    prior: str = option("gaussian", "the MAP variant's prior (tv: images and sequences only)", choices=PRIORS)
+    prior: str = option("pca", "the MAP variant's prior (tv: images and sequences only)", choices=PRIORS)
     patience: int = option(
         3, f"checks of the objective (every {OBJECTIVE_EVERY} steps) without a better one before stopping", low=1
     )
@@ -122,7 +123,7 @@ class OptimizationAttack(Attack):
         pilot's (every fraction of lr on PILOT_TARGETS aux samples), every seed."""
         opts = self.options(ctx)
         samples = inverted_samples(ctx, opts)
-        inverted = samples + len(STEP_FRACTIONS) * min(len(ctx.aux), PILOT_TARGETS)
+        inverted = samples + len(STEP_FRACTIONS) * pilot_count(len(ctx.aux))
         return len(ctx.seeds) * opts.steps * 2 * inverted * pass_seconds
 
     def check_inputs(self, ctx: AuditContext) -> None:
@@ -148,11 +149,12 @@ class OptimizationAttack(Attack):
         with threads_for(ctx.aux.x.numel(), ctx.device):
             mask = None if ctx.target.mask is None else ctx.target.mask[index]
             lr, pilot = choose_step(ctx, gen, opts.prior, weight, steps, opts.lr, simplex, stopping)
+            prior = fit_prior(ctx.aux.x, opts.prior, ctx.space.unit_range)
             both = per_mask_pattern(  # token inputs: each target inverted under its own attention mask
                 ctx.tokens,
                 mask,
                 z,
-                lambda part: torch.stack(invert_both(ctx, part, opts.prior, weight, steps, lr, simplex, stopping), 1),
+                lambda part: torch.stack(invert_both(ctx, part, prior, weight, steps, lr, simplex, stopping), 1),
             )
             x_unbiased, x_map = both[:, 0], both[:, 1]
         unbiased = reconstruction_metrics(x_true, x_unbiased, ctx.space)
@@ -167,6 +169,7 @@ class OptimizationAttack(Attack):
                 "steps": steps,
                 **stopping.details(steps),
                 "prior": opts.prior,
+                **({"prior_rank": prior.rank} if isinstance(prior, PcaPrior) else {}),
                 "map_weight": weight,
                 "lr": lr,
                 "pilot_aux_mse": pilot,
@@ -187,6 +190,12 @@ def inverted_samples(ctx: AuditContext, opts: OptimizationOptions) -> int:
     return n
 
 
+def pilot_count(n_aux: int) -> int:
+    """How many aux samples the step pilot inverts: PILOT_TARGETS, at most half of aux, so that the
+    rest (never fewer than the pilot samples) fits the pilot's prior."""
+    return min(PILOT_TARGETS, n_aux // 2)
+
+
 def map_weight(ctx: AuditContext) -> float:
     """sigma^2, with sigma floored at MAP_SIGMA_FLOOR times the spread of the aux embeddings."""
     spread = float(ctx.clean_embeddings("aux").std())
@@ -204,18 +213,23 @@ def choose_step(
     stopping: ObjectiveStopping,
 ) -> tuple[float, dict[str, float]]:
     """The Adam step (a fraction of lr, STEP_FRACTIONS) that best inverts the attacker's own first
-    PILOT_TARGETS aux samples from their observed embeddings (the MSE of both variants, summed),
+    `pilot_count` aux samples from their observed embeddings (the MSE of both variants, summed),
     and each tried step's MSE. The attacker holds these inputs; the targets are never looked at.
+    The pilot's prior and starting point come from the other aux samples: a prior fitted to the
+    pilot samples themselves (the PCA prior spans them) would make the pilot score far too well.
     One step does not fit every bottom, and the objective alone misleads where f has a null space:
     on benchmarks/README.md's text line 0.1 x the data range overshoots (MSE 0.11-0.14), and on its
     1-D audio bottom 0.1 ends with a lower objective than 0.03 but an MSE 3.5x higher."""
-    x_true = ctx.aux.x[:PILOT_TARGETS]
-    z = ctx.observed_embeddings("aux", gen)[:PILOT_TARGETS]
-    mask = None if ctx.aux.mask is None else ctx.aux.mask[:PILOT_TARGETS]
+    pilots = pilot_count(len(ctx.aux))
+    x_true, prior_x = ctx.aux.x[:pilots], ctx.aux.x[pilots:]
+    fitted = fit_prior(prior_x, prior, ctx.space.unit_range)
+    z = ctx.observed_embeddings("aux", gen)[:pilots]
+    mask = None if ctx.aux.mask is None else ctx.aux.mask[:pilots]
 
     def inverted(step: float, part: torch.Tensor) -> torch.Tensor:
         pilot_stopping = ObjectiveStopping(stopping.patience, stopping.min_improvement)
-        return torch.stack(invert_both(ctx, part, prior, weight, steps, step, simplex, pilot_stopping), 1)
+        both = invert_both(ctx, part, fitted, weight, steps, step, simplex, pilot_stopping, prior_x=prior_x)
+        return torch.stack(both, 1)
 
     tried = {}
     for step in (lr * fraction for fraction in STEP_FRACTIONS):
@@ -228,20 +242,23 @@ def choose_step(
 def invert_both(
     ctx: AuditContext,
     z: torch.Tensor,
-    prior: str,
+    prior: str | Callable[[torch.Tensor], torch.Tensor],
     weight: float,
     steps: int,
     lr: float,
     simplex: VocabularySimplex | None = None,
     stopping: ObjectiveStopping | None = None,
+    *,
+    prior_x: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(unbiased, MAP) reconstructions, optimised together as one batch (Adam is per
-    coordinate, so without early stopping this equals two separate runs)."""
+    coordinate, so without early stopping this equals two separate runs). The prior and the
+    starting point are fitted to `prior_x` (default: all aux)."""
     weights = torch.cat([torch.zeros(len(z)), torch.full((len(z),), weight)]).to(z.device)
     x = invert(
         ctx.encoder,
         torch.cat([z, z]),
-        ctx.aux.x,
+        ctx.aux.x if prior_x is None else prior_x,
         prior,
         weights,
         steps,
@@ -257,7 +274,7 @@ def invert(
     encoder: Encoder,
     z: torch.Tensor,
     aux_x: torch.Tensor,
-    prior: str,
+    prior: str | Callable[[torch.Tensor], torch.Tensor],
     prior_weight: torch.Tensor,
     steps: int,
     lr: float,
@@ -268,6 +285,8 @@ def invert(
 ) -> torch.Tensor:
     """argmin_x ||f(x) - z||^2 + 2 w (-log pi(x)) per sample, by Adam from the aux mean.
 
+    prior: a name in PRIORS, fitted here to aux_x, or -log pi already fitted to aux_x (`fit_prior`).
+
     Iterates are clamped to [0, 1] when the input space lies there (`unit_range`: projected
     gradient descent); the step is scaled to the data's range (`data_range`).
     Token inputs (simplex given) are optimised as per-position logits over the vocabulary,
@@ -276,7 +295,7 @@ def invert(
     sum over samples and Adam works per coordinate, so chunks give the same result as one batch
     (`stopping` ends each chunk on its own objective, `steps` is then a cap).
     """
-    neg_log_prior = fit_prior(aux_x, prior, unit_range)
+    neg_log_prior = fit_prior(aux_x, prior, unit_range) if isinstance(prior, str) else prior
     if simplex is None:
         start, to_input, step = aux_x.mean(dim=0, keepdim=True), lambda x: x, lr * data_range(aux_x, unit_range)
     else:
@@ -353,9 +372,111 @@ def fit_prior(aux_x: torch.Tensor, prior: str, unit_range: bool):
     if prior == "tv":
         scale = total_variation(aux_x).mean() / _difference_count(aux_x.shape[1:])
         return lambda x: total_variation(x) / scale
+    floor = VARIANCE_FLOOR * data_range(aux_x, unit_range) ** 2
+    if prior == "pca":
+        return fit_pca_prior(aux_x, floor)
     mean = aux_x.mean(dim=0, keepdim=True)
-    variance = aux_x.var(dim=0, keepdim=True).clamp_min(VARIANCE_FLOOR * data_range(aux_x, unit_range) ** 2)
+    variance = aux_x.var(dim=0, keepdim=True).clamp_min(floor)
     return lambda x: 0.5 * ((x - mean).pow(2) / variance).flatten(1).sum(dim=1)
+
+
+@dataclass(frozen=True)
+class PcaPrior:
+    """-log pi(x) per sample, up to a constant, for the Gaussian pi = N(mean, S C S): S = diag(scale) the
+    aux pixels' standard deviations, C = U diag(variances) U^T + residual (I - U U^T) the probabilistic
+    PCA (Tipping & Bishop, J. R. Stat. Soc. B 1999) of the standardised aux, U (d x k) orthonormal.
+    C^-1 = U diag(1 / variances) U^T + (I - U U^T) / residual (Woodbury's identity, exact for an
+    orthonormal U), so a sample costs O(d k) and no d x d matrix is ever formed."""
+
+    mean: torch.Tensor  # (d,)
+    scale: torch.Tensor  # (d,)
+    directions: torch.Tensor  # U, (d, k)
+    variances: torch.Tensor  # (k,)
+    residual: float
+
+    @property
+    def rank(self) -> int:
+        return self.directions.shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = (x.flatten(1) - self.mean) / self.scale
+        along = w @ self.directions
+        outside = w.pow(2).sum(dim=1) - along.pow(2).sum(dim=1)
+        return 0.5 * ((along.pow(2) / self.variances).sum(dim=1) + outside / self.residual)
+
+
+def fit_pca_prior(aux_x: torch.Tensor, floor: float) -> PcaPrior:
+    """The probabilistic PCA prior of the aux data, its rank chosen by `pca_rank` (held-out
+    likelihood on aux alone), each pixel's variance floored at `floor` as the diagonal prior's."""
+    x = aux_x.detach().flatten(1).double()
+    rank = pca_rank(x, floor)
+    mean, scale, directions, variances, residuals = _ppca_spectrum(x, floor)
+    as_x = functools.partial(torch.as_tensor, dtype=aux_x.dtype, device=aux_x.device)
+    return PcaPrior(as_x(mean), as_x(scale), as_x(directions[:, :rank]), as_x(variances[:rank]), float(residuals[rank]))
+
+
+def pca_rank(x: torch.Tensor, floor: float) -> int:
+    """The number of principal directions k that maximises the Gaussian log-likelihood of held-out aux
+    samples (PCA_FOLDS-fold cross-validation on aux; every k from 0, the diagonal prior's shape, to the
+    training folds' rank): the data decide how far their correlations can be trusted, the targets are
+    never read. Fewer than 3 samples leave no fold to hold out: k = 0."""
+    n = len(x)
+    folds = min(PCA_FOLDS, n)
+    if n < 3:
+        return 0
+    total = None
+    for fold in range(folds):
+        held = torch.arange(n) % folds == fold
+        scores = _held_out_log_likelihood(x[~held], x[held], floor)
+        total = scores if total is None else total[: len(scores)] + scores[: len(total)]
+    return int(total.argmax())
+
+
+def _ppca_spectrum(x: torch.Tensor, floor: float):
+    """(mean, scale, directions U (d x r), variances (r,), residuals (r + 1,)) of x standardised per pixel
+    (scale: the pixels' standard deviations floored at sqrt(floor)): residuals[k] is the mean variance
+    per dimension outside the first k directions, Tipping & Bishop's maximum-likelihood sigma^2 at rank
+    k; variances and residuals floored at VARIANCE_FLOOR of a pixel's standardised variance (1), so that
+    every variance is at least the residual that follows it. r < d, so a residual remains."""
+    n, d = x.shape
+    mean = x.mean(dim=0)
+    scale = x.var(dim=0).clamp_min(floor).sqrt()
+    w = (x - mean) / scale
+    rank = min(n - 1, d - 1)
+    squares, directions = _principal_directions(w, rank)
+    variances = (squares / (n - 1)).clamp_min(VARIANCE_FLOOR)
+    explained = torch.cat([variances.new_zeros(1), variances.cumsum(0)])
+    total = w.pow(2).sum() / (n - 1)
+    residuals = ((total - explained) / (d - torch.arange(rank + 1, dtype=x.dtype))).clamp_min(VARIANCE_FLOOR)
+    return mean, scale, directions, variances, residuals
+
+
+def _principal_directions(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `rank` largest squared singular values of w (n x d) and their right singular vectors (d x
+    rank), from the eigenvectors of the smaller Gram matrix: w w^T (n x n) when n <= d, the right vectors
+    then w^T v / s (6x faster than an SVD of a 320 x 27648 matrix)."""
+    if len(w) > w.shape[1]:
+        squares, directions = torch.linalg.eigh(w.T @ w)
+        return squares.flip(0)[:rank], directions.flip(1)[:, :rank]
+    squares, left = torch.linalg.eigh(w @ w.T)
+    squares, left = squares.flip(0)[:rank], left.flip(1)[:, :rank]
+    return squares, (w.T @ left) / squares.clamp_min(torch.finfo(w.dtype).tiny).sqrt()
+
+
+def _held_out_log_likelihood(train: torch.Tensor, held: torch.Tensor, floor: float) -> torch.Tensor:
+    """Summed log-likelihood (up to a constant) of `held` under the PCA prior fitted to `train`, for every
+    rank k = 0 .. r at once: the held-out projections' cumulative sums give each k's quadratic form."""
+    mean, scale, directions, variances, residuals = _ppca_spectrum(train, floor)
+    d, rank = directions.shape
+    w = (held - mean) / scale
+    along = (w @ directions).pow(2)
+    zero = along.new_zeros(len(w), 1)
+    inside = torch.cat([zero, (along / variances).cumsum(1)], dim=1)
+    outside = w.pow(2).sum(dim=1, keepdim=True) - torch.cat([zero, along.cumsum(1)], dim=1)
+    ks = torch.arange(rank + 1, dtype=w.dtype)
+    log_det = torch.cat([variances.new_zeros(1), variances.log().cumsum(0)]) + (d - ks) * residuals.log()
+    log_det = log_det + 2 * scale.log().sum()
+    return -0.5 * (inside + outside / residuals + log_det).sum(dim=0)
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
