@@ -186,6 +186,12 @@ def main(args) -> None:
             result = entry.get("metrics", {}).get(metric, {})
             baseline = entry.get("baseline", {}).get(metric, {})
             print(f"{name:13s} {entry['status']:7s} {metric} {_value(result)} baseline {_value(baseline)}")
+            print(f"{'':13s} {_scalars(entry.get('details', {}))}")
+
+
+def _scalars(details: dict) -> dict:
+    """The details that are single numbers or words (the attack's settings and what stopped it)."""
+    return {key: value for key, value in details.items() if isinstance(value, (int, float, str))}
 
 
 def _value(entry) -> str:
