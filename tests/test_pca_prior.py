@@ -140,3 +140,15 @@ def test_the_step_pilot_fits_its_prior_without_the_samples_it_inverts(tmp_path, 
     assert result.details["prior"] == "pca" and result.details["prior_rank"] > 0
     assert len(seen) == 2 and torch.equal(seen[0], ctx.aux.x[pilots:])
     assert any(torch.equal(prior_x, ctx.aux.x) for prior_x in seen)
+
+
+def test_independent_pixels_get_rank_zero_which_is_the_diagonal_prior():
+    """Pixels drawn independently (with different spreads) have no correlations worth a direction: the
+    held-out likelihood keeps k = 0, and the PCA prior is then the diagonal Gaussian exactly (the
+    residual variance of the standardised pixels is their mean variance, 1)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(400, 12, generator=gen) * torch.linspace(0.5, 2.0, 12) + 5  # above the variance floor
+    pca, diagonal = fit_prior(x, "pca", unit_range=False), fit_prior(x, "gaussian", unit_range=False)
+    assert pca.rank == 0 and pca.residual == pytest.approx(1.0, rel=1e-6)
+    probe = torch.randn(7, 12, generator=gen) + 5
+    assert torch.allclose(pca(probe), diagonal(probe), rtol=1e-5)
