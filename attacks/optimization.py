@@ -152,7 +152,7 @@ class OptimizationAttack(Attack):
         if self.options(ctx).prior == "tv" and not ctx.space.spatial_axes:
             raise InputError(
                 "attack option optimization.prior=tv needs images or sequences (total variation runs along their "
-                f"spatial axes) and these inputs are {ctx.space.kind}; use optimization.prior=gaussian"
+                f"spatial axes) and these inputs are {ctx.space.kind}; use optimization.prior=pca (the default) or gaussian"
             )
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
