@@ -141,11 +141,13 @@ class OptimizationAttack(Attack):
 
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
         """Encoder passes: steps x samples x 2 (unbiased and MAP inverted together), plus the step
-        pilot's (every fraction of lr on PILOT_TARGETS aux samples), every seed."""
+        pilot's (every fraction of lr on PILOT_TARGETS aux samples), and the prior's two fits (the
+        pilot's and the attack's), every seed."""
         opts = self.options(ctx)
         samples = inverted_samples(ctx, opts)
         inverted = samples + len(STEP_FRACTIONS) * pilot_count(len(ctx.aux))
-        return len(ctx.seeds) * opts.steps * 2 * inverted * pass_seconds
+        passes = opts.steps * 2 * inverted * pass_seconds
+        return len(ctx.seeds) * (passes + 2 * prior_fit_seconds(ctx.aux.x, opts.prior, timed))
 
     def check_inputs(self, ctx: AuditContext) -> None:
         """Total variation sums differences of neighbouring pixels: tabular rows have none."""
@@ -209,6 +211,16 @@ def inverted_samples(ctx: AuditContext, opts: OptimizationOptions) -> int:
     if ctx.quick and ctx.space.kind == "tokens":
         n = min(n, quick_token_sentences(ctx.target.token_ids.shape[1]))
     return n
+
+
+def prior_fit_seconds(aux_x: torch.Tensor, prior: str, timed: Callable) -> float:
+    """Seconds of one fit of the prior to aux_x: for PCA, PCA_FOLDS + 1 spectra (the folds', each
+    scored on its held-out part, and the final one), one spectrum of all aux timed here; the diagonal
+    and TV priors' fits are a pass over aux, negligible."""
+    if prior != "pca":
+        return 0.0
+    x = aux_x.detach().flatten(1).double()
+    return (PCA_FOLDS + 1) * timed(lambda: _ppca_spectrum(x, VARIANCE_FLOOR))
 
 
 def pilot_count(n_aux: int) -> int:
@@ -447,7 +459,7 @@ def pca_rank(x: torch.Tensor, floor: float) -> int:
         return 0
     total = None
     for fold in range(folds):
-        held = torch.arange(n) % folds == fold
+        held = torch.arange(n, device=x.device) % folds == fold
         scores = _held_out_log_likelihood(x[~held], x[held], floor)
         total = scores if total is None else total[: len(scores)] + scores[: len(total)]
     return int(total.argmax())
@@ -468,7 +480,8 @@ def _ppca_spectrum(x: torch.Tensor, floor: float):
     variances = (squares / (n - 1)).clamp_min(VARIANCE_FLOOR)
     explained = torch.cat([variances.new_zeros(1), variances.cumsum(0)])
     total = w.pow(2).sum() / (n - 1)
-    residuals = ((total - explained) / (d - torch.arange(rank + 1, dtype=x.dtype))).clamp_min(VARIANCE_FLOOR)
+    outside = d - torch.arange(rank + 1, dtype=x.dtype, device=x.device)
+    residuals = ((total - explained) / outside).clamp_min(VARIANCE_FLOOR)
     return mean, scale, directions, variances, residuals
 
 
@@ -477,11 +490,18 @@ def _principal_directions(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, tor
     rank), from the eigenvectors of the smaller Gram matrix: w w^T (n x n) when n <= d, the right vectors
     then w^T v / s (6x faster than an SVD of a 320 x 27648 matrix)."""
     if len(w) > w.shape[1]:
-        squares, directions = torch.linalg.eigh(w.T @ w)
+        squares, directions = _eigh(w.T @ w)
         return squares.flip(0)[:rank], directions.flip(1)[:, :rank]
-    squares, left = torch.linalg.eigh(w @ w.T)
+    squares, left = _eigh(w @ w.T)
     squares, left = squares.flip(0)[:rank], left.flip(1)[:, :rank]
     return squares, (w.T @ left) / squares.clamp_min(torch.finfo(w.dtype).tiny).sqrt()
+
+
+def _eigh(gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.linalg.eigh under threads_for's policy for its size: a 240 x 240 one took 3 s with two
+    threads on busy cores and 0.05 s with one."""
+    with threads_for(gram.numel(), gram.device):
+        return torch.linalg.eigh(gram)
 
 
 def _held_out_log_likelihood(train: torch.Tensor, held: torch.Tensor, floor: float) -> torch.Tensor:
@@ -494,7 +514,7 @@ def _held_out_log_likelihood(train: torch.Tensor, held: torch.Tensor, floor: flo
     zero = along.new_zeros(len(w), 1)
     inside = torch.cat([zero, (along / variances).cumsum(1)], dim=1)
     outside = w.pow(2).sum(dim=1, keepdim=True) - torch.cat([zero, along.cumsum(1)], dim=1)
-    ks = torch.arange(rank + 1, dtype=w.dtype)
+    ks = torch.arange(rank + 1, dtype=w.dtype, device=w.device)
     log_det = torch.cat([variances.new_zeros(1), variances.log().cumsum(0)]) + (d - ks) * residuals.log()
     log_det = log_det + 2 * scale.log().sum()
     return -0.5 * (inside + outside / residuals + log_det).sum(dim=0)

@@ -3,6 +3,8 @@ step pilot's leave-out of its own samples."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -18,8 +20,10 @@ from splitaudit.attacks.optimization import (
     invert,
     map_weight,
     pilot_count,
+    prior_fit_seconds,
 )
 from splitaudit.core.threads import threads_for
+from splitaudit.stages import cost
 
 D, RANK, OUT, SIGMA, RESIDUAL_STD = 24, 3, 8, 0.3, 0.2
 
@@ -152,3 +156,18 @@ def test_independent_pixels_get_rank_zero_which_is_the_diagonal_prior():
     assert pca.rank == 0 and pca.residual == pytest.approx(1.0, rel=1e-6)
     probe = torch.randn(7, 12, generator=gen) + 5
     assert torch.allclose(pca(probe), diagonal(probe), rtol=1e-5)
+
+
+def test_the_cost_estimate_of_a_pca_fit_is_within_2x_of_a_measured_one():
+    """estimated_seconds counts the prior's fits from one timed Gram product; a fit measured here (the
+    least of two, as the estimate's timing keeps the least) must lie within 2x of it. The diagonal
+    prior's fit is a pass over aux and counts nothing."""
+    x = torch.rand(300, 2, 64, 64, generator=torch.Generator().manual_seed(4))
+    estimate = prior_fit_seconds(x, "pca", cost._timed)
+    measured = []
+    for _ in range(2):
+        start = time.perf_counter()
+        fit_prior(x, "pca", unit_range=True)
+        measured.append(time.perf_counter() - start)
+    assert 0.5 < min(measured) / estimate < 2
+    assert prior_fit_seconds(x, "gaussian", cost._timed) == 0.0
