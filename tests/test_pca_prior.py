@@ -159,7 +159,7 @@ def test_independent_pixels_get_rank_zero_which_is_the_diagonal_prior():
 
 
 def test_the_cost_estimate_of_a_pca_fit_is_within_2x_of_a_measured_one():
-    """estimated_seconds counts the prior's fits from one timed Gram product; a fit measured here (the
+    """estimated_seconds counts the prior's fits from one timed spectrum of aux; a fit measured here (the
     least of two, as the estimate's timing keeps the least) must lie within 2x of it. The diagonal
     prior's fit is a pass over aux and counts nothing."""
     x = torch.rand(300, 2, 64, 64, generator=torch.Generator().manual_seed(4))
