@@ -67,6 +67,7 @@ OBJECTIVE_EVERY = 10  # steps between two checks of the objective for early stop
 STEP_FRACTIONS = (1.0, 0.3, 0.1, 0.03)  # of the lr option: the Adam steps the pilot tries
 PILOT_TARGETS = 4  # aux samples the step pilot inverts with each step (both variants)
 PCA_FOLDS = 5  # aux folds whose held-out likelihood chooses the PCA prior's rank
+RANK_TOLERANCE = 1e-10  # squared singular values below this share of the largest are rounding, not data
 
 
 @dataclass(frozen=True)
@@ -475,8 +476,8 @@ def _ppca_spectrum(x: torch.Tensor, floor: float):
     mean = x.mean(dim=0)
     scale = x.var(dim=0).clamp_min(floor).sqrt()
     w = (x - mean) / scale
-    rank = min(n - 1, d - 1)
-    squares, directions = _principal_directions(w, rank)
+    squares, directions = _principal_directions(w, min(n - 1, d - 1))
+    rank = len(squares)
     variances = (squares / (n - 1)).clamp_min(VARIANCE_FLOOR)
     explained = torch.cat([variances.new_zeros(1), variances.cumsum(0)])
     total = w.pow(2).sum() / (n - 1)
@@ -486,15 +487,19 @@ def _ppca_spectrum(x: torch.Tensor, floor: float):
 
 
 def _principal_directions(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `rank` largest squared singular values of w (n x d) and their right singular vectors (d x
+    """Up to `rank` largest squared singular values of w (n x d) and their right singular vectors (d x
     rank), from the eigenvectors of the smaller Gram matrix: w w^T (n x n) when n <= d, the right vectors
-    then w^T v / s (6x faster than an SVD of a 320 x 27648 matrix)."""
+    then w^T v / s (6x faster than an SVD of a 320 x 27648 matrix). Values below RANK_TOLERANCE of the
+    largest are rounding (repeated aux samples leave them): their vectors would not be orthonormal, so
+    they are dropped."""
     if len(w) > w.shape[1]:
         squares, directions = _eigh(w.T @ w)
-        return squares.flip(0)[:rank], directions.flip(1)[:, :rank]
-    squares, left = _eigh(w @ w.T)
-    squares, left = squares.flip(0)[:rank], left.flip(1)[:, :rank]
-    return squares, (w.T @ left) / squares.clamp_min(torch.finfo(w.dtype).tiny).sqrt()
+    else:
+        squares, left = _eigh(w @ w.T)
+        directions = (w.T @ left) / squares.clamp_min(torch.finfo(w.dtype).tiny).sqrt()
+    squares, directions = squares.flip(0)[:rank], directions.flip(1)[:, :rank]
+    kept = int((squares > RANK_TOLERANCE * squares[:1].clamp_min(0)).sum())
+    return squares[:kept], directions[:, :kept]
 
 
 def _eigh(gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -171,3 +171,19 @@ def test_the_cost_estimate_of_a_pca_fit_is_within_2x_of_a_measured_one():
         measured.append(time.perf_counter() - start)
     assert 0.5 < min(measured) / estimate < 2
     assert prior_fit_seconds(x, "gaussian", cost._timed) == 0.0
+
+
+def test_repeated_aux_samples_leave_no_rounding_directions():
+    """Aux of 10 distinct samples, each 8 times: the centred data have rank 9, and the eigenvalues past
+    it are rounding whose vectors are not orthonormal; the spectrum keeps 9 orthonormal directions and
+    the prior stays finite and equal to its dense form."""
+    distinct = torch.from_numpy(low_rank_gaussian(10, seed=5)[0])
+    x = distinct.repeat(8, 1)
+    _, _, directions, variances, residuals = optimization._ppca_spectrum(x, VARIANCE_FLOOR)
+    assert directions.shape == (D, 9) and len(residuals) == 10
+    assert torch.allclose(directions.T @ directions, torch.eye(9, dtype=directions.dtype), atol=1e-8)
+    prior = fit_prior(x.float(), "pca", unit_range=False)
+    probe = torch.from_numpy(low_rank_gaussian(3, seed=6)[0]).float()
+    centred = (probe - prior.mean).double()
+    dense = 0.5 * (centred @ torch.linalg.inv(dense_covariance(prior)) * centred).sum(1)
+    assert torch.isfinite(prior(probe)).all() and torch.allclose(prior(probe).double(), dense, rtol=1e-4)
