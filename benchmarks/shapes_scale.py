@@ -17,10 +17,12 @@ with other work, wall seconds say little about idle cores: `--cpu-time` times th
 steps in CPU seconds of this process (all its threads), an upper bound on their wall time on
 idle cores, and the measured run is reported in CPU seconds too. `--full-seed ATTACK` runs one
 seed of that attack at the full battery's settings instead of the quick audit, and prints its CPU
-seconds beside the estimate's share of one seed.
+seconds beside the estimate's share of one seed. `--attacks` runs (and estimates) only the attacks
+named, `--attack-option` passes an attack setting on, as `splitaudit run` takes them.
 
     python benchmarks/shapes_scale.py [--shape textline|audio1d] [--aux 400] [--target 200] [--estimate-only]
                                       [--cpu-time] [--full-seed decoder|sdar|optimization]
+                                      [--attacks all|NAME,...] [--attack-option NAME.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -71,13 +73,13 @@ def write_inputs(folder: Path, shape: str, n_aux: int, n_target: int) -> tuple[P
     return onnx, aux, target
 
 
-def estimates(model: Path, aux: Path, target: Path) -> dict[bool, dict[str, float]]:
-    """Seconds per stage the up-front estimate gives, for the quick and the full battery."""
+def estimates(model: Path, aux: Path, target: Path, attacks: list[str]) -> dict[bool, dict[str, float]]:
+    """Seconds per stage the up-front estimate gives, for the quick and the full battery of `attacks`."""
     found = {}
     for quick in (True, False):
         options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0, quick=quick)
         ctx = prepare_context(options.validate())
-        cost = estimate_cost(ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), list(ATTACK_NAMES))
+        cost = estimate_cost(ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), attacks)
         found[quick] = dict(cost.stages, total=cost.total)
         print(f"{'quick' if quick else 'full'} estimate: {cost.summary()}", flush=True)
     return found
@@ -92,14 +94,16 @@ def cpu_seconds() -> float:
 
 
 def run_quick(
-    model: Path, aux: Path, target: Path, out: Path, cpu_time: bool = False
+    model: Path, aux: Path, target: Path, out: Path, cpu_time: bool = False, attacks: str = "all", settings=()
 ) -> tuple[int, float, float, dict[str, float]]:
     """(exit code, wall seconds, CPU seconds, measured seconds per attack: CPU seconds with
-    `cpu_time`, else wall) of `splitaudit run --quick --attacks all`."""
+    `cpu_time`, else wall) of `splitaudit run --quick --attacks ATTACKS` with each of `settings` as an
+    `--attack-option`."""
     clock, results = StageClock(trace_python=False), []
     instrument(clock, results)
-    argv = ["run", str(model), "--aux", str(aux), "--target", str(target), "--quick", "--attacks", "all"]
+    argv = ["run", str(model), "--aux", str(aux), "--target", str(target), "--quick", "--attacks", attacks]
     argv += ["--out", str(out), "--format", "json"]
+    argv += [arg for setting in settings for arg in ("--attack-option", setting)]
     quiet, exit_code, start, cpu_start = io.StringIO(), 0, time.perf_counter(), cpu_seconds()
     with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
         try:
@@ -157,15 +161,18 @@ def main(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         model, aux, target = write_inputs(folder, args.shape, args.aux, args.target)
-        found = estimates(model, aux, target)
+        attacks = list(ATTACK_NAMES) if args.attacks == "all" else args.attacks.split(",")
+        found = estimates(model, aux, target, attacks)
         print(f"{args.shape}: full battery estimate {found[False]['total'] / 60:.1f} min", flush=True)
         if args.full_seed:
             full_seed(model, aux, target, args.full_seed)
         if args.estimate_only or args.full_seed:
             return
-        exit_code, seconds, cpu, measured = run_quick(model, aux, target, folder / "report", args.cpu_time)
+        exit_code, seconds, cpu, measured = run_quick(
+            model, aux, target, folder / "report", args.cpu_time, args.attacks, args.attack_option
+        )
         print(
-            f"splitaudit run --quick --attacks all on {args.shape} ({args.aux} aux, {args.target} target): "
+            f"splitaudit run --quick --attacks {args.attacks} on {args.shape} ({args.aux} aux, {args.target} target): "
             f"{seconds:.0f} s wall, {cpu:.0f} CPU s, exit code {exit_code}; torch threads "
             f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}"
         )
@@ -179,6 +186,12 @@ def main(args) -> None:
             result = entry.get("metrics", {}).get(metric, {})
             baseline = entry.get("baseline", {}).get(metric, {})
             print(f"{name:13s} {entry['status']:7s} {metric} {_value(result)} baseline {_value(baseline)}")
+            print(f"{'':13s} {_scalars(entry.get('details', {}))}")
+
+
+def _scalars(details: dict) -> dict:
+    """The details that are single numbers or words (the attack's settings and what stopped it)."""
+    return {key: value for key, value in details.items() if isinstance(value, (int, float, str))}
 
 
 def _value(entry) -> str:
@@ -194,4 +207,6 @@ if __name__ == "__main__":
     parser.add_argument("--estimate-only", action="store_true")
     parser.add_argument("--cpu-time", action="store_true", help="time the estimate's steps in CPU seconds")
     parser.add_argument("--full-seed", metavar="ATTACK", help="run one seed of ATTACK at full settings instead")
+    parser.add_argument("--attacks", default="all", help="the attacks to estimate and run: all, or names with commas")
+    parser.add_argument("--attack-option", action="append", default=[], metavar="NAME.KEY=VALUE")
     main(parser.parse_args())

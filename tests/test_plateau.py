@@ -206,8 +206,10 @@ def test_optimization_step_is_the_one_that_best_inverts_the_attackers_own_aux_sa
     assert not stopping.runs  # the pilot leaves the attack's own stopping record alone
     x = digits_ctx.aux.x[:PILOT_TARGETS]
     z = digits_ctx.clean_embeddings("aux")[:PILOT_TARGETS]  # sigma = 0: observed = clean
+    others = digits_ctx.aux.x[PILOT_TARGETS:]  # the pilot's prior and start leave its own samples out
     for step in (lr, 1.0):
-        x_unbiased, x_map = invert_both(digits_ctx, z, "gaussian", weight, 1, step, None, ObjectiveStopping(3, 1e-3))
+        stopping = ObjectiveStopping(3, 1e-3)
+        x_unbiased, x_map = invert_both(digits_ctx, z, "gaussian", weight, 1, step, None, stopping, prior_x=others)
         mse = float((x_unbiased - x).pow(2).mean() + (x_map - x).pow(2).mean())
         assert mse == pytest.approx(tried[f"{step:.4g}"], rel=1e-4)
     thrown = x_unbiased[digits_ctx.aux.x.var(dim=0).expand_as(x_unbiased) > 0]  # pixels with a gradient

@@ -76,12 +76,13 @@ def test_under_quick_long_sentences_are_inverted_up_to_a_position_budget(files, 
     models, data, vocab = files
     ctx = token_context(models["torchscript"], data, vocab)
     attack = get_attack("optimization")
-    full = attack.estimated_seconds(ctx, 1.0, None)  # one second per encoder pass: passes counted
+    no_fit = lambda step: 0.0  # the prior's fits take no time: the encoder passes are counted
+    full = attack.estimated_seconds(ctx, 1.0, no_fit)  # one second per encoder pass
     monkeypatch.setattr(relaxation, "QUICK_TOKEN_POSITIONS", 12)
     entry = attack.run(ctx)
     assert entry["details"]["samples"] == 2 and len(ctx.target) == 60
     assert entry["metrics"]["token_accuracy"] * 12 == pytest.approx(round(entry["metrics"]["token_accuracy"] * 12))
     inverted = lambda n: n + len(STEP_FRACTIONS) * PILOT_TARGETS  # the step pilot's aux samples
-    assert attack.estimated_seconds(ctx, 1.0, None) == pytest.approx(full * inverted(2) / inverted(60), rel=1e-12)
+    assert attack.estimated_seconds(ctx, 1.0, no_fit) == pytest.approx(full * inverted(2) / inverted(60), rel=1e-12)
     monkeypatch.setattr(relaxation, "QUICK_TOKEN_POSITIONS", 1024)
     assert relaxation.quick_token_sentences(128) == 8 and relaxation.quick_token_sentences(100000) == 1
