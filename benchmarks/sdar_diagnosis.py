@@ -141,6 +141,16 @@ def report(label: str, i: int, ctx, nets: SDARNets, holdout: torch.Tensor, oracl
     print(f"  {label} {i}: {words}; {cpu_seconds() - start:.0f} CPU s", flush=True)
 
 
+def calibrate(ctx, seed: int) -> None:
+    """The ridge R2 of f(x) on the targets from two references: the input pixels, and the simulator
+    as built (re-initialised, before any training)."""
+    f_aux, f_target = ctx.clean_embeddings("aux"), ctx.clean_embeddings("target")
+    fresh = SDARNets.build(ctx, seed, FULL, ctx.target.y, server_part="none")
+    pixels = ridge_r2(ctx.aux.x, f_aux, ctx.target.x, f_target)
+    untrained = ridge_r2(simulated(fresh, ctx.aux.x), f_aux, simulated(fresh, ctx.target.x), f_target)
+    print(f"  ridge R2 of f(x) on the targets from the pixels {pixels:.3f}, from the untrained f~ {untrained:.3f}")
+
+
 def oracle_run(ctx, seed: int, iterations: int, every: int) -> None:
     """SDAR's decoder and d2, each step the attack's decoder_step, fed f's own aux embeddings."""
     holdout, train = split(ctx, seed)
@@ -232,6 +242,7 @@ def main() -> None:
             f"targets' labels; mean-guess MSE {guess:.4f}; load average {os.getloadavg()[0]:.1f}",
             flush=True,
         )
+        calibrate(ctx, args.seed)
         for control in args.controls:
             if control == "oracle":
                 oracle_run(ctx, args.seed, args.iterations, args.every)
