@@ -47,7 +47,7 @@ def gflop(step) -> float:
 def profile(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.shape:
-            model, aux, target = write_inputs(Path(tmp), args.shape, args.samples, args.samples)
+            model, aux, target = write_inputs(Path(tmp), args.shape, args.samples, args.samples // 2)
             options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0)
             ctx, name = prepare_context(options.validate()), f"{args.shape} (shapes_scale.py's bottom), no g"
         else:
