@@ -7,7 +7,10 @@ training step and cpu preset (no g, the targets' labels known, a tenth of aux he
 - `oracle`: SDAR's decoder and d2 (the same networks and decoder step, `decoder_step`) trained on
   the real bottom's aux embeddings f(x_aux) instead of the simulator's: if it beats the mean guess
   on the targets, the decoder is able and the simulator f~ is the bottleneck;
-- `full` and `no_d1`: the attack itself, and without d1 (the only tie of f~ to f without g).
+- `full` and `no_d1`: the attack itself, and without d1 (the only tie of f~ to f without g);
+- `regress`: the simulator as the attack builds it (f's architecture re-initialised, its folded
+  batch norm restored) regressed onto f's aux embeddings (MSE, Adam at the attack's simulator
+  rate): the share of f(x_target)'s variance it explains says whether f~ can represent f at all.
 
 Every `--every` iterations each prints one line: the target MSE (what the attacker cannot see);
 the held-out aux MSE through f~ and the decoder (the attacker's signal); "f~ targets": the target
@@ -173,6 +176,31 @@ def oracle_run(ctx, seed: int, iterations: int, every: int) -> None:
                 report("oracle", i, ctx, nets, holdout, oracle=True, start=start)
 
 
+def regress_run(ctx, seed: int, iterations: int, every: int) -> None:
+    """The attack's simulator fitted to f's aux embeddings directly (what no attacker can do), its
+    explained variance of f on the targets every `every` iterations."""
+    _, train = split(ctx, seed)
+    f_aux, f_target = ctx.clean_embeddings("aux"), ctx.clean_embeddings("target")
+    start = cpu_seconds()
+    with threads_for(ctx.aux.x.numel(), ctx.device):
+        nets = SDARNets.build(ctx, seed, FULL, ctx.target.y, lr_scale=PRESET["lr_scale"], server_part="none")
+        optimizer = nets.simulator_opt
+        stream = BatchStream(len(train), PRESET["batch_size"], ctx.generator(seed + TRAINING_STREAM), train)
+        for i in range(1, iterations + 1):
+            pick = stream.next()
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(nets.simulator(ctx.aux.x[pick]), f_aux[pick]).backward()
+            optimizer.step()
+            if i % every == 0:
+                residual = (simulated(nets, ctx.target.x) - f_target).pow(2).sum()
+                explained = 1 - float(residual / (f_target - f_target.mean(0)).pow(2).sum())
+                print(
+                    f"  regress {i}: f's target variance explained by f~ {explained:.3f}; "
+                    f"{cpu_seconds() - start:.0f} CPU s",
+                    flush=True,
+                )
+
+
 def attack_run(ctx, label: str, regularizers, seed: int, iterations: int, every: int) -> None:
     """The attack's own training (sdar_reconstruct, never stopping), measured every `every` iterations."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
@@ -222,7 +250,9 @@ def print_nets(ctx) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="textline")
-    parser.add_argument("--controls", nargs="+", choices=["oracle", "full", "no_d1"], default=["oracle", "full"])
+    parser.add_argument(
+        "--controls", nargs="+", choices=["oracle", "full", "no_d1", "regress"], default=["oracle", "full"]
+    )
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
@@ -246,6 +276,8 @@ def main() -> None:
         for control in args.controls:
             if control == "oracle":
                 oracle_run(ctx, args.seed, args.iterations, args.every)
+            elif control == "regress":
+                regress_run(ctx, args.seed, args.iterations, args.every)
             else:
                 regularizers = FULL if control == "full" else ABLATIONS["mse_no_d1"]
                 attack_run(ctx, control, regularizers, args.seed, args.iterations, args.every)
