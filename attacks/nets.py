@@ -234,9 +234,8 @@ class Decoder(nn.Module):
     becomes one more input channel (50-unit embedding -> dense layer -> reshape), and upsampling
     stages follow, each growing the positions 4x as Table IX's do and each axis only by what it
     still needs (`stage_sizes`, `upsampling_stages`), e.g. 64x8x8 -> 3x32x32 exactly as Table IX's
-    level-7 decoder. Every
-    layer is convolutional, so memory grows with the input's pixels, never with a dense layer at
-    full resolution.
+    level-7 decoder. Every layer is convolutional, so memory grows with the input's pixels, never
+    with a dense layer at full resolution.
     Flat embeddings of image inputs: a linear stem to a 64-channel map at the image size halved
     up to three times (more for large images, down to at most 7x7), then a stride-1
     transposed-conv block, one Upsample+Conv block per doubling and three transposed-conv blocks.
@@ -321,7 +320,8 @@ def upsampling_stages(cin: int, size: tuple[int, ...], input_shape: tuple[int, .
     double (capped at 256), so 8x8 -> 32x32 (ResNet-20 split level 7) is Up, Conv 64, ConvT 32
     x2, Up, Conv 32, ConvT 16 x3, Conv 3; larger outputs get the width Table IX gives a 32x32 map
     of the same pixel count (a 48x192 line: 5 at full size), so that no stage costs more than
-    Table IX's last and the decoder's cost follows its stage count (3 for a 3x96 -> 48x192 line). Axes the map already covers are resized to the input's (nearest) first.
+    Table IX's last and the decoder's cost follows its stage count (3 for a 3x96 -> 48x192 line).
+    Axes the map already covers are resized to the input's (nearest) first.
     """
     channels, *target = input_shape
     target = tuple(target)
