@@ -10,7 +10,8 @@ training step and cpu preset (no g, the targets' labels known, a tenth of aux he
 - `full` and `no_d1`: the attack itself, and without d1 (the only tie of f~ to f without g);
 - `regress`: the simulator as the attack builds it (f's architecture re-initialised, its folded
   batch norm restored) regressed onto f's aux embeddings (MSE, Adam at the attack's simulator
-  rate): the share of f(x_target)'s variance it explains says whether f~ can represent f at all.
+  rate): the share of f(x_target)'s variance it explains says how close f~ gets to f even when
+  told f's outputs, which no attacker is.
 
 Every `--every` iterations each prints one line: the target MSE (what the attacker cannot see);
 the held-out aux MSE through f~ and the decoder (the attacker's signal); "f~ targets": the target
@@ -20,7 +21,8 @@ inputs decoded from f~'s embeddings of them (how well the decoder inverts f~ its
 embeddings (eval mode; log 4 = 1.39 when d1 cannot tell them apart); "moments": the gap between
 f~(x_aux)'s and f(x_target)'s per-channel means and standard deviations, in units of f's standard
 deviation; "ridge R2": how much of f(x) a ridge map from f~(x) explains on the targets (fitted on
-aux): f~ carries f's information when it is high, whatever d1 says. `--nets` prints the networks
+aux), printed first from the pixels and from the untrained f~ as references (on the text line at
+400 aux all three are near or below 0: the probe is uninformative there). `--nets` prints the networks
 the attack builds for the shapes (each layer's output shape), then stops.
 
     nice python benchmarks/sdar_diagnosis.py --controls oracle full no_d1 --iterations 300
@@ -32,7 +34,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -60,16 +61,11 @@ from splitaudit.engine.pipeline import prepare_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sdar_curve import d1_loss  # noqa: E402
-from shapes_scale import SHAPES, write_inputs  # noqa: E402
+from shapes_scale import SHAPES, cpu_seconds, write_inputs  # noqa: E402
 
 PRESET = PRESETS["cpu"]
 HOLDOUT = 0.1
 RIDGE = 1e-3  # ridge penalty, relative to the mean squared feature
-
-
-def cpu_seconds() -> float:
-    usages = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
 
 
 def split(ctx, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
