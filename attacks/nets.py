@@ -231,11 +231,11 @@ class Decoder(nn.Module):
 
     Spatial embeddings of images or sequences with the same axes, (C, h, w) of images or (C, t) of
     sequences, stay spatial (Zhu et al., NDSS 2025, App. B-C, Table IX): the label, when given,
-    becomes one more input channel (50-unit embedding -> dense layer -> reshape), and one
-    upsampling stage per doubling follows, each axis upsampled only by what it still needs
-    (`upsampling_stages`), e.g. 64x8x8 -> 3x32x32 exactly as Table IX's level-7 decoder. Every
-    layer is convolutional, so memory grows with the input's pixels, never with a dense layer at
-    full resolution.
+    becomes one more input channel (50-unit embedding -> dense layer -> reshape), and upsampling
+    stages follow, each growing the positions 4x as Table IX's do and each axis only by what it
+    still needs (`stage_sizes`, `upsampling_stages`), e.g. 64x8x8 -> 3x32x32 exactly as Table IX's
+    level-7 decoder. Every layer is convolutional, so memory grows with the input's pixels, never
+    with a dense layer at full resolution.
     Flat embeddings of image inputs: a linear stem to a 64-channel map at the image size halved
     up to three times (more for large images, down to at most 7x7), then a stride-1
     transposed-conv block, one Upsample+Conv block per doubling and three transposed-conv blocks.
@@ -292,13 +292,21 @@ DECODER_BASE_WIDTH = 16  # Table IX: the last stage's transposed convs have 16 f
 DECODER_WIDTHS = (4, 256)
 
 
+STAGE_GROWTH = 4  # Table IX's upsampling stages double both axes: 4x the positions
+
+
 def stage_sizes(size: tuple[int, ...], target: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """The map's size after each upsampling stage: every axis doubles while it is below its
-    target and is never taken past it, so the last stage lands on the target exactly (3x96 ->
-    48x192: 6x192, 12x192, 24x192, 48x192). Empty when no axis needs to grow."""
+    """The map's size after each upsampling stage. Each stage grows the positions by Table IX's
+    factor 4, shared among the axes still below their target (two short axes double, a single one
+    quadruples), and no axis is taken past its target, so the last stage lands on it exactly:
+    8x8 -> 32x32 as Table IX (16x16, 32x32); 3x96 -> 48x192: 6x192, 24x192, 48x192, three stages
+    where doubling one axis per stage took four (6x192, 12x192, 24x192, 48x192) at the same
+    cost each (`upsampling_stages`' widths). Empty when no axis needs to grow."""
     sizes, current = [], tuple(size)
     while any(s < t for s, t in zip(current, target)):
-        current = tuple(min(t, 2 * s) if s < t else t for s, t in zip(current, target))
+        short = sum(s < t for s, t in zip(current, target))
+        factor = round(STAGE_GROWTH ** (1 / short))
+        current = tuple(min(t, factor * s) if s < t else t for s, t in zip(current, target))
         sizes.append(current)
     return sizes
 
@@ -312,7 +320,8 @@ def upsampling_stages(cin: int, size: tuple[int, ...], input_shape: tuple[int, .
     double (capped at 256), so 8x8 -> 32x32 (ResNet-20 split level 7) is Up, Conv 64, ConvT 32
     x2, Up, Conv 32, ConvT 16 x3, Conv 3; larger outputs get the width Table IX gives a 32x32 map
     of the same pixel count (a 48x192 line: 5 at full size), so that no stage costs more than
-    Table IX's last. Axes the map already covers are resized to the input's (nearest) first.
+    Table IX's last and the decoder's cost follows its stage count (3 for a 3x96 -> 48x192 line).
+    Axes the map already covers are resized to the input's (nearest) first.
     """
     channels, *target = input_shape
     target = tuple(target)

@@ -191,7 +191,13 @@ class SDARAttack(Attack):
     inference can name the classes' clusters arbitrarily (U_SHAPED_LIMIT), and such runs are
     reported as FAILED (Attack.training_failure), never as privacy; without g, d1 is all that ties
     f~ to f (without it the reconstruction stays near the mean guess); on small tabular data the
-    attack is unstable (Zhu et al., NDSS 2025, evaluate images only).
+    attack is unstable (Zhu et al., NDSS 2025, evaluate images only). On anisotropic images the
+    networks grow and shrink per axis (attacks/nets.py). Without g on a binary task, as on the
+    text-line bottom of benchmarks/sdar_diagnosis.py (3x48x192 -> 16x3x96, upright/turned), the
+    attack FAILS although its decoder is able: trained on f's own aux embeddings the same decoder
+    beats the mean guess, and it inverts f~ on the targets' inputs just as well, but f's embeddings
+    decode at the mean guess or worse; a binary label ties f~ to f by one bit per sample and d1
+    matches their distributions, not which input lands where.
 
     Example: `splitaudit run model.onnx --aux data.npz --top-model top.pt --attacks sdar`.
     """

@@ -422,6 +422,20 @@ def sdar_iteration(
 
     with torch.no_grad():
         z_aux = ctx.add_noise(nets.simulator(x_aux), gen)
+    decoder_step(nets, x_aux, z_aux, c_aux, z_target, c_target)
+
+
+def decoder_step(
+    nets: SDARNets,
+    x_aux: torch.Tensor,
+    z_aux: torch.Tensor,
+    c_aux: torch.Tensor | None,
+    z_target: torch.Tensor,
+    c_target: torch.Tensor | None,
+) -> None:
+    """Step 2 of sdar_iteration: f~^-1 and d2 step on Eqs. 5 and 4, the decoder learning to map the
+    embeddings z_aux back to x_aux (f~'s in the attack; benchmarks/sdar_diagnosis.py's oracle
+    control feeds f's own)."""
     decoder_loss = F.mse_loss(nets.decoder(z_aux, c_aux), x_aux)
     updates = []
     if nets.d2 is not None:

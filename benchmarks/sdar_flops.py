@@ -11,6 +11,7 @@ inputs). It prints GFLOP per iteration and each network's parameters and GFLOP p
 
     python benchmarks/sdar_flops.py                                           # digits CNN with g
     python benchmarks/sdar_flops.py --architecture resnet --size 64 --width 64   # a ResNet-18 stem + layer1 at 64 px
+    python benchmarks/sdar_flops.py --shape textline        # shapes_scale.py's text-line bottom, no g
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from architectures import ARCHITECTURES  # noqa: E402
 from sdar_stopping import context  # noqa: E402
+from shapes_scale import SHAPES, write_inputs  # noqa: E402
+
+from splitaudit.core.config import AuditOptions  # noqa: E402
+from splitaudit.engine.pipeline import prepare_context  # noqa: E402
 
 BATCH = 32  # the cpu preset's batch
 
@@ -41,7 +46,12 @@ def gflop(step) -> float:
 
 def profile(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        ctx, name = context(args, Path(tmp))
+        if args.shape:
+            model, aux, target = write_inputs(Path(tmp), args.shape, args.samples, args.samples // 2)
+            options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0)
+            ctx, name = prepare_context(options.validate()), f"{args.shape} (shapes_scale.py's bottom), no g"
+        else:
+            ctx, name = context(args, Path(tmp))
         observed = ctx.observed_embeddings("target", ctx.generator(0))
         with sdar_training(ctx, observed, ctx.target.y, 0, BATCH, Regularizers()) as (nets, iteration, _):
             x, condition = ctx.aux.x[:BATCH], nets.condition(ctx.aux.y[:BATCH])
@@ -66,6 +76,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="digits_cnn", help="a bundled sample model's name (with its g)")
     parser.add_argument("--architecture", choices=list(ARCHITECTURES), help="a stem instead of a sample model")
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="shapes_scale.py's bottom instead")
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--samples", type=int, default=64)

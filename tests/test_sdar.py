@@ -21,6 +21,7 @@ from splitaudit.attacks.sdar_training import (
     BatchStream,
     SDARNets,
     d1_discriminator,
+    decoder_step,
     discriminator,
     sdar_iteration,
     sdar_reconstruct,
@@ -183,6 +184,23 @@ def test_decoder_steps_on_the_updated_simulators_embeddings(digits_ctx):
     assert len(outputs) == 2  # before and after the simulator's step
     assert not torch.equal(outputs[0], outputs[1])
     assert torch.equal(decoder_inputs[0], outputs[1])
+
+
+def test_decoder_step_learns_the_embeddings_it_is_given_and_leaves_the_simulator_alone(digits_ctx):
+    """benchmarks/sdar_diagnosis.py's oracle control feeds decoder_step f's own aux embeddings: 40
+    steps on one fixed batch must lower the decoder's MSE on it by half, move d2, and leave f~
+    untouched (it only trains in sdar_iteration's first step)."""
+    nets = SDARNets.build(digits_ctx, 0, FULL, known_labels=digits_ctx.target.y)
+    x, y = digits_ctx.aux.x[:32], digits_ctx.aux.y[:32]
+    z, z_target = digits_ctx.clean_embeddings("aux")[:32], digits_ctx.clean_embeddings("target")[:32]
+    simulator, d2 = [p.clone() for p in nets.simulator.parameters()], [p.clone() for p in nets.d2.parameters()]
+    mse = lambda: float(torch.nn.functional.mse_loss(nets.decoder(z, y), x).detach())
+    before = mse()
+    for _ in range(40):
+        decoder_step(nets, x, z, y, z_target, digits_ctx.target.y[:32])
+    assert mse() < before / 2
+    assert all(torch.equal(a, b) for a, b in zip(simulator, nets.simulator.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(d2, nets.d2.parameters()))
 
 
 def test_batches_are_drawn_in_epochs_without_replacement():
