@@ -185,13 +185,19 @@ def main(args) -> None:
             metric = entry.get("primary_metric", "")
             result = entry.get("metrics", {}).get(metric, {})
             baseline = entry.get("baseline", {}).get(metric, {})
-            print(f"{name:13s} {entry['status']:7s} {metric} {_value(result)} baseline {_value(baseline)}")
+            print(f"{name:13s} {_status(entry):7s} {metric} {_value(result)} baseline {_value(baseline)}")
             print(f"{'':13s} {_scalars(entry.get('details', {}))}")
 
 
 def _scalars(details: dict) -> dict:
     """The details that are single numbers or words (the attack's settings and what stopped it)."""
     return {key: value for key, value in details.items() if isinstance(value, (int, float, str))}
+
+
+def _status(entry) -> str:
+    """The report's status, FAILED where the attack ran but did worse than its baseline (the report
+    keeps status "ok" there and says why in failed_to_train)."""
+    return "FAILED" if entry.get("failed_to_train") else entry["status"]
 
 
 def _value(entry) -> str:
