@@ -161,7 +161,9 @@ def main() -> None:
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             try:
                 # one process (--workers 1): the stages are timed where they run
-                cli.demo.callback(out=out, quick=args.quick, device=args.device, debug=True, as_sweep=False, workers=1)
+                cli.demo.callback(
+                    out=out, quick=args.quick, device=args.device, debug=True, as_sweep=False, workers=1, text=False
+                )
             except SystemExit as stop:  # a failing gate exits 1 after writing every report
                 exit_code = stop.code or 0
     print(
