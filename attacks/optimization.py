@@ -166,16 +166,24 @@ class OptimizationAttack(Attack):
     )
 
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
-        """Encoder passes: steps x samples x 2 (unbiased and MAP inverted together), plus the pilot's
-        (every fraction of lr on pilot_count aux samples, from each start it may try), the warm start's
-        decoder training at its cap (WARM_START_EPOCHS) where it may be trained, every seed; and the
-        prior's two fits (the pilot's and the attack's), once (`aux_prior`)."""
+        return self.estimated_range(ctx, pass_seconds, timed)[1]
+
+    def estimated_range(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> tuple[float, float]:
+        """(expected, at most) seconds. Encoder passes: steps x samples x 2 (unbiased and MAP inverted
+        together), plus the pilot's (every fraction of lr on pilot_count aux samples, from each start it
+        tries), and the warm start's decoder training at its cap (WARM_START), every seed; the prior's
+        two fits (the pilot's and the attack's), once (`aux_prior`). init=auto trains the decoder (and
+        pilots its start) only where the mean start fails on the pilot: the expected time leaves that
+        out, the ceiling counts it."""
         opts = self.options(ctx)
         inits = pilot_inits(ctx, opts)
-        pilots = len(inits) * len(STEP_FRACTIONS) * pilot_count(len(ctx.aux))
-        passes = opts.steps * 2 * (inverted_samples(ctx, opts) + pilots) * pass_seconds
-        decoder = training_seconds(ctx, WARM_START, timed) if "decoder" in inits else 0.0
-        return len(ctx.seeds) * (passes + decoder) + 2 * prior_fit_seconds(ctx.aux.x, opts.prior, timed)
+        per_start = opts.steps * 2 * len(STEP_FRACTIONS) * pilot_count(len(ctx.aux)) * pass_seconds
+        targets = opts.steps * 2 * inverted_samples(ctx, opts) * pass_seconds
+        mean = per_start if "mean" in inits else 0.0
+        decoder = per_start + training_seconds(ctx, WARM_START, timed) if "decoder" in inits else 0.0
+        fits = 2 * prior_fit_seconds(ctx.aux.x, opts.prior, timed)
+        cap = len(ctx.seeds) * (targets + mean + decoder) + fits
+        return (len(ctx.seeds) * (targets + mean) + fits if opts.init == "auto" else cap), cap
 
     def check_inputs(self, ctx: AuditContext) -> None:
         """Total variation sums differences of neighbouring pixels: tabular rows have none. Token

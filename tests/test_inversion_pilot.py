@@ -88,3 +88,23 @@ def test_auto_trains_no_decoder_where_the_mean_start_inverts_and_the_pilot_runs_
         assert min(plan.scores.values()) < 0.01 * plan.mean_guess
         assert plan.init == ("mean" if init == "auto" else "decoder")
         assert len(trained) == (0 if init == "auto" else 1)
+
+
+def test_the_cost_estimate_expects_auto_without_the_decoder_and_counts_it_in_the_ceiling():
+    """With every encoder pass and every timed step taking 1 s: the targets' inversion is 20 steps x 2
+    variants x 32 samples = 1280 passes, each start's pilot 20 x 2 x 4 steps x 8 samples = 1280, the
+    decoder 15 epochs x 3 batches (180 training samples of 64) = 45, the two PCA fits 2 x 6 spectra."""
+    ctx = stripes_context()
+    one_second = lambda step: 1.0
+    ranges = {
+        init: OptimizationAttack().estimated_range(
+            dataclasses.replace(ctx, attack_options={"optimization": {**ctx.options("optimization"), "init": init}}),
+            1.0,
+            one_second,
+        )
+        for init in ("auto", "mean", "decoder")
+    }
+    assert ranges["mean"] == (1280 + 1280 + 12, 1280 + 1280 + 12)
+    assert ranges["decoder"] == (1280 + 1280 + 45 + 12, 1280 + 1280 + 45 + 12)
+    assert ranges["auto"] == (1280 + 1280 + 12, 1280 + 1280 + 1280 + 45 + 12)
+    assert OptimizationAttack().estimated_seconds(ctx, 1.0, one_second) == ranges["auto"][1]
