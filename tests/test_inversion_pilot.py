@@ -8,6 +8,8 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import sample
+from test_hostile_inputs import assert_refused
 from test_scale import encoder_of
 
 from splitaudit.attacks import optimization
@@ -15,6 +17,7 @@ from splitaudit.attacks.decoder import train_decoder
 from splitaudit.attacks.optimization import OptimizationAttack, OptimizationOptions, map_weight, plan_inversion
 from splitaudit.inputs.context import AuditContext
 from splitaudit.inputs.data import Dataset
+from splitaudit.stages import leakage
 
 SIDE, SEEN_ROWS = 8, 4
 
@@ -108,3 +111,42 @@ def test_the_cost_estimate_expects_auto_without_the_decoder_and_counts_it_in_the
     assert ranges["decoder"] == (1280 + 1280 + 45 + 12, 1280 + 1280 + 45 + 12)
     assert ranges["auto"] == (1280 + 1280 + 12, 1280 + 1280 + 1280 + 45 + 12)
     assert OptimizationAttack().estimated_seconds(ctx, 1.0, one_second) == ranges["auto"][1]
+
+
+def test_a_decoder_start_on_token_inputs_is_refused_before_any_measurement(tmp_path, capsys, monkeypatch):
+    """Token inputs are inverted as logits over the vocabulary, which a decoder's output does not give:
+    init=decoder there is one line on stderr and exit code 2, before anything is measured."""
+    monkeypatch.setattr(leakage, "measure", lambda *a, **k: pytest.fail("measured before refusing"))
+    args = ["run", sample("text_bottom.onnx"), "--aux", sample("text.npz"), "--vocab", sample("text_vocab.json")]
+    args += ["--attacks", "optimization", "--attack-option", "optimization.init=decoder", "--quick"]
+    assert_refused(args, capsys, tmp_path, "optimization.init=decoder does not apply to token inputs")
+
+
+class ExactInverse(torch.nn.Module):
+    """The least-squares inverse of an injective linear bottom: at noise 0 it returns each input."""
+
+    def __init__(self, layer: torch.nn.Linear) -> None:
+        super().__init__()
+        self.input_shape = (layer.out_features,)
+        self.pinv, self.bias = torch.linalg.pinv(layer.weight.detach()), layer.bias.detach()
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return (z - self.bias) @ self.pinv.T
+
+
+def test_the_pilot_keeps_zero_steps_when_the_learned_start_is_already_the_input(monkeypatch):
+    """Started at the exact input, any step moves away from it (Adam's step has the full length even
+    for a rounding-sized gradient, and the MAP variant's prior pulls off it): the pilot must keep 0
+    steps, and the attack then returns the start itself."""
+    torch.manual_seed(0)
+    x = torch.randn(120, 6)
+    layer = torch.nn.Linear(6, 8)
+    ctx = AuditContext(encoder=encoder_of(layer, x), aux=Dataset(x[:80]), target=Dataset(x[80:]), quick=True)
+    monkeypatch.setattr(optimization, "warm_start_decoder", lambda *a: ExactInverse(layer))
+    opts = OptimizationOptions(steps=40, lr=0.1, init="decoder")
+    plan = plan_inversion(ctx, 0, ctx.generator(0), opts, map_weight(ctx), None)
+    assert plan.init == "decoder" and plan.stop == 0
+    assert max(plan.scores.values()) < 1e-10
+    options = {"optimization": {"quick_steps": 40, "init": "decoder"}}
+    outcome = OptimizationAttack().run_seed(dataclasses.replace(ctx, attack_options=options), 0)
+    assert outcome.details["steps_chosen"] == 0 and outcome.metrics["mse"] < 1e-10
