@@ -244,6 +244,14 @@ class Attack(ABC):
         sample; timed(step): the least seconds of a call of step, over repeated calls."""
         return None
 
+    def estimated_range(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> tuple[float, float] | None:
+        """(expected, at most) seconds of all its seeds (the cost estimate's "about X (at most Y)"), or None
+        without a cost model: estimated_seconds, and its expected_share_of_cap for the expected time.
+        An attack whose work depends on what it finds while running (the optimisation attack's
+        warm start) gives both itself."""
+        cap = self.estimated_seconds(ctx, pass_seconds, timed)
+        return None if cap is None else (cap * self.expected_share_of_cap(ctx), cap)
+
     def expected_share_of_cap(self, ctx: AuditContext) -> float:
         """The share of estimated_seconds the attack is expected to take: where that estimate counts a
         training up to its cap and early stopping usually ends it sooner, less than 1 (the cost

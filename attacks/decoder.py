@@ -70,17 +70,8 @@ class DecoderAttack(Attack):
     )
 
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
-        """Its training at the epoch cap, an upper bound (early stopping usually ends it sooner): a
-        training step timed on a batch of this model's embeddings, times the steps of every epoch
-        and seed."""
-        opts = self.options(ctx)
-        batch = max(2, min(opts.batch_size, len(ctx.aux)))
-        decoder, optimizer = new_decoder(ctx, 0, opts.lr)
-        z, x = ctx.clean_embeddings("aux")[:batch], ctx.aux.x[:batch]
-        with threads_for(ctx.aux.x.numel(), ctx.device):
-            step = timed(lambda: train_step(decoder.train(), optimizer, z, x))
-        n_train = len(ctx.aux) - max(1, math.ceil(opts.holdout_fraction * len(ctx.aux)))
-        return len(ctx.seeds) * opts.epochs * math.ceil(n_train / opts.batch_size) * step
+        """Its training at the epoch cap, an upper bound (early stopping usually ends it sooner), every seed."""
+        return len(ctx.seeds) * training_seconds(ctx, self.options(ctx), timed)
 
     def expected_share_of_cap(self, ctx: AuditContext) -> float:
         """EXPECTED_SHARE of the epoch cap; the quick cap (15 epochs) is all run: with patience 8 the
@@ -105,6 +96,18 @@ class DecoderAttack(Attack):
             details=details,
         )
         return with_token_metrics(ctx, outcome, x_hat)
+
+
+def training_seconds(ctx: AuditContext, opts: DecoderOptions, timed: Callable) -> float:
+    """One training at opts' epoch cap on all aux: a training step timed on a batch of this model's
+    embeddings, times the steps of every epoch."""
+    batch = max(2, min(opts.batch_size, len(ctx.aux)))
+    decoder, optimizer = new_decoder(ctx, 0, opts.lr)
+    z, x = ctx.clean_embeddings("aux")[:batch], ctx.aux.x[:batch]
+    with threads_for(ctx.aux.x.numel(), ctx.device):
+        step = timed(lambda: train_step(decoder.train(), optimizer, z, x))
+    n_train = len(ctx.aux) - max(1, math.ceil(opts.holdout_fraction * len(ctx.aux)))
+    return opts.epochs * math.ceil(n_train / opts.batch_size) * step
 
 
 def new_decoder(ctx: AuditContext, seed: int, lr: float) -> tuple[Decoder, torch.optim.Optimizer]:

@@ -26,12 +26,21 @@ The prior pi (option prior), fitted to the aux data:
   every spatial axis: 2-D for images, 1-D for sequences) whose Laplace scale b is fitted to the
   aux data's neighbour differences.
 
+Where the inversion starts (option init) and how long it runs are chosen by a pilot on the
+attacker's own held-out aux samples (`plan_inversion`): the aux mean, or (a learned
+initialisation, the standard stronger attacker) the output of a decoder trained on the aux
+embeddings (attacks/decoder.py's training, WARM_START's epoch cap), refined by the objectives above
+for the number of steps that helped on the pilot, 0 included: the result is then the decoder's
+output, which needs query access only. init=auto (default) trains the decoder only where the mean
+start fails on the pilot, so models the plain inversion handles pay nothing for it.
+
 Measured (benchmarks/README.md, `shapes_scale.py`): on the digits CNN the diagonal Gaussian beat
 TV and their product at sigma in {0.1, 0.3, 1}, and PCA beats the diagonal Gaussian (MSE 1.67e-4
-against 1.79e-4); on the 1-D audio bottom 0.137 against 0.156 (mean guess 0.241). On the text
-line neither beats the mean guess within the quick step budget (the attack FAILS there): 100 Adam
-steps from the aux mean leave the objective far from its minimum, and the prior, weighted by
-sigma^2, hardly moves the pixels f does not see.
+against 1.79e-4); on the 1-D audio bottom 0.137 against 0.156 (mean guess 0.241); on both auto keeps
+the mean start and the whole step budget. On the text line no step or step count from the mean beats
+the pilot's mean guess (0.0354: 100 Adam steps leave the pixels f does not see where they are), so
+auto trains the decoder; refinement from its output made the pilot worse at every step tried, so 0
+steps are kept: MSE 0.0304 against the mean guess 0.0353, the decoder's output.
 """
 
 from __future__ import annotations
@@ -39,11 +48,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
+import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.decoder import DecoderOptions, decode, train_decoder, training_seconds
 from splitaudit.attacks.plateau import STOPPED_BY_CAP, STOPPED_BY_PLATEAU, Plateau
 from splitaudit.attacks.reconstruction import (
     data_range,
@@ -61,11 +73,14 @@ from splitaudit.inputs.models import Encoder
 from splitaudit.inputs.tokens import per_mask_pattern
 
 PRIORS = ("gaussian", "pca", "tv")
+INITS = ("auto", "mean", "decoder")
 MAP_SIGMA_FLOOR = 0.03  # times the aux embeddings' std: the MAP weight's noise level at sigma = 0
 VARIANCE_FLOOR = 1e-4  # times range^2: a constant pixel still gets a finite prior precision
 OBJECTIVE_EVERY = 10  # steps between two checks of the objective for early stopping
 STEP_FRACTIONS = (1.0, 0.3, 0.1, 0.03)  # of the lr option: the Adam steps the pilot tries
-PILOT_TARGETS = 4  # aux samples the step pilot inverts with each step (both variants)
+PILOT_TARGETS = 8  # aux samples the pilot inverts with each start and step (both variants)
+PILOT_MARGIN = 0.1  # init=auto: the mean start must beat the pilot's mean guess by this share, or a decoder is tried
+WARM_START = DecoderOptions(epochs=15)  # the warm start's decoder: the decoder attack's quick cap
 PCA_FOLDS = 5  # aux folds whose held-out likelihood chooses the PCA prior's rank
 RANK_TOLERANCE = 1e-10  # squared singular values below this share of the largest are rounding, not data
 
@@ -88,6 +103,12 @@ class OptimizationOptions:
         "pca",
         "the MAP variant's prior: pca (the aux data's correlations), gaussian (diagonal), tv (images and sequences)",
         choices=PRIORS,
+    )
+    init: str = option(
+        "auto",
+        "where the inversion starts: mean (the aux mean), decoder (a decoder trained on the aux embeddings), "
+        "auto (the decoder where the mean start fails on the attacker's held-out aux samples)",
+        choices=INITS,
     )
     patience: int = option(
         3, f"checks of the objective (every {OBJECTIVE_EVERY} steps) without a better one before stopping", low=1
@@ -113,18 +134,28 @@ class ObjectiveStopping:
 
 
 class OptimizationAttack(Attack):
-    """Inversion by gradient descent on the input: unbiased and MAP (Maeng et al., NeurIPS 2023, A.2).
+    """Inversion by gradient descent on the input: unbiased and MAP (Maeng et al., NeurIPS 2023, A.2),
+    started from the aux mean or from a learned inverse, tuned on the attacker's own held-out aux.
 
     Metrics: "mse"/"psnr"/"ssim" of the stronger variant (the audit reports the worst case),
     plus "mse_unbiased" and "mse_map". Options (`[attack.optimization]`): steps (quick_steps
-    under --quick), samples (quick_samples; on token inputs under --quick also at most
+    under --quick; a cap), samples (quick_samples; on token inputs under --quick also at most
     QUICK_TOKEN_POSITIONS positions' worth of sentences): how many target samples are inverted, lr (the
-    largest Adam step tried, in units of the data range, cosine-decayed: choose_step keeps the
-    fraction of it that best inverts a few of the attacker's own aux samples), prior: "pca" (the aux data's
-    correlations), "gaussian" (diagonal) or "tv" (images and sequences), patience and min_improvement: the inversion stops once its objective has not
-    fallen by min_improvement (relative) in `patience` checks, every OBJECTIVE_EVERY steps, and
-    returns the best checked iterate (steps are then a cap; on the digits CNN the objective still
-    falls by over 1% every 10 steps at 200, so it runs them all).
+    largest Adam step tried, in units of the data range, cosine-decayed), prior: "pca" (the aux data's
+    correlations), "gaussian" (diagonal) or "tv" (images and sequences), init: where the inversion
+    starts, "mean" (the aux mean), "decoder" (a decoder's output, attacks/decoder.py's training on the
+    aux embeddings) or "auto" (the decoder only where the mean start fails on the pilot, below),
+    patience and min_improvement: the inversion stops once its objective has not fallen by
+    min_improvement (relative) in `patience` checks, every OBJECTIVE_EVERY steps, and returns the best
+    checked iterate.
+
+    The pilot (`plan_inversion`): the first `pilot_count` aux samples, whose inputs the attacker holds,
+    are inverted from their observed embeddings with a prior, mean and decoder fitted without them;
+    the start, the Adam step (a fraction of lr, STEP_FRACTIONS) and the number of steps (any check,
+    every OBJECTIVE_EVERY steps, up to the cap; 0 returns the start itself) with the lowest MSE there
+    are the ones the targets get. The targets are never read for any choice. Where the pilot keeps
+    the decoder start with 0 steps, the attack's result IS the decoder's output: a query-access
+    attack, reported here because the white-box attacker holds it too.
     """
 
     name = "optimization"
@@ -137,25 +168,45 @@ class OptimizationAttack(Attack):
     assumptions = (
         "White-box: the attacker knows the bottom model's weights (it can differentiate f) and "
         "the noise level, observes the target embeddings, and fits its prior and starting "
-        "point (the aux mean) to auxiliary data from the same distribution."
+        "point to auxiliary data from the same distribution: the aux mean, or the output of a decoder "
+        "it trains on its aux embeddings (init=decoder, or init=auto where starting from the mean fails "
+        "on its own held-out aux samples). How many refinement steps follow is chosen on those held-out "
+        "aux samples and may be 0, in which case the result is the decoder's output."
     )
 
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float:
-        """Encoder passes: steps x samples x 2 (unbiased and MAP inverted together), plus the step
-        pilot's (every fraction of lr on PILOT_TARGETS aux samples), and the prior's two fits (the
-        pilot's and the attack's), every seed."""
+        return self.estimated_range(ctx, pass_seconds, timed)[1]
+
+    def estimated_range(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> tuple[float, float]:
+        """(expected, at most) seconds. Encoder passes: steps x samples x 2 (unbiased and MAP inverted
+        together), plus the pilot's (every fraction of lr on pilot_count aux samples, from each start it
+        tries), and the warm start's decoder training at its cap (WARM_START), every seed; the prior's
+        two fits (the pilot's and the attack's), once (`aux_prior`). init=auto trains the decoder (and
+        pilots its start) only where the mean start fails on the pilot: the expected time leaves that
+        out, the ceiling counts it."""
         opts = self.options(ctx)
-        samples = inverted_samples(ctx, opts)
-        inverted = samples + len(STEP_FRACTIONS) * pilot_count(len(ctx.aux))
-        passes = opts.steps * 2 * inverted * pass_seconds
-        return len(ctx.seeds) * (passes + 2 * prior_fit_seconds(ctx.aux.x, opts.prior, timed))
+        inits = pilot_inits(ctx, opts)
+        per_start = opts.steps * 2 * len(STEP_FRACTIONS) * pilot_count(len(ctx.aux)) * pass_seconds
+        targets = opts.steps * 2 * inverted_samples(ctx, opts) * pass_seconds
+        mean = per_start if "mean" in inits else 0.0
+        decoder = per_start + training_seconds(ctx, WARM_START, timed) if "decoder" in inits else 0.0
+        fits = 2 * prior_fit_seconds(ctx.aux.x, opts.prior, timed)
+        cap = len(ctx.seeds) * (targets + mean + decoder) + fits
+        return (len(ctx.seeds) * (targets + mean) + fits if opts.init == "auto" else cap), cap
 
     def check_inputs(self, ctx: AuditContext) -> None:
-        """Total variation sums differences of neighbouring pixels: tabular rows have none."""
-        if self.options(ctx).prior == "tv" and not ctx.space.spatial_axes:
+        """Total variation sums differences of neighbouring pixels: tabular rows have none. Token
+        inputs are inverted as logits over the vocabulary, which a decoder's output does not give."""
+        opts = self.options(ctx)
+        if opts.prior == "tv" and not ctx.space.spatial_axes:
             raise InputError(
                 "attack option optimization.prior=tv needs images or sequences (total variation runs along their "
                 f"spatial axes) and these inputs are {ctx.space.kind}; use optimization.prior=pca (the default) or gaussian"
+            )
+        if opts.init == "decoder" and ctx.space.kind == "tokens":
+            raise InputError(
+                "attack option optimization.init=decoder does not apply to token inputs (they are inverted as "
+                "logits over the vocabulary); use optimization.init=mean or auto"
             )
 
     def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
@@ -166,19 +217,24 @@ class OptimizationAttack(Attack):
         index = torch.randperm(len(ctx.target), generator=gen, device=gen.device)[:n].sort().values
         z = ctx.observed_embeddings("target", gen)[index]
         x_true = ctx.target.x[index]
-        steps = opts.steps
         weight = map_weight(ctx)
         simplex = vocabulary_simplex(ctx.tokens, ctx.aux) if ctx.space.kind == "tokens" else None
         stopping = ObjectiveStopping(opts.patience, opts.min_improvement)
         with threads_for(ctx.aux.x.numel(), ctx.device):
             mask = None if ctx.target.mask is None else ctx.target.mask[index]
-            lr, pilot = choose_step(ctx, gen, opts.prior, weight, steps, opts.lr, simplex, stopping)
-            prior = fit_prior(ctx.aux.x, opts.prior, ctx.space.unit_range)
+            plan = plan_inversion(ctx, seed, gen, opts, weight, simplex)
+            prior = aux_prior(ctx, opts.prior)
+            start = None if plan.decoder is None else decode(plan.decoder, z)  # no decoder on token inputs
             both = per_mask_pattern(  # token inputs: each target inverted under its own attention mask
                 ctx.tokens,
                 mask,
                 z,
-                lambda part: torch.stack(invert_both(ctx, part, prior, weight, steps, lr, simplex, stopping), 1),
+                lambda part: torch.stack(
+                    invert_both(
+                        ctx, part, prior, weight, opts.steps, plan.lr, simplex, stopping, start=start, stop=plan.stop
+                    ),
+                    1,
+                ),
             )
             x_unbiased, x_map = both[:, 0], both[:, 1]
         unbiased = reconstruction_metrics(x_true, x_unbiased, ctx.space)
@@ -190,13 +246,12 @@ class OptimizationAttack(Attack):
             examples=reconstruction_examples(x_true, x_best, index),
             details={
                 "samples": n,
-                "steps": steps,
-                **stopping.details(steps),
+                "steps": opts.steps,
+                **stopping.details(plan.stop),
                 "prior": opts.prior,
                 **({"prior_rank": prior.rank} if isinstance(prior, PcaPrior) else {}),
                 "map_weight": weight,
-                "lr": lr,
-                "pilot_aux_mse": pilot,
+                **plan.details(),
                 "strongest": "map" if best is posterior else "unbiased",
                 **({} if simplex is None else {"candidate_tokens": simplex.candidates}),
             },
@@ -225,9 +280,17 @@ def prior_fit_seconds(aux_x: torch.Tensor, prior: str, timed: Callable) -> float
 
 
 def pilot_count(n_aux: int) -> int:
-    """How many aux samples the step pilot inverts: PILOT_TARGETS, at most half of aux, so that the
-    rest (never fewer than the pilot samples) fits the pilot's prior."""
+    """How many aux samples the pilot inverts: PILOT_TARGETS, at most half of aux, so that the
+    rest (never fewer than the pilot samples) fits the pilot's prior and warm start."""
     return min(PILOT_TARGETS, n_aux // 2)
+
+
+def pilot_inits(ctx: AuditContext, opts: OptimizationOptions) -> tuple[str, ...]:
+    """The starts the pilot may try: auto tries the mean and, where that fails, the decoder (never on
+    token inputs, inverted as logits)."""
+    if opts.init == "auto":
+        return ("mean",) if ctx.space.kind == "tokens" else ("mean", "decoder")
+    return (opts.init,)
 
 
 def map_weight(ctx: AuditContext) -> float:
@@ -236,47 +299,142 @@ def map_weight(ctx: AuditContext) -> float:
     return max(ctx.noise_sigma, MAP_SIGMA_FLOOR * spread) ** 2
 
 
-def choose_step(
+_FITTED_PRIORS = WeakIdKeyDictionary()  # aux tensor -> {(prior, skip, unit_range): -log pi}
+
+
+def aux_prior(ctx: AuditContext, prior: str, skip: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`fit_prior` on the aux samples after the first `skip`, fitted once per aux tensor and process:
+    every seed and sweep point (`at_sigma` shares aux) reuses it; a worker process fits its own."""
+    fits = _FITTED_PRIORS.setdefault(ctx.aux.x, {})
+    key = (prior, skip, ctx.space.unit_range)
+    if key not in fits:
+        fits[key] = fit_prior(ctx.aux.x[skip:], prior, ctx.space.unit_range)
+    return fits[key]
+
+
+@dataclass
+class InversionPlan:
+    """What the pilot chose: the start ("mean" or "decoder", with its decoder), the Adam step, and the
+    number of steps to run (`stop`); `scores`: the pilot's MSE per (start, step), at its best stop."""
+
+    init: str
+    lr: float
+    stop: int
+    decoder: nn.Module | None
+    scores: dict[str, float]
+    mean_guess: float
+    pilots: int
+
+    def details(self) -> dict:
+        return {
+            "init": self.init,
+            "lr": self.lr,
+            "steps_chosen": self.stop,
+            "pilot_samples": self.pilots,
+            "pilot_aux_mse": self.scores,
+            "pilot_mean_guess": self.mean_guess,
+        }
+
+
+def plan_inversion(
     ctx: AuditContext,
+    seed: int,
     gen: torch.Generator,
-    prior: str,
+    opts: OptimizationOptions,
+    weight: float,
+    simplex: VocabularySimplex | None,
+) -> InversionPlan:
+    """The start, Adam step and step count that best invert the attacker's own first `pilot_count`
+    aux samples from their observed embeddings (the MSE of both variants, averaged), tried over every
+    fraction of lr and every check of the trajectory. The attacker holds these inputs; the targets
+    are never looked at. The pilot's prior, mean and decoder come from the other aux samples: a prior
+    fitted to the pilot samples themselves (the PCA prior spans them) would make the pilot score far
+    too well. init=auto trains the decoder only when the mean start's best MSE is not PILOT_MARGIN
+    below the pilot samples' mean guess (on the digits demo it is 400x below, and the decoder would
+    cost more than the inversion). One step does not fit every bottom, and the objective alone
+    misleads where f has a null space (benchmarks/README.md, `shapes_scale.py`)."""
+    pilots = pilot_count(len(ctx.aux))
+    x_true, rest = ctx.aux.x[:pilots], ctx.aux.x[pilots:]
+    z = ctx.observed_embeddings("aux", gen)[:pilots]
+    mask = None if ctx.aux.mask is None else ctx.aux.mask[:pilots]
+    prior = aux_prior(ctx, opts.prior, skip=pilots)
+    guess = float((rest.mean(dim=0, keepdim=True) - x_true).pow(2).mean())
+
+    def scores(start: torch.Tensor | None) -> dict[tuple[float, int], float]:
+        return pilot_scores(ctx, z, x_true, mask, rest, prior, weight, opts.steps, opts.lr, simplex, start)
+
+    tried = {"mean": scores(None)} if opts.init != "decoder" else {}
+    decoder = None
+    if "decoder" in pilot_inits(ctx, opts) and (
+        opts.init == "decoder" or min(tried["mean"].values(), key=_nan_last) > (1 - PILOT_MARGIN) * guess
+    ):
+        decoder = warm_start_decoder(ctx, seed, gen, pilots)
+        tried["decoder"] = scores(decode(decoder, z))
+    init, (lr, stop) = min(
+        ((init, key) for init, by_key in tried.items() for key in by_key),
+        key=lambda pair: _nan_last(tried[pair[0]][pair[1]]),
+    )
+    best_per_step = {
+        f"{name} {step:.4g}": min((v for (s, _), v in by_key.items() if s == step), key=_nan_last)
+        for name, by_key in tried.items()
+        for step in dict.fromkeys(s for s, _ in by_key)
+    }
+    return InversionPlan(init, lr, stop, decoder if init == "decoder" else None, best_per_step, guess, pilots)
+
+
+def _nan_last(value: float) -> tuple[bool, float]:
+    return math.isnan(value), value
+
+
+def pilot_scores(
+    ctx: AuditContext,
+    z: torch.Tensor,
+    x_true: torch.Tensor,
+    mask: torch.Tensor | None,
+    prior_x: torch.Tensor,
+    prior: Callable[[torch.Tensor], torch.Tensor],
     weight: float,
     steps: int,
     lr: float,
     simplex: VocabularySimplex | None,
-    stopping: ObjectiveStopping,
-) -> tuple[float, dict[str, float]]:
-    """The Adam step (a fraction of lr, STEP_FRACTIONS) that best inverts the attacker's own first
-    `pilot_count` aux samples from their observed embeddings (the MSE of both variants, summed),
-    and each tried step's MSE. The attacker holds these inputs; the targets are never looked at.
-    The pilot's prior and starting point come from the other aux samples: a prior fitted to the
-    pilot samples themselves (the PCA prior spans them) would make the pilot score far too well.
-    One step does not fit every bottom, and the objective alone misleads where f has a null space:
-    on benchmarks/README.md's text line 0.1 x the data range overshoots (MSE 0.11-0.14), and on its
-    1-D audio bottom 0.1 ends with a lower objective than 0.03 but an MSE 3.5x higher."""
-    pilots = pilot_count(len(ctx.aux))
-    x_true, prior_x = ctx.aux.x[:pilots], ctx.aux.x[pilots:]
-    fitted = fit_prior(prior_x, prior, ctx.space.unit_range)
-    z = ctx.observed_embeddings("aux", gen)[:pilots]
-    mask = None if ctx.aux.mask is None else ctx.aux.mask[:pilots]
-
-    def inverted(step: float, part: torch.Tensor) -> torch.Tensor:
-        pilot_stopping = ObjectiveStopping(stopping.patience, stopping.min_improvement)
-        both = invert_both(ctx, part, fitted, weight, steps, step, simplex, pilot_stopping, prior_x=prior_x)
-        return torch.stack(both, 1)
-
-    tried = {}
+    start: torch.Tensor | None,
+) -> dict[tuple[float, int], float]:
+    """{(step, stop): the MSE of both variants (averaged) after `stop` of `steps` steps} for every
+    fraction of lr (STEP_FRACTIONS) and every stop in check_steps(steps), from `start` (default:
+    prior_x's mean), without early stopping: one run per step gives its whole trajectory."""
+    scores = {}
     for step in (lr * fraction for fraction in STEP_FRACTIONS):
-        both = per_mask_pattern(ctx.tokens, mask, z, functools.partial(inverted, step))
-        tried[step] = float((both.detach() - x_true[:, None]).pow(2).mean() * 2)
-    best = min(tried, key=lambda step: (math.isnan(tried[step]), tried[step]))
-    return best, {f"{step:.4g}": value for step, value in tried.items()}
+
+        def path(part: torch.Tensor, step: float = step) -> torch.Tensor:
+            both = invert_both(
+                ctx, part, prior, weight, steps, step, simplex, prior_x=prior_x, start=start, trajectory=True
+            )
+            return torch.stack(both, 1)
+
+        iterates = per_mask_pattern(ctx.tokens, mask, z, path)  # (n, 2, checks, *sample)
+        errors = (iterates.detach() - x_true[:, None, None]).pow(2).flatten(3).mean(dim=(0, 1, 3))
+        scores.update({(step, stop): float(error) for stop, error in zip(check_steps(steps), errors)})
+    return scores
+
+
+def check_steps(steps: int) -> list[int]:
+    """The step counts at which the pilot scores its iterates: every OBJECTIVE_EVERY, and the cap."""
+    return [*range(0, steps, OBJECTIVE_EVERY), steps]
+
+
+def warm_start_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, skip: int) -> nn.Module:
+    """attacks/decoder.py's decoder, trained (WARM_START's cap) on the aux samples after the first
+    `skip`: the pilot's samples stay unseen, so the pilot scores the decoder as it will meet targets."""
+    clean = {} if ctx.encoder.stochastic else {"aux": ctx.clean_embeddings("aux")[skip:]}
+    rest = replace(ctx, aux=ctx.aux.subset(slice(skip, None)), _clean=clean)
+    decoder, _ = train_decoder(rest, seed, gen, WARM_START)
+    return decoder
 
 
 def invert_both(
     ctx: AuditContext,
     z: torch.Tensor,
-    prior: str | Callable[[torch.Tensor], torch.Tensor],
+    prior: Callable[[torch.Tensor], torch.Tensor],
     weight: float,
     steps: int,
     lr: float,
@@ -284,10 +442,14 @@ def invert_both(
     stopping: ObjectiveStopping | None = None,
     *,
     prior_x: torch.Tensor | None = None,
+    start: torch.Tensor | None = None,
+    stop: int | None = None,
+    trajectory: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(unbiased, MAP) reconstructions, optimised together as one batch (Adam is per
-    coordinate, so without early stopping this equals two separate runs). The prior and the
-    starting point are fitted to `prior_x` (default: all aux)."""
+    coordinate, so without early stopping this equals two separate runs). The prior is fitted to
+    `prior_x` (default: all aux), which also gives the default start (its mean) and the step's scale.
+    start, stop, trajectory: as `invert`'s, per sample of z."""
     weights = torch.cat([torch.zeros(len(z)), torch.full((len(z),), weight)]).to(z.device)
     x = invert(
         ctx.encoder,
@@ -300,6 +462,9 @@ def invert_both(
         simplex,
         stopping,
         unit_range=ctx.space.unit_range,
+        start=None if start is None else torch.cat([start, start]),
+        stop=stop,
+        trajectory=trajectory,
     )
     return x[: len(z)], x[len(z) :]
 
@@ -308,7 +473,7 @@ def invert(
     encoder: Encoder,
     z: torch.Tensor,
     aux_x: torch.Tensor,
-    prior: str | Callable[[torch.Tensor], torch.Tensor],
+    prior: Callable[[torch.Tensor], torch.Tensor],
     prior_weight: torch.Tensor,
     steps: int,
     lr: float,
@@ -316,10 +481,17 @@ def invert(
     stopping: ObjectiveStopping | None = None,
     *,
     unit_range: bool,
+    start: torch.Tensor | None = None,
+    stop: int | None = None,
+    trajectory: bool = False,
 ) -> torch.Tensor:
-    """argmin_x ||f(x) - z||^2 + 2 w (-log pi(x)) per sample, by Adam from the aux mean.
+    """argmin_x ||f(x) - z||^2 + 2 w (-log pi(x)) per sample, by Adam from `start` (one row per sample
+    of z; default the aux mean).
 
-    prior: a name in PRIORS, fitted here to aux_x, or -log pi already fitted to aux_x (`fit_prior`).
+    prior: -log pi fitted to aux_x (`fit_prior`). stop: end after that many of the `steps` (the cosine
+    schedule still spans `steps`: the run is the first `stop` steps of the capped one, as the pilot
+    scored it). trajectory: return the iterates after each of check_steps(steps) steps, stacked on
+    dim 1, instead of the last one (without early stopping).
 
     Iterates are clamped to [0, 1] when the input space lies there (`unit_range`: projected
     gradient descent); the step is scaled to the data's range (`data_range`).
@@ -329,14 +501,14 @@ def invert(
     sum over samples and Adam works per coordinate, so chunks give the same result as one batch
     (`stopping` ends each chunk on its own objective, `steps` is then a cap).
     """
-    neg_log_prior = fit_prior(aux_x, prior, unit_range) if isinstance(prior, str) else prior
     if simplex is None:
-        start, to_input, step = aux_x.mean(dim=0, keepdim=True), lambda x: x, lr * data_range(aux_x, unit_range)
+        origin, to_input, step = aux_x.mean(dim=0, keepdim=True), lambda x: x, lr * data_range(aux_x, unit_range)
     else:
-        start, to_input, step = simplex.start[None], simplex.inputs, lr * simplex.step_unit
+        origin, to_input, step = simplex.start[None], simplex.inputs, lr * simplex.step_unit
+    start = origin if start is None else start
     size = batch_within(
         per_sample_bytes(
-            lambda v: encoder(to_input(v.clone().requires_grad_(True))), start.expand(2, *start.shape[1:])
+            lambda v: encoder(to_input(v.clone().requires_grad_(True))), origin.expand(2, *origin.shape[1:])
         ),
         len(z),
     )
@@ -344,14 +516,16 @@ def invert(
         _invert_chunk(
             encoder,
             z[i : i + size],
-            start,
+            start if len(start) == 1 else start[i : i + size],
             to_input,
-            neg_log_prior,
+            prior,
             prior_weight[i : i + size],
             steps,
             step,
             simplex is None and unit_range,
             stopping,
+            stop,
+            trajectory,
         )
         for i in range(0, len(z), size)
     ]
@@ -369,15 +543,22 @@ def _invert_chunk(
     lr: float,
     unit_range: bool,
     stopping: ObjectiveStopping | None = None,
+    stop: int | None = None,
+    trajectory: bool = False,
 ) -> torch.Tensor:
     """Adam on the variables v (the input, or token logits) with x = to_input(v)."""
     v = start.expand(len(z), *start.shape[1:]).clone().requires_grad_(True)
     optimizer = torch.optim.Adam([v], lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     plateau = Plateau(stopping.patience, stopping.min_improvement) if stopping else None
+    checks, path = set(check_steps(steps)) if trajectory else set(), []
     for step in range(steps):
+        if step == stop:
+            break
         optimizer.zero_grad()
         x = to_input(v)
+        if step in checks:
+            path.append(x.detach().clone())
         fit = (encoder(x) - z).flatten(1).pow(2).sum(dim=1)
         objective = (fit + 2 * prior_weight * neg_log_prior(x)).sum()
         objective.backward()
@@ -397,10 +578,11 @@ def _invert_chunk(
         if plateau.stopped:  # the iterate of the best check; at the cap, the last iterate as without stopping
             return plateau.best_state
     with torch.no_grad():
-        return to_input(v)
+        last = to_input(v).detach()
+    return torch.stack([*path, last], 1) if trajectory else last
 
 
-def fit_prior(aux_x: torch.Tensor, prior: str, unit_range: bool):
+def fit_prior(aux_x: torch.Tensor, prior: str, unit_range: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """-log pi(x) per sample (up to a constant) for a prior fitted to the aux data (unit_range:
     whether the input space lies in [0, 1], which sets the variance floor's scale)."""
     if prior == "tv":

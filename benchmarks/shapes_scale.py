@@ -130,8 +130,7 @@ def full_seed(model: Path, aux: Path, target: Path, name: str) -> None:
     attack = get_attack(name)
     with threads_for(ctx.aux.x.numel(), ctx.device):
         pass_seconds = cost.encoder_pass_seconds(ctx)
-    cap = attack.estimated_seconds(ctx, pass_seconds, cost._timed) / len(ctx.seeds)
-    expected = cap * attack.expected_share_of_cap(ctx)
+    expected, cap = (seconds / len(ctx.seeds) for seconds in attack.estimated_range(ctx, pass_seconds, cost._timed))
     begin = cpu_seconds()
     outcome = attack.run_seed(ctx, ctx.seeds[0])
     measured = cpu_seconds() - begin
@@ -190,8 +189,10 @@ def main(args) -> None:
 
 
 def _scalars(details: dict) -> dict:
-    """The details that are single numbers or words (the attack's settings and what stopped it)."""
-    return {key: value for key, value in details.items() if isinstance(value, (int, float, str))}
+    """The details that are single numbers or words (the attack's settings and what stopped it), and
+    flat tables of numbers (the optimisation pilot's MSE per start and step)."""
+    flat = lambda value: isinstance(value, dict) and all(isinstance(v, (int, float)) for v in value.values())
+    return {key: value for key, value in details.items() if isinstance(value, (int, float, str)) or flat(value)}
 
 
 def _status(entry) -> str:

@@ -12,14 +12,15 @@ from test_reconstruction_attacks import linear_context
 
 from splitaudit.attacks import optimization
 from splitaudit.attacks.optimization import (
+    PILOT_TARGETS,
     VARIANCE_FLOOR,
-    ObjectiveStopping,
+    OptimizationOptions,
     _held_out_log_likelihood,
-    choose_step,
     fit_prior,
     invert,
     map_weight,
     pilot_count,
+    plan_inversion,
     prior_fit_seconds,
 )
 from splitaudit.core.threads import threads_for
@@ -121,29 +122,27 @@ def test_the_held_out_likelihood_of_every_rank_is_the_dense_gaussian_log_density
         assert float(scores[k]) == pytest.approx(float(density), rel=1e-9, abs=1e-6)
 
 
-def test_the_step_pilot_fits_its_prior_without_the_samples_it_inverts(tmp_path, monkeypatch):
+def test_the_pilot_fits_its_prior_without_the_samples_it_inverts_once_per_context(tmp_path, monkeypatch):
     """The pilot inverts the first pilot_count aux samples; the prior and starting point it uses must
     come from the other aux samples only (a PCA prior spanning the pilot samples would flatter the
-    pilot), while the attack's own inversion uses all aux. Run twice: the choice is deterministic."""
+    pilot), while the attack's own inversion uses all aux. Each prior is fitted once per aux data:
+    planning twice and running a seed twice fit two priors in all. Run twice: the plan is deterministic."""
     x, _ = low_rank_gaussian(40)
     ctx, _ = linear_context(tmp_path, x, out_features=OUT, noise_sigma=SIGMA)
     seen = []
     monkeypatch.setattr(optimization, "fit_prior", lambda aux_x, *args: seen.append(aux_x) or fit_prior(aux_x, *args))
     pilots = pilot_count(len(ctx.aux))
-    assert pilots == 4 and pilot_count(5) == 2
+    assert pilots == PILOT_TARGETS == 8 and pilot_count(5) == 2
     weight = map_weight(ctx)
-    choices = [
-        choose_step(ctx, ctx.generator(0), "pca", weight, 30, 0.1, None, ObjectiveStopping(3, 1e-3)) for _ in range(2)
-    ]
-    assert choices[0] == choices[1]
-    assert len(seen) == 2  # once a call, for every step tried
-    for prior_x in seen:
-        assert torch.equal(prior_x, ctx.aux.x[pilots:])
-    seen.clear()
-    result = optimization.OptimizationAttack().run_seed(ctx, 0)
-    assert result.details["prior"] == "pca" and result.details["prior_rank"] > 0
-    assert len(seen) == 2 and torch.equal(seen[0], ctx.aux.x[pilots:])
-    assert any(torch.equal(prior_x, ctx.aux.x) for prior_x in seen)
+    opts = OptimizationOptions(steps=30, init="mean")
+    plans = [plan_inversion(ctx, 0, ctx.generator(0), opts, weight, None).details() for _ in range(2)]
+    assert plans[0] == plans[1]
+    assert len(seen) == 1 and torch.equal(seen[0], ctx.aux.x[pilots:])
+    attack = optimization.OptimizationAttack()
+    results = [attack.run_seed(ctx, 0) for _ in range(2)]
+    assert results[0].metrics == results[1].metrics
+    assert results[0].details["prior"] == "pca" and results[0].details["prior_rank"] > 0
+    assert len(seen) == 2 and torch.equal(seen[1], ctx.aux.x)
 
 
 def test_independent_pixels_get_rank_zero_which_is_the_diagonal_prior():

@@ -16,10 +16,13 @@ from splitaudit.attacks.optimization import (
     PILOT_TARGETS,
     STEP_FRACTIONS,
     ObjectiveStopping,
-    choose_step,
+    OptimizationOptions,
+    check_steps,
+    fit_prior,
     invert,
     invert_both,
     map_weight,
+    plan_inversion,
 )
 from splitaudit.attacks.plateau import Plateau, evaluating, restore, snapshot
 from splitaudit.attacks.sdar import PRESETS, sdar_settings
@@ -160,7 +163,17 @@ def test_optimization_stops_on_its_objective_and_returns_the_best_checked_iterat
     aux = digits_ctx.aux.x
     weights = torch.zeros(len(z))
     stopping = ObjectiveStopping(patience=1, min_improvement=0.3)
-    x = invert(digits_ctx.encoder, z, aux, "gaussian", weights, 200, 0.1, stopping=stopping, unit_range=True)
+    x = invert(
+        digits_ctx.encoder,
+        z,
+        aux,
+        fit_prior(aux, "gaussian", True),
+        weights,
+        200,
+        0.1,
+        stopping=stopping,
+        unit_range=True,
+    )
     (plateau,) = stopping.runs
     assert plateau.stopped and plateau.last_step < 200 and plateau.last_step % OBJECTIVE_EVERY == 0
     assert stopping.details(200) == {"steps_run": plateau.last_step, "stopped_by": "plateau"}
@@ -175,9 +188,26 @@ def test_optimization_at_its_cap_is_the_fixed_budget(digits_ctx):
     weights = torch.zeros(len(z))
     stopping = ObjectiveStopping(patience=50, min_improvement=0.0)
     stopped = invert(
-        digits_ctx.encoder, z, digits_ctx.aux.x, "gaussian", weights, 30, 0.1, stopping=stopping, unit_range=True
+        digits_ctx.encoder,
+        z,
+        digits_ctx.aux.x,
+        fit_prior(digits_ctx.aux.x, "gaussian", True),
+        weights,
+        30,
+        0.1,
+        stopping=stopping,
+        unit_range=True,
     )
-    fixed = invert(digits_ctx.encoder, z, digits_ctx.aux.x, "gaussian", weights, 30, 0.1, unit_range=True)
+    fixed = invert(
+        digits_ctx.encoder,
+        z,
+        digits_ctx.aux.x,
+        fit_prior(digits_ctx.aux.x, "gaussian", True),
+        weights,
+        30,
+        0.1,
+        unit_range=True,
+    )
     assert torch.equal(stopped, fixed)
     assert stopping.details(30) == {"steps_run": 30, "stopped_by": "cap"}
 
@@ -192,25 +222,25 @@ def test_sdar_holds_no_aux_out_when_no_plateau_could_end_training_before_the_cap
     assert settings(iterations=40, eval_every=10, patience=1).stopping is not None
 
 
-def test_optimization_step_is_the_one_that_best_inverts_the_attackers_own_aux_samples(digits_ctx):
-    """choose_step tries every fraction of lr on the first PILOT_TARGETS aux samples, keeps the lowest
-    MSE, and each MSE it reports is the one an independent inversion at that step ends with. With one
-    step the choice is forced: Adam's first update moves every pixel by the whole step (lr x sign of
-    its gradient), so from lr = the data range every pixel lands on a clamp (0 or 1) and a smaller
-    step must win."""
+def test_optimization_pilot_keeps_the_step_and_stop_that_best_invert_the_attackers_own_aux(digits_ctx):
+    """plan_inversion tries every fraction of lr on the first PILOT_TARGETS aux samples, scores every
+    check of each trajectory, keeps the lowest MSE, and the score it reports for the kept step is the
+    one an independent inversion, stopped where the pilot chose, ends with. Stop 0 is the pilot
+    samples' mean guess (the start). Called twice: the plan is deterministic."""
     weight = map_weight(digits_ctx)
-    stopping = ObjectiveStopping(patience=3, min_improvement=1e-3)
-    lr, tried = choose_step(digits_ctx, digits_ctx.generator(0), "gaussian", weight, 1, 1.0, None, stopping)
-    assert list(tried) == [f"{fraction:.4g}" for fraction in STEP_FRACTIONS]
-    assert tried[f"{lr:.4g}"] == min(tried.values()) and lr < 1.0
-    assert not stopping.runs  # the pilot leaves the attack's own stopping record alone
+    opts = OptimizationOptions(steps=20, lr=1.0, init="mean")
+    plans = [plan_inversion(digits_ctx, 0, digits_ctx.generator(0), opts, weight, None) for _ in range(2)]
+    plan = plans[0]
+    assert plan.details() == plans[1].details()
+    assert plan.init == "mean" and plan.decoder is None and plan.pilots == PILOT_TARGETS
+    assert list(plan.scores) == [f"mean {fraction:.4g}" for fraction in STEP_FRACTIONS]
+    assert plan.scores[f"mean {plan.lr:.4g}"] == min(plan.scores.values()) < plan.mean_guess
+    assert plan.stop in check_steps(20) and plan.stop > 0
     x = digits_ctx.aux.x[:PILOT_TARGETS]
     z = digits_ctx.clean_embeddings("aux")[:PILOT_TARGETS]  # sigma = 0: observed = clean
     others = digits_ctx.aux.x[PILOT_TARGETS:]  # the pilot's prior and start leave its own samples out
-    for step in (lr, 1.0):
-        stopping = ObjectiveStopping(3, 1e-3)
-        x_unbiased, x_map = invert_both(digits_ctx, z, "gaussian", weight, 1, step, None, stopping, prior_x=others)
-        mse = float((x_unbiased - x).pow(2).mean() + (x_map - x).pow(2).mean())
-        assert mse == pytest.approx(tried[f"{step:.4g}"], rel=1e-4)
-    thrown = x_unbiased[digits_ctx.aux.x.var(dim=0).expand_as(x_unbiased) > 0]  # pixels with a gradient
-    assert ((thrown == 0) | (thrown == 1)).float().mean() > 0.9
+    prior = fit_prior(others, "pca", True)
+    for stop, expected in ((plan.stop, plan.scores[f"mean {plan.lr:.4g}"]), (0, plan.mean_guess)):
+        x_unbiased, x_map = invert_both(digits_ctx, z, prior, weight, 20, plan.lr, prior_x=others, stop=stop)
+        mse = float(((x_unbiased - x).pow(2).mean() + (x_map - x).pow(2).mean()) / 2)
+        assert mse == pytest.approx(expected, rel=1e-4)

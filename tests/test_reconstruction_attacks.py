@@ -174,7 +174,16 @@ def test_map_attack_on_a_linear_gaussian_model_is_the_posterior_mean(tmp_path):
     aux = ctx.aux.x
     z = ctx.observed_embeddings("target", ctx.generator(0))[:16]
     weights = torch.full((16,), sigma**2, device=z.device)
-    x_map = invert(ctx.encoder, z, aux, "gaussian", weights, steps=600, lr=0.05, unit_range=ctx.space.unit_range)
+    x_map = invert(
+        ctx.encoder,
+        z,
+        aux,
+        fit_prior(aux, "gaussian", ctx.space.unit_range),
+        weights,
+        steps=600,
+        lr=0.05,
+        unit_range=ctx.space.unit_range,
+    )
     a, b = layer.weight.detach().double().to(aux.device), layer.bias.detach().double().to(aux.device)
     mu, v = aux.double().mean(0), torch.diag(aux.double().var(0))
     gain = v @ a.T @ torch.linalg.inv(a @ v @ a.T + sigma**2 * torch.eye(4, dtype=torch.float64, device=aux.device))

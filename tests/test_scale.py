@@ -13,7 +13,7 @@ from architectures import build
 from splitaudit.attacks.base import MIN_SEEDS
 from splitaudit.attacks.features import COMPONENTS, reduced
 from splitaudit.attacks.kmeans import cluster_scores
-from splitaudit.attacks.optimization import invert
+from splitaudit.attacks.optimization import fit_prior, invert
 from splitaudit.core import memory
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS,
@@ -128,9 +128,11 @@ def test_inversion_in_memory_sized_chunks_equals_one_batch(monkeypatch):
     encoder = encoder_of(build("resnet", width=4, blocks=1), x)
     z = encoder.embed(x)
     weights = torch.full((len(z),), 0.01)
-    whole = invert(encoder, z, x, "gaussian", weights, steps=5, lr=0.1, unit_range=True)
+    whole = invert(encoder, z, x, fit_prior(x, "gaussian", unit_range=True), weights, steps=5, lr=0.1, unit_range=True)
     monkeypatch.setattr(memory, "ACTIVATION_BUDGET", 1)  # one sample per chunk
-    chunked = invert(encoder, z, x, "gaussian", weights, steps=5, lr=0.1, unit_range=True)
+    chunked = invert(
+        encoder, z, x, fit_prior(x, "gaussian", unit_range=True), weights, steps=5, lr=0.1, unit_range=True
+    )
     assert torch.allclose(whole, chunked, atol=1e-5)
     start = x.mean(0, keepdim=True).expand_as(x)
     assert float((encoder.embed(chunked) - z).pow(2).sum()) < float((encoder.embed(start) - z).pow(2).sum())

@@ -6,8 +6,8 @@ for 48x192 must not pass through 24x768 as it did), sequences get 1-D networks, 
 runs on a 1-D conv audio bottom written in tests/architectures.py with every attack ok and the
 reconstruction attacks better than their baseline. (The text-line and spectrogram batteries take
 longer than a slow test's 600 s on 2 cores: benchmarks/shapes_scale.py measures the text line, on
-a bottom trained briefly by `train_briefly`, and the optimization and SDAR attacks still fail
-there; benchmarks/README.md says why.)
+a bottom trained briefly by `train_briefly`: the optimization attack is ok there from its learned
+start, SDAR still fails; benchmarks/README.md says why.)
 """
 
 from __future__ import annotations

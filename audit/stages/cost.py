@@ -3,7 +3,7 @@
 Forward and backward passes of the encoder (and one step of the score network) are timed on
 a small batch, then multiplied by the work each stage plans: the Jacobian products of the dFIL
 traces (estimators/mean_trace.py's own plan: planned_products), the prior's capped training, and each
-attack's own cost model (Attack.estimated_seconds: the optimization attack's inversion steps in
+attack's own cost model (Attack.estimated_range / estimated_seconds: the optimization attack's inversion steps in
 encoder passes, SDAR's training iterations and the decoder's steps up to its epoch cap, timed on
 the model and data), over the seeds that always run (MIN_SEEDS; the others run only when the
 first ones' spread demands, so every seed is the stage's ceiling, shown as "at most"). Attacks
@@ -159,5 +159,4 @@ def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> tuple[f
     attack = get_attack(name)
     if attack.missing(ctx):
         return 0.0, 0.0
-    cap = attack.estimated_seconds(ctx, pass_seconds, _timed)
-    return None if cap is None else (cap * attack.expected_share_of_cap(ctx), cap)
+    return attack.estimated_range(ctx, pass_seconds, _timed)
