@@ -269,7 +269,10 @@ class SDARNets:
         self.known_labels, self.conditional = known_labels, conditional
         self.label_flip, self.num_classes = label_flip, num_classes
         simulated = list(simulator.parameters()) + (list(classifier.parameters()) if train_classifier else [])
-        adam = lambda params, lr: torch.optim.Adam(params, lr=lr, eps=ADAM_EPS)
+        # Adam's multi-tensor (foreach) update: per element the arithmetic of torch's per-parameter
+        # loop (CPU's default), so bit-identical results with fewer dispatches (tests/test_sdar.py;
+        # benchmarks/attack_speed.py). Fused Adam rounds differently.
+        adam = lambda params, lr: torch.optim.Adam(params, lr=lr, eps=ADAM_EPS, foreach=True)
         self.simulator_opt = adam(simulated, SIMULATOR_LR * lr_scale)
         self.decoder_opt = adam(decoder.parameters(), DECODER_LR * lr_scale)
         self.d1_opt = adam(d1.parameters(), D1_LR * lr_scale) if d1 is not None else None

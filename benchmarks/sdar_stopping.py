@@ -52,7 +52,14 @@ PATIENCE_CHOICES = (2, 3, 4, 6, 8)
 
 
 def context(args, folder: Path):
-    """The audit context: a bundled sample model with its top model, or an architecture stem on generated images."""
+    """The audit context: a bundled sample model with its top model, an architecture stem on
+    generated images, or (`args.shape`, where the script has it) shapes_scale.py's bottom and data, no g."""
+    if getattr(args, "shape", None):
+        from shapes_scale import write_inputs
+
+        model, aux, target = write_inputs(folder, args.shape, args.samples, args.samples // 2)
+        options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0)
+        return prepare_context(options.validate()), f"{args.shape} (shapes_scale.py's bottom), no g"
     if not args.architecture:
         samples = files("splitaudit.sample_models")
         options = AuditOptions(
