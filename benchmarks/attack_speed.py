@@ -4,7 +4,7 @@ SDAR is the bulk of a full audit's estimate (3.4 h of 3.8 h on the 64 px ResNet 
 Each variant gets its own networks, built from the same seed by the attack's own
 `sdar_training`, and the variants' iterations are timed interleaved in rounds (round-robin, so
 that a burst of load from other processes hits every variant alike); the table gives the
-median seconds per iteration over the rounds and baseline / variant (above 1: faster). A variant
+median process CPU seconds per iteration over the rounds and baseline / variant (above 1: faster). A variant
 that fails to build or to run (torch.compile without a compiler, say) is reported, not fatal.
 
 Then each variant is trained alone for `--check` iterations from the same seed and its
@@ -60,11 +60,11 @@ def _optimisers(nets: SDARNets, step: Step, **adam: bool) -> Step:
     return step
 
 
-def _channels_last(nets: SDARNets, step: Step) -> Step:
-    """The networks' weights channels_last: convolutions then run (and output) channels_last."""
+def _contiguous(nets: SDARNets, step: Step) -> Step:
+    """The networks' weights back in the contiguous layout (the attack keeps them channels_last on CPU)."""
     for net in (nets.simulator, nets.decoder, nets.d1, nets.d2):
         if net is not None:
-            net.to(memory_format=torch.channels_last)
+            net.to(memory_format=torch.contiguous_format)
     return step
 
 
@@ -97,7 +97,7 @@ VARIANTS: dict[str, Callable[[SDARNets, Step], Step]] = {
     "baseline": lambda nets, step: step,
     "per-parameter Adam": lambda nets, step: _optimisers(nets, step, foreach=False),
     "fused Adam": lambda nets, step: _optimisers(nets, step, fused=True),
-    "channels_last": _channels_last,
+    "contiguous": _contiguous,
     "torch.compile": _compiled,
     "1 thread": _threads(1),
     "2 threads": _threads(2),
@@ -105,7 +105,9 @@ VARIANTS: dict[str, Callable[[SDARNets, Step], Step]] = {
 
 
 def time_variants(ctx, names: list[str], rounds: int, per_round: int, warmup: int) -> dict[str, list[float] | str]:
-    """Seconds per iteration of each variant in every round (or why it failed), interleaved."""
+    """Process CPU seconds per iteration of each variant in every round (or why it failed),
+    interleaved: on cores shared with other jobs, CPU seconds do not count the time spent waiting
+    for a core (with one torch thread they are the iteration's own work)."""
     observed = ctx.observed_embeddings("target", ctx.generator(0))
     preset = PRESETS["cpu"]
     known = ctx.target.y
@@ -128,10 +130,10 @@ def time_variants(ctx, names: list[str], rounds: int, per_round: int, warmup: in
                 times[name] = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
         for _ in range(rounds):
             for name, step in steps.items():
-                start = time.perf_counter()
+                start = time.process_time()
                 for _ in range(per_round):
                     step()
-                times[name].append((time.perf_counter() - start) / per_round)
+                times[name].append((time.process_time() - start) / per_round)
     return times
 
 
@@ -150,18 +152,20 @@ def _labelled(name: str, call: Callable) -> Callable:
 
 
 def _median_ms(call: Step, repeats: int) -> float:
+    """Median process CPU milliseconds of `call`."""
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         call()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return 1000 * statistics.median(times)
 
 
 def iteration_profile(ctx, iterations: int, warmup: int) -> list[tuple[str, float]]:
     """(what, milliseconds per iteration) of the baseline SDAR iteration, from torch.profiler's
-    top-level events: each network's forwards and each optimiser's steps (labelled here), the
-    backward passes, other ops and the Python time outside any op; the unprofiled time; each
+    top-level events (wall time): each network's forwards and each optimiser's steps (labelled
+    here), the backward passes, other ops and the Python time outside any op; in process CPU
+    time (median): the unprofiled iteration, each
     network's forward and forward+backward alone on one batch (batch norm and dropout in training
     mode, as in the iteration); the held-out measurement per iteration (one every EVAL_EVERY)."""
     observed = ctx.observed_embeddings("target", ctx.generator(0))
@@ -301,11 +305,11 @@ def main() -> None:
         )
         baseline = statistics.median(times["baseline"])
         print(
-            f"{'variant':>14} {'s/iteration':>12} {'baseline/variant':>16}  {'after ' + str(args.check) + ' iterations'}"
+            f"{'variant':>18} {'CPU s/iteration':>15} {'baseline/variant':>16}  {'after ' + str(args.check) + ' iterations'}"
         )
         for variant in names:
             if isinstance(times[variant], str):
-                print(f"{variant:>14} {times[variant]}")
+                print(f"{variant:>18} {times[variant]}")
                 continue
             seconds = statistics.median(times[variant])
             check = ""
@@ -315,7 +319,7 @@ def main() -> None:
                     check = "identical" if diff == 0 else f"max |difference| {diff:.2e}"
                 except Exception as exc:
                     check = f"check failed: {type(exc).__name__}"
-            print(f"{variant:>14} {seconds:>12.4f} {baseline / seconds:>16.2f}  {check}")
+            print(f"{variant:>18} {seconds:>15.4f} {baseline / seconds:>16.2f}  {check}")
 
 
 if __name__ == "__main__":
