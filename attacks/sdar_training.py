@@ -71,9 +71,10 @@ EVAL_EVERY = 50
 PATIENCE = 6
 STALL_MIN_ITERATIONS = 20  # fewer: too few losses to tell a trend from batch noise
 # The networks' 4-D weights stored channels_last on CPU: their convolutions then run and return
-# channels_last, which oneDNN computes faster on small maps (digits CNN with g: 1.11-1.21x an
-# iteration; benchmarks/attack_speed.py). The sums are reordered, so the numbers differ from the
-# contiguous layout's; the final MSE over seeds 0-2 is within their spread (benchmarks/README.md).
+# channels_last, which oneDNN computes faster here (CPU seconds an iteration, 1 thread: digits CNN
+# with g 1.15x, text line 1.55x, 64 px ResNet stem 1.23x; benchmarks/attack_speed.py). The sums
+# are reordered, so the numbers differ from the contiguous layout's; the digits CNN's final MSE
+# over seeds 0-2 stays within their spread (0.0123 against 0.0121 +- 0.0011; benchmarks/README.md).
 CHANNELS_LAST = True
 TRAINING_STREAM = 1_000_003  # seed offset of the batch/noise draws, apart from the observation noise
 HOLDOUT_STREAM = 2_000_003  # seed offset of the held-out aux split and its fixed noise draw
