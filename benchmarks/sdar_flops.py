@@ -29,10 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from architectures import ARCHITECTURES  # noqa: E402
 from sdar_stopping import context  # noqa: E402
-from shapes_scale import SHAPES, write_inputs  # noqa: E402
-
-from splitaudit.core.config import AuditOptions  # noqa: E402
-from splitaudit.engine.pipeline import prepare_context  # noqa: E402
+from shapes_scale import SHAPES  # noqa: E402
 
 BATCH = 32  # the cpu preset's batch
 
@@ -46,12 +43,7 @@ def gflop(step) -> float:
 
 def profile(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        if args.shape:
-            model, aux, target = write_inputs(Path(tmp), args.shape, args.samples, args.samples // 2)
-            options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0)
-            ctx, name = prepare_context(options.validate()), f"{args.shape} (shapes_scale.py's bottom), no g"
-        else:
-            ctx, name = context(args, Path(tmp))
+        ctx, name = context(args, Path(tmp))
         observed = ctx.observed_embeddings("target", ctx.generator(0))
         with sdar_training(ctx, observed, ctx.target.y, 0, BATCH, Regularizers()) as (nets, iteration, _):
             x, condition = ctx.aux.x[:BATCH], nets.condition(ctx.aux.y[:BATCH])

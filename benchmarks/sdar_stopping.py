@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from splitaudit.attacks import sdar_training
 from splitaudit.attacks.plateau import Plateau
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
 from splitaudit.attacks.sdar import PRESETS
@@ -52,7 +53,14 @@ PATIENCE_CHOICES = (2, 3, 4, 6, 8)
 
 
 def context(args, folder: Path):
-    """The audit context: a bundled sample model with its top model, or an architecture stem on generated images."""
+    """The audit context: a bundled sample model with its top model, an architecture stem on
+    generated images, or (`args.shape`, where the script has it) shapes_scale.py's bottom and data, no g."""
+    if getattr(args, "shape", None):
+        from shapes_scale import write_inputs
+
+        model, aux, target = write_inputs(folder, args.shape, args.samples, args.samples // 2)
+        options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0)
+        return prepare_context(options.validate()), f"{args.shape} (shapes_scale.py's bottom), no g"
     if not args.architecture:
         samples = files("splitaudit.sample_models")
         options = AuditOptions(
@@ -94,12 +102,12 @@ def replay(points: list, every: int, k: int, patience: int) -> tuple[int, float,
     """(iteration where the rule stops, target MSE there, target MSE at the best held-out point),
     the rule replayed with the attack's own Plateau on a recorded run (at the cap: the last point)."""
     plateau = Plateau(patience)
-    for row, (_, _, held) in enumerate(points):
+    for row, point in enumerate(points):
         step = (row + 1) * every
-        if step % k == 0 and plateau.update(step, held):
+        if step % k == 0 and plateau.update(step, point.holdout_mse):
             break
     stop = plateau.last_step if plateau.stopped else len(points) * every
-    return stop, points[stop // every - 1][0], points[plateau.best_step // every - 1][0]
+    return stop, points[stop // every - 1].mse, points[plateau.best_step // every - 1].mse
 
 
 def main() -> None:
@@ -118,23 +126,37 @@ def main() -> None:
         action="store_true",
         help="compare with the recording at the cap instead of running the fixed budget (half the time)",
     )
+    parser.add_argument(
+        "--contiguous", action="store_true", help="SDAR's networks in the contiguous layout (before channels_last)"
+    )
     args = parser.parse_args()
+    sdar_training.CHANNELS_LAST = not args.contiguous
     preset = PRESETS["cpu"]
     with tempfile.TemporaryDirectory() as tmp:
         ctx, name = context(args, Path(tmp))
         part = "classifier" if ctx.top_model is not None else "none"
         base = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.space)["mse"]
-        print(f"{name}; cpu preset, cap {args.iterations}, holdout {args.holdout}; mean-guess MSE {base:.4f}")
+        layout = "contiguous" if args.contiguous else "channels_last"
+        print(f"{name}; cpu preset, cap {args.iterations}, holdout {args.holdout}, {layout}; mean-guess MSE {base:.4f}")
         fixed, recorded = [], []
         for seed in args.seeds:
             start = time.perf_counter()
             points = curve(
-                ctx, FULL, seed, args.iterations, args.every, preset, f"seed {seed}", args.holdout, server_part=part
+                ctx,
+                FULL,
+                seed,
+                args.iterations,
+                args.every,
+                preset,
+                "known",
+                f"seed {seed}",
+                args.holdout,
+                server_part=part,
             )
             recorded.append(points)
-            words = f"with the hold-out, at the cap {points[-1][0]:.4f} ({time.perf_counter() - start:.0f} s)"
+            words = f"with the hold-out, at the cap {points[-1].mse:.4f} ({time.perf_counter() - start:.0f} s)"
             if args.same_data:
-                fixed.append(points[-1][0])
+                fixed.append(points[-1].mse)
             else:
                 mse, seconds = fixed_budget(ctx, seed, args.iterations, preset)
                 fixed.append(mse)

@@ -10,6 +10,7 @@ import torch
 from conftest import make_context, sample
 
 from splitaudit.attacks import get_attack
+from splitaudit.attacks import sdar_training as sdar_training_module
 from splitaudit.attacks.nets import Decoder, reinitialized_copy, restore_batch_norm
 from splitaudit.attacks.reconstruction import reconstruction_metrics
 from splitaudit.attacks.sdar import PRESETS, U_SHAPED_LIMIT, sdar_settings
@@ -25,6 +26,7 @@ from splitaudit.attacks.sdar_training import (
     discriminator,
     sdar_iteration,
     sdar_reconstruct,
+    sdar_training,
     simultaneous_step,
 )
 from splitaudit.core.errors import InputError
@@ -66,6 +68,62 @@ def test_learning_rates_and_adam_epsilon_follow_the_paper_and_keras(digits_ctx):
     assert lr["d1"] == pytest.approx(2e-5)
     assert lr["d2"] == pytest.approx(5e-9)
     assert {opt.param_groups[0]["eps"] for opt in optimizers.values()} == {1e-7}
+
+
+def test_foreach_adam_trains_bit_identically_to_the_per_parameter_loop(digits_ctx):
+    """SDAR's optimisers take Adam's multi-tensor (foreach) update for speed: five iterations from
+    one seed must leave every trained network bit-equal to torch's per-parameter loop, and moved."""
+    observed = digits_ctx.observed_embeddings("target", digits_ctx.generator(0))
+
+    def trained(foreach: bool) -> list[torch.Tensor]:
+        with sdar_training(digits_ctx, observed, digits_ctx.target.y, 0, 32, FULL) as (nets, step, _):
+            for name in ("simulator_opt", "decoder_opt", "d1_opt", "d2_opt"):
+                opt = getattr(nets, name)
+                assert opt.defaults["foreach"] is True
+                if not foreach:
+                    group = opt.param_groups[0]
+                    setattr(nets, name, torch.optim.Adam(group["params"], lr=group["lr"], eps=group["eps"]))
+            start = [p.detach().clone() for p in nets.decoder.parameters()]
+            for _ in range(5):
+                step()
+            after = [
+                p.detach().clone() for net in (nets.simulator, nets.decoder, nets.d1, nets.d2) for p in net.parameters()
+            ]
+            assert not all(torch.equal(a, b) for a, b in zip(start, nets.decoder.parameters()))
+            return after
+
+    assert all(torch.equal(a, b) for a, b in zip(trained(True), trained(False), strict=True))
+
+
+def test_channels_last_networks_compute_what_the_contiguous_ones_do(digits_top_ctx, monkeypatch):
+    """On CPU SDAR keeps its networks' conv weights channels_last for speed: a layout, not another
+    network. Built from one seed in either layout, f~, the decoder and d2 give the same outputs and
+    gradients in training mode up to floating-point reordering (1e-5 of their largest magnitude;
+    a layer mixing channels and positions would be off by about their spread)."""
+    ctx = digits_top_ctx
+    x, y, z = ctx.aux.x[:32], ctx.aux.y[:32], ctx.clean_embeddings("aux")[:32]
+
+    def outputs(channels_last: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(sdar_training_module, "CHANNELS_LAST", channels_last)
+        nets = SDARNets.build(ctx, 0, FULL, known_labels=ctx.target.y)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        convs = [p for net in (nets.simulator, nets.decoder, nets.d2) for p in net.parameters() if p.dim() == 4]
+        assert convs and all(p.is_contiguous(memory_format=layout) for p in convs)
+        results = []
+        for net, call in (
+            (nets.simulator, lambda: nets.simulator(x)),
+            (nets.decoder, lambda: nets.decoder(z, y)),
+            (nets.d2, lambda: nets.d2(x, y)),
+        ):
+            torch.manual_seed(0)  # d2's dropout
+            out = call()
+            grads = torch.autograd.grad(out.pow(2).sum(), [p for p in net.parameters() if p.dim() == 4])
+            results += [out.detach(), *grads]
+        return results
+
+    for last, contiguous in zip(outputs(True), outputs(False), strict=True):
+        assert contiguous.std() > 1e-3 * contiguous.abs().max()
+        assert (last - contiguous).abs().max() <= 1e-5 * contiguous.abs().max()
 
 
 def layer_list(module) -> list[tuple]:
