@@ -182,8 +182,11 @@ class OptimizationAttack(Attack):
         together), plus the pilot's (every fraction of lr on pilot_count aux samples, from each start it
         tries), and the warm start's decoder training at its cap (WARM_START), every seed; the prior's
         two fits (the pilot's and the attack's), once (`aux_prior`). init=auto trains the decoder (and
-        pilots its start) only where the mean start fails on the pilot: the expected time leaves that
-        out, the ceiling counts it."""
+        pilots its start) only where the mean start fails on the pilot, which no estimate made before
+        the run can know: the ceiling counts the decoder, and the expected time is the geometric mean
+        of the two cases, within 2x of whichever happens while they differ by at most 4x (measured:
+        the text line trains the decoder, 53 s without it, 177 s with it, 151 s measured; the 1-D
+        audio bottom does not, 6 s and 23 s, 5.5 s measured; benchmarks/README.md, shapes_scale.py)."""
         opts = self.options(ctx)
         inits = pilot_inits(ctx, opts)
         per_start = opts.steps * 2 * len(STEP_FRACTIONS) * pilot_count(len(ctx.aux)) * pass_seconds
@@ -192,7 +195,8 @@ class OptimizationAttack(Attack):
         decoder = per_start + training_seconds(ctx, WARM_START, timed) if "decoder" in inits else 0.0
         fits = 2 * prior_fit_seconds(ctx.aux.x, opts.prior, timed)
         cap = len(ctx.seeds) * (targets + mean + decoder) + fits
-        return (len(ctx.seeds) * (targets + mean) + fits if opts.init == "auto" else cap), cap
+        without_decoder = len(ctx.seeds) * (targets + mean) + fits
+        return (math.sqrt(without_decoder * cap) if opts.init == "auto" else cap), cap
 
     def check_inputs(self, ctx: AuditContext) -> None:
         """Total variation sums differences of neighbouring pixels: tabular rows have none. Token

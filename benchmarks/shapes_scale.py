@@ -82,6 +82,8 @@ def estimates(model: Path, aux: Path, target: Path, attacks: list[str]) -> dict[
         cost = estimate_cost(ctx, options.prior, leakage.resolve_smoothing(ctx, options.smoothing), attacks)
         found[quick] = dict(cost.stages, total=cost.total)
         print(f"{'quick' if quick else 'full'} estimate: {cost.summary()}", flush=True)
+        ceilings = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in cost.ceilings.items())
+        print(f"  at most, by stage: {ceilings or 'as expected'}", flush=True)
     return found
 
 
