@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -187,27 +188,12 @@ def test_optimization_at_its_cap_is_the_fixed_budget(digits_ctx):
     z = digits_ctx.observed_embeddings("target", digits_ctx.generator(0))[:4]
     weights = torch.zeros(len(z))
     stopping = ObjectiveStopping(patience=50, min_improvement=0.0)
-    stopped = invert(
-        digits_ctx.encoder,
-        z,
-        digits_ctx.aux.x,
-        fit_prior(digits_ctx.aux.x, "gaussian", True),
-        weights,
-        30,
-        0.1,
-        stopping=stopping,
-        unit_range=True,
+    prior = fit_prior(digits_ctx.aux.x, "gaussian", True)
+    inverted = functools.partial(
+        invert, digits_ctx.encoder, z, digits_ctx.aux.x, prior, weights, 30, 0.1, unit_range=True
     )
-    fixed = invert(
-        digits_ctx.encoder,
-        z,
-        digits_ctx.aux.x,
-        fit_prior(digits_ctx.aux.x, "gaussian", True),
-        weights,
-        30,
-        0.1,
-        unit_range=True,
-    )
+    stopped = inverted(stopping=stopping)
+    fixed = inverted()
     assert torch.equal(stopped, fixed)
     assert stopping.details(30) == {"steps_run": 30, "stopped_by": "cap"}
 
