@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -429,9 +429,7 @@ def check_steps(steps: int) -> list[int]:
 def warm_start_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, skip: int) -> nn.Module:
     """attacks/decoder.py's decoder, trained (WARM_START's cap) on the aux samples after the first
     `skip`: the pilot's samples stay unseen, so the pilot scores the decoder as it will meet targets."""
-    clean = {} if ctx.encoder.stochastic else {"aux": ctx.clean_embeddings("aux")[skip:]}
-    rest = replace(ctx, aux=ctx.aux.subset(slice(skip, None)), _clean=clean)
-    decoder, _ = train_decoder(rest, seed, gen, WARM_START)
+    decoder, _ = train_decoder(ctx.with_aux(slice(skip, None)), seed, gen, WARM_START)
     return decoder
 
 

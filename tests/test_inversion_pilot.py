@@ -153,3 +153,17 @@ def test_the_pilot_keeps_zero_steps_when_the_learned_start_is_already_the_input(
     options = {"optimization": {"quick_steps": 40, "init": "decoder"}}
     outcome = OptimizationAttack().run_seed(dataclasses.replace(ctx, attack_options=options), 0)
     assert outcome.details["steps_chosen"] == 0 and outcome.metrics["mse"] < 1e-10
+
+
+def test_a_held_out_split_reuses_the_aux_embeddings_and_keeps_its_own_cache(monkeypatch):
+    """with_aux (the warm start's training split) holds the aux samples after the pilot's, their
+    embeddings sliced from the context's, never recomputed, and the copy's cache is its own: the
+    context keeps every aux sample's embedding (the attack's later steps need them all)."""
+    ctx = stripes_context()
+    whole = ctx.clean_embeddings("aux")
+    monkeypatch.setattr(ctx.encoder, "embed", lambda *a, **k: pytest.fail("aux embedded again"))
+    for _ in range(2):
+        rest = ctx.with_aux(slice(8, None))
+        assert torch.equal(rest.aux.x, ctx.aux.x[8:])
+        assert torch.equal(rest.clean_embeddings("aux"), whole[8:])
+        assert ctx.clean_embeddings("aux") is whole and len(whole) == len(ctx.aux)

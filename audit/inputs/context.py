@@ -132,6 +132,12 @@ class AuditContext:
         with seeded_draws(seed, self.device):
             return _finite_embeddings(per_mask_pattern(self.tokens, data.mask, data.x, self.encoder.embed), part)
 
+    def with_aux(self, index: torch.Tensor | slice) -> "AuditContext":
+        """A copy whose attacker holds only aux[index] (the rest held out), with those samples'
+        clean embeddings taken from this context's instead of computed again (its own cache)."""
+        cached = {} if self.encoder.stochastic else {"aux": self.clean_embeddings("aux")[index]}
+        return replace(self, aux=self.aux.subset(index), _clean=cached)
+
     def at_sigma(self, noise_sigma: float, seed: int | None = None) -> "AuditContext":
         """A copy for one audit point of a sweep: its own noise sigma (and seed), the same model,
         data and clean-embedding cache (the cache dict is shared, so f(x) is computed once)."""

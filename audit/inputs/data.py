@@ -46,7 +46,7 @@ class Dataset:
     def num_classes(self) -> int | None:
         return None if self.y is None else int(self.y.max()) + 1
 
-    def subset(self, index: torch.Tensor) -> "Dataset":
+    def subset(self, index: torch.Tensor | slice) -> "Dataset":
         pick = lambda t: None if t is None else t[index]
         return replace(
             self,
