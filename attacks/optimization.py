@@ -367,10 +367,11 @@ def plan_inversion(
     def scores(start: torch.Tensor | None) -> dict[tuple[float, int], float]:
         return pilot_scores(ctx, z, x_true, mask, rest, prior, weight, opts.steps, opts.lr, simplex, start)
 
-    tried = {"mean": scores(None)} if opts.init != "decoder" else {}
+    inits = pilot_inits(ctx, opts)
+    tried = {"mean": scores(None)} if "mean" in inits else {}
     decoder = None
-    if "decoder" in pilot_inits(ctx, opts) and (
-        opts.init == "decoder" or min(tried["mean"].values(), key=_nan_last) > (1 - PILOT_MARGIN) * guess
+    if "decoder" in inits and (
+        "mean" not in tried or min(tried["mean"].values(), key=_nan_last) > (1 - PILOT_MARGIN) * guess
     ):
         decoder = warm_start_decoder(ctx, seed, gen, pilots)
         tried["decoder"] = scores(decode(decoder, z))
