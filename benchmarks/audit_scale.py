@@ -1,6 +1,7 @@
-"""`splitaudit run --quick --attacks all` on a real-size bottom model, stage by stage.
+"""`splitaudit run --attacks all` on a real-size bottom model, stage by stage.
 
-Issue 11's target: under 15 minutes on 2 CPU cores): a ResNet-style bottom (ResNet-18
+Issue 11's target (`--quick`: under 15 minutes on 2 CPU cores) and issue 23's (`--full`: under
+30 minutes): a ResNet-style bottom (ResNet-18
 stem + layer1 from tests/architectures.py, width 64, random weights with trained-looking
 BatchNorm statistics) at 3x64x64, exported with torch.onnx.export(dynamo=True), audited with
 `--quick --attacks all` on 400 generated samples. It prints the measured wall time and peak resident memory of every stage (load, dFIL, prior, each attack,
@@ -11,6 +12,7 @@ at 1/8 resolution, bilinearly upsampled) whose mean colour depends on the class 
 and whose brightness gradient depends on a binary sensitive attribute.
 
     python benchmarks/audit_scale.py [--size 64] [--samples 400] [--width 64] [--threads 2]
+    python benchmarks/audit_scale.py --full [--workers auto] [--attack-option sdar.batch_size=32]
 
 """
 
@@ -67,25 +69,17 @@ def audit(args) -> None:
         start = time.perf_counter()
         model, data = write_inputs(folder, args.size, args.samples, args.width)
         prep = time.perf_counter() - start
-        argv = [
-            "run",
-            str(model),
-            "--aux",
-            str(data),
-            "--quick",
-            "--attacks",
-            "all",
-            "--out",
-            str(folder / "report"),
-            "--format",
-            "json",
-            "--debug",
-        ]
+        argv = ["run", str(model), "--aux", str(data), "--attacks", "all", "--out", str(folder / "report")]
+        argv += ["--format", "json", "--debug"] + ([] if args.full else ["--quick"])
+        argv += ["--workers", args.workers] if args.workers else []
+        for setting in args.attack_option:
+            argv += ["--attack-option", setting]
         exit_code, output = quiet_cli_run(clock, argv)
         estimates = [line for line in output.splitlines() if "this audit may take" in line]
         print("\n".join(estimates) or "no up-front cost estimate was printed (estimated under 3 minutes)")
+    settings = " ".join(argv[4:]).replace(str(folder / "report"), "OUT")
     print(
-        f"splitaudit run --quick --attacks all: ResNet stem width {args.width} at 3x{args.size}x{args.size}, "
+        f"splitaudit run {settings}: ResNet stem width {args.width} at 3x{args.size}x{args.size}, "
         f"{args.samples} samples, dynamo ONNX; torch threads {torch.get_num_threads()}, load average "
         f"{os.getloadavg()[0]:.1f}, exit code {exit_code}; data + export {prep:.1f} s (not in the audit)"
     )
@@ -98,4 +92,9 @@ if __name__ == "__main__":
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--full", action="store_true", help="the full settings (default: --quick)")
+    parser.add_argument("--workers", help="the CLI's --workers (default: its own)")
+    parser.add_argument(
+        "--attack-option", action="append", default=[], help="the CLI's --attack-option NAME.KEY=VALUE (repeatable)"
+    )
     audit(parser.parse_args())

@@ -106,9 +106,10 @@ def reset_peak_rss() -> None:
 
 def instrument(clock: StageClock, results: list[dict]) -> None:
     """Wrap the demo's stages; attacks are whatever the registry holds."""
-    from splitaudit.stages import leakage
+    from splitaudit.stages import cost, leakage
 
     clock.wrap(pipeline, "prepare_context", "load model + data")
+    clock.wrap(cost, "estimate_cost", "up-front cost estimate")
     clock.wrap(leakage, "measure", "leakage: dFIL traces, prior")
     clock.wrap(leakage, "_jacobian_traces", "Jacobian traces")
     clock.wrap(leakage, "_prior", "prior J(pi)")

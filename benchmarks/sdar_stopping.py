@@ -15,6 +15,9 @@ option early_stopping). For every seed this runs
     python benchmarks/sdar_stopping.py                                   # digits CNN with g, seeds 0-2
     python benchmarks/sdar_stopping.py --model breast_cancer_mlp         # tabular, with g
     python benchmarks/sdar_stopping.py --architecture resnet --size 32 --width 16 --iterations 2500
+    python benchmarks/sdar_stopping.py --onnx stem.onnx --aux data.npz --iterations 2500 --same-data \
+        --seeds 0 --save seed0.json                                   # a model file, as `splitaudit run` loads it
+    python benchmarks/sdar_stopping.py --replay seed0.json seed1.json   # the table from saved recordings
 
 `--architecture` audits a stem of tests/architectures.py (random weights, trained-looking batch
 norm) on generated smooth class-coloured images (benchmarks/audit_scale.py's data), without a
@@ -24,6 +27,8 @@ top model (the cpu preset's budget is then 2500 iterations).
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
 import statistics
 import sys
@@ -55,6 +60,9 @@ PATIENCE_CHOICES = (2, 3, 4, 6, 8)
 def context(args, folder: Path):
     """The audit context: a bundled sample model with its top model, an architecture stem on
     generated images, or (`args.shape`, where the script has it) shapes_scale.py's bottom and data, no g."""
+    if getattr(args, "onnx", None):
+        options = AuditOptions(model=args.onnx, aux=args.aux, seed=0)
+        return prepare_context(options.validate()), f"{Path(args.onnx).name} on {Path(args.aux).name}, no g"
     if getattr(args, "shape", None):
         from shapes_scale import write_inputs
 
@@ -98,16 +106,35 @@ def fixed_budget(ctx, seed: int, iterations: int, preset: dict) -> tuple[float, 
     return reconstruction_metrics(ctx.target.x, x_hat, ctx.space)["mse"], time.perf_counter() - start
 
 
-def replay(points: list, every: int, k: int, patience: int) -> tuple[int, float, float]:
+def replay(points: list, every: int, k: int, patience: int, min_improvement: float = 0.0) -> tuple[int, float, float]:
     """(iteration where the rule stops, target MSE there, target MSE at the best held-out point),
     the rule replayed with the attack's own Plateau on a recorded run (at the cap: the last point)."""
-    plateau = Plateau(patience)
+    plateau = Plateau(patience, min_improvement)
     for row, point in enumerate(points):
         step = (row + 1) * every
         if step % k == 0 and plateau.update(step, point.holdout_mse):
             break
     stop = plateau.last_step if plateau.stopped else len(points) * every
     return stop, points[stop // every - 1].mse, points[plateau.best_step // every - 1].mse
+
+
+def save_recording(path: Path, seed: int, every: int, fixed: float, points: list) -> None:
+    """The recording as JSON (target and held-out MSE per measurement), for --replay: recordings of
+    seeds run in separate processes side by side, replayed together."""
+    rows = [{"iteration": p.iteration, "mse": p.mse, "holdout_mse": p.holdout_mse} for p in points]
+    path.write_text(json.dumps({"seed": seed, "every": every, "fixed": fixed, "points": rows}))
+
+
+def replay_saved(paths: list[str], gains: list[float]) -> None:
+    """The table of saved recordings (every one measured at the same interval)."""
+    saved = [json.loads(Path(path).read_text()) for path in paths]
+    every = saved[0]["every"]
+    if any(run["every"] != every for run in saved):
+        raise SystemExit("the recordings were measured at different intervals")
+    recorded = [[argparse.Namespace(**row) for row in run["points"]] for run in saved]
+    cap = recorded[0][-1].iteration
+    seeds = [run["seed"] for run in saved]
+    print_table([run["fixed"] for run in saved], recorded, every, f"{cap} iterations", seeds, gains)
 
 
 def main() -> None:
@@ -129,7 +156,21 @@ def main() -> None:
     parser.add_argument(
         "--contiguous", action="store_true", help="SDAR's networks in the contiguous layout (before channels_last)"
     )
+    parser.add_argument("--onnx", help="a bottom model file (ONNX or TorchScript) instead of a sample model")
+    parser.add_argument("--aux", help="its aux data (with --onnx)")
+    parser.add_argument("--save", help="write the recording of each seed to this JSON file (one seed per file)")
+    parser.add_argument("--replay", nargs="+", help="print the table of recordings saved with --save, then stop")
+    parser.add_argument(
+        "--gains",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="least relative improvement of the held-out MSE that resets the patience, each replayed (default 0)",
+    )
     args = parser.parse_args()
+    if args.replay:
+        replay_saved(args.replay, args.gains)
+        return
     sdar_training.CHANNELS_LAST = not args.contiguous
     preset = PRESETS["cpu"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,20 +203,30 @@ def main() -> None:
                 fixed.append(mse)
                 words = f"fixed budget {mse:.4f} ({seconds:.0f} s); {words}"
             print(f"seed {seed}: {words}", flush=True)
-    spread = statistics.pstdev(fixed)
+            if args.save:
+                save_recording(Path(args.save), seed, args.every, fixed[-1], points)
     reference = "the recording at the cap (aux less the hold-out)" if args.same_data else "all aux"
+    print_table(fixed, recorded, args.every, f"{args.iterations} iterations, {reference}", args.seeds, args.gains)
+
+
+def print_table(
+    fixed: list[float], recorded: list[list], every: int, reference: str, seeds: list[int], gains=(0.0,)
+) -> None:
+    """The fixed budget's mean and spread, then every replayed (every, patience, least relative
+    gain that counts as an improvement): where it stops and the target MSE."""
+    spread = statistics.pstdev(fixed)
     print(
-        f"\nfixed budget ({args.iterations} iterations, {reference}): target MSE {statistics.mean(fixed):.4f} "
-        f"± {spread:.4f} (std over seeds {args.seeds}); load average {os.getloadavg()[0]:.1f}"
+        f"\nfixed budget ({reference}): target MSE {statistics.mean(fixed):.4f} "
+        f"± {spread:.4f} (std over seeds {seeds}); load average {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'every':>6} {'patience':>8} {'stops at (per seed)':>22} {'target MSE':>10} {'at best':>8} {'vs fixed':>9}")
-    for k in (m * args.every for m in EVERY_CHOICES):
-        for patience in PATIENCE_CHOICES:
-            runs = [replay(points, args.every, k, patience) for points in recorded]
-            stops = "/".join(str(stop) for stop, _, _ in runs)
-            mse, at_best = statistics.mean(r[1] for r in runs), statistics.mean(r[2] for r in runs)
-            gap = (mse - statistics.mean(fixed)) / spread if spread else float("nan")
-            print(f"{k:>6} {patience:>8} {stops:>22} {mse:>10.4f} {at_best:>8.4f} {gap:>+8.1f}σ")
+    header = f"{'every':>6} {'patience':>8} {'gain':>5} {'stops at (per seed)':>22} {'target MSE':>10} {'at best':>8}"
+    print(header + f" {'vs fixed':>9}")
+    for k, patience, gain in itertools.product((m * every for m in EVERY_CHOICES), PATIENCE_CHOICES, gains):
+        runs = [replay(points, every, k, patience, gain) for points in recorded]
+        stops = "/".join(str(stop) for stop, _, _ in runs)
+        mse, at_best = statistics.mean(r[1] for r in runs), statistics.mean(r[2] for r in runs)
+        gap = (at_best - statistics.mean(fixed)) / spread if spread else float("nan")
+        print(f"{k:>6} {patience:>8} {gain:>5.2f} {stops:>22} {mse:>10.4f} {at_best:>8.4f} {gap:>+8.1f}σ")
 
 
 if __name__ == "__main__":
