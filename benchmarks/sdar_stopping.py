@@ -16,7 +16,7 @@ option early_stopping). For every seed this runs
     python benchmarks/sdar_stopping.py --model breast_cancer_mlp         # tabular, with g
     python benchmarks/sdar_stopping.py --architecture resnet --size 32 --width 16 --iterations 2500
     python benchmarks/sdar_stopping.py --onnx stem.onnx --aux data.npz --iterations 2500 --same-data \
-        --seeds 0 --save seed0.json                                   # a model file, as `splitaudit run` loads it
+        --seeds 0 --save 'seed{seed}.json'                                   # a model file, as `splitaudit run` loads it
     python benchmarks/sdar_stopping.py --replay seed0.json seed1.json   # the table from saved recordings
 
 `--architecture` audits a stem of tests/architectures.py (random weights, trained-looking batch
@@ -158,7 +158,9 @@ def main() -> None:
     )
     parser.add_argument("--onnx", help="a bottom model file (ONNX or TorchScript) instead of a sample model")
     parser.add_argument("--aux", help="its aux data (with --onnx)")
-    parser.add_argument("--save", help="write the recording of each seed to this JSON file (one seed per file)")
+    parser.add_argument(
+        "--save", help="write each seed's recording to this JSON file ({seed} in the name: one file per seed)"
+    )
     parser.add_argument("--replay", nargs="+", help="print the table of recordings saved with --save, then stop")
     parser.add_argument(
         "--gains",
@@ -204,7 +206,7 @@ def main() -> None:
                 words = f"fixed budget {mse:.4f} ({seconds:.0f} s); {words}"
             print(f"seed {seed}: {words}", flush=True)
             if args.save:
-                save_recording(Path(args.save), seed, args.every, fixed[-1], points)
+                save_recording(Path(args.save.format(seed=seed)), seed, args.every, fixed[-1], points)
     reference = "the recording at the cap (aux less the hold-out)" if args.same_data else "all aux"
     print_table(fixed, recorded, args.every, f"{args.iterations} iterations, {reference}", args.seeds, args.gains)
 
