@@ -119,6 +119,16 @@ U_SHAPED_LIMIT = (
     "names the clusters by the layout of the aux classes instead"
 )
 
+# Why early stopping can stop blind where no top model ties f~ to f (measured in benchmarks/README.md,
+# "The 64 px ResNet stem at the full settings"); a run that stopped on the signal says so.
+BLIND_STOPPING_LIMIT = (
+    "without a top model, the held-out aux MSE that ends training measures how well the decoder inverts the "
+    "simulator, not how close the simulator is to the bottom model: on a 64 px ResNet stem its rank "
+    "correlation with the target MSE over training was 0.06-0.20 (0.87-0.90 on a digits CNN with its top "
+    "model), so where it stopped can be an arbitrary point of an erratic curve; the spread between seeds "
+    "shows how erratic"
+)
+
 
 @dataclass(frozen=True)
 class SDAROptions:
@@ -190,14 +200,15 @@ class SDARAttack(Attack):
     Known limits, measured in benchmarks/README.md (`sdar_curve.py`): offline, U-shaped label
     inference can name the classes' clusters arbitrarily (U_SHAPED_LIMIT), and such runs are
     reported as FAILED (Attack.training_failure), never as privacy; without g, d1 is all that ties
-    f~ to f (without it the reconstruction stays near the mean guess); on small tabular data the
-    attack is unstable (Zhu et al., NDSS 2025, evaluate images only). On anisotropic images the
-    networks grow and shrink per axis (attacks/nets.py). Without g on a binary task, as on the
-    text-line bottom of benchmarks/sdar_diagnosis.py (3x48x192 -> 16x3x96, upright/turned), the
-    attack FAILS although its decoder is able: trained on f's own aux embeddings the same decoder
-    beats the mean guess, and it inverts f~ on the targets' inputs just as well, but f's embeddings
-    decode at the mean guess or worse; a binary label ties f~ to f by one bit per sample and d1
-    matches their distributions, not which input lands where.
+    f~ to f (without it the reconstruction stays near the mean guess), and the held-out signal that
+    stops training need not track the targets (BLIND_STOPPING_LIMIT, said in such a run's details);
+    on small tabular data the attack is unstable (Zhu et al., NDSS 2025, evaluate images only). On
+    anisotropic images the networks grow and shrink per axis (attacks/nets.py). Without g on a
+    binary task, as on the text-line bottom of benchmarks/sdar_diagnosis.py (3x48x192 -> 16x3x96,
+    upright/turned), the attack FAILS although its decoder is able: trained on f's own aux
+    embeddings the same decoder beats the mean guess, and it inverts f~ on the targets' inputs just
+    as well, but f's embeddings decode at the mean guess or worse; a binary label ties f~ to f by
+    one bit per sample and d1 matches their distributions, not which input lands where.
 
     Example: `splitaudit run model.onnx --aux data.npz --top-model top.pt --attacks sdar`.
     """
@@ -310,6 +321,8 @@ class SDARAttack(Attack):
             details["label_flip"] = settings.label_flip
         if settings.labels == "inferred":
             details["label_inference_limit"] = U_SHAPED_LIMIT
+        if settings.stopping is not None and settings.server_part in ("none", "withheld"):
+            details["stopping_signal_limit"] = BLIND_STOPPING_LIMIT
         if naming:  # flat facts: the report's tables show scalars, not nested dicts
             details["label_layout_agreement"] = naming["layout_agreement"]
             details["label_cluster_features"] = naming["features"]["reduction"]
