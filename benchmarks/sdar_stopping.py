@@ -36,6 +36,7 @@ import tempfile
 import time
 from importlib.resources import files
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -131,7 +132,7 @@ def replay_saved(paths: list[str], gains: list[float]) -> None:
     every = saved[0]["every"]
     if any(run["every"] != every for run in saved):
         raise SystemExit("the recordings were measured at different intervals")
-    recorded = [[argparse.Namespace(**row) for row in run["points"]] for run in saved]
+    recorded = [[SimpleNamespace(**row) for row in run["points"]] for run in saved]
     cap = recorded[0][-1].iteration
     seeds = [run["seed"] for run in saved]
     print_table([run["fixed"] for run in saved], recorded, every, f"{cap} iterations", seeds, gains)
@@ -212,7 +213,7 @@ def main() -> None:
 
 
 def print_table(
-    fixed: list[float], recorded: list[list], every: int, reference: str, seeds: list[int], gains=(0.0,)
+    fixed: list[float], recorded: list[list], every: int, reference: str, seeds: list[int], gains: list[float]
 ) -> None:
     """The fixed budget's mean and spread, then every replayed (every, patience, least relative
     gain that counts as an improvement): where it stops and the target MSE."""
