@@ -6,9 +6,10 @@ label modes are in attacks/sdar.py; benchmarks/ drive this module directly."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,16 @@ STALL_MIN_ITERATIONS = 20  # fewer: too few losses to tell a trend from batch no
 # are reordered, so the numbers differ from the contiguous layout's; the digits CNN's final MSE
 # over seeds 0-2 stays within their spread (0.0123 against 0.0121 +- 0.0011; benchmarks/README.md).
 CHANNELS_LAST = True
+# The forward passes of the training steps under autocast to bfloat16 (convolutions and matmuls in
+# bf16; weights, Adam's states, losses, the held-out measurement and the final decoding stay float32),
+# by default on CPUs that compute bf16 natively (AVX512-BF16 or AMX) for inputs of at least
+# BF16_MIN_SAMPLE_VALUES values a sample. CPU seconds an iteration, bf16 against float32
+# (benchmarks/attack_speed.py, the attack's threads): 64 px ResNet stem width 64 1.72x, at 32 px
+# 1.74x, width 16 1.63x, MobileNet stem 1.58x, text line 1.53x, 1-D audio (1x1024) 1.56x; the 8x8
+# digits CNN 1.05x, where its small ops gain nothing and its numbers stay float32's. Other CPUs emulate
+# bf16, slower than float32; on GPUs it was not measured.
+BF16_MIN_SAMPLE_VALUES = 1024
+PRECISIONS = ("auto", "float32", "bfloat16")
 TRAINING_STREAM = 1_000_003  # seed offset of the batch/noise draws, apart from the observation noise
 HOLDOUT_STREAM = 2_000_003  # seed offset of the held-out aux split and its fixed noise draw
 
@@ -135,7 +146,8 @@ def sdar_reconstruct(
     lr_scale: float = 1.0,
     server_part: str | None = None,
     stopping: Stopping | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, str, Plateau | None]:
+    precision: str = "float32",
+) -> tuple[torch.Tensor, torch.Tensor, str, Plateau | None, str]:
     """Train SDAR's networks for `iterations` (a cap when `stopping` is given); decode the observed
     target embeddings.
 
@@ -147,9 +159,11 @@ def sdar_reconstruct(
     measures the learning curve with it). `stopping`: early stopping on the held-out aux MSE, whose
     slice then never trains; measured every `stopping.every` iterations and at the last, and the
     decoder (and the classifier that labels the targets, when their labels are not known) are
-    restored to their state at the best measurement. Returns the reconstructions, the target
+    restored to their state at the best measurement. `precision`: "float32" or "bfloat16" (the
+    training steps under autocast, `sdar_training`). Returns the reconstructions, the target
     labels the classifier gives (or the known ones), why the training signal stalled ("" if it
-    did not) and the held-out signal's Plateau (None without `stopping`).
+    did not), the held-out signal's Plateau (None without `stopping`) and the precision the steps
+    ran in (with the reason where bfloat16 fell back to float32).
     """
     with sdar_training(
         ctx,
@@ -164,6 +178,7 @@ def sdar_reconstruct(
         lr_scale,
         server_part,
         stopping.holdout_fraction if stopping else 0.0,
+        precision,
     ) as (nets, iteration, holdout_mse):
         plateau = Plateau(stopping.patience) if stopping else None
         decoding = [nets.decoder] + ([nets.classifier] if nets.known_labels is None else [])
@@ -178,7 +193,7 @@ def sdar_reconstruct(
                     break
         if plateau is not None:  # the networks that decode, as they were at the best held-out MSE
             restore(plateau.best_state, *decoding)
-        return (*nets.decode(observed), nets.stalled(), plateau)
+        return (*nets.decode(observed), nets.stalled(), plateau, nets.precision)
 
 
 @contextmanager
@@ -195,13 +210,16 @@ def sdar_training(
     lr_scale: float = 1.0,
     server_part: str | None = None,
     holdout_fraction: float = 0.0,
+    precision: str = "float32",
 ) -> Iterator[tuple["SDARNets", Callable[[], None], Callable[[], float]]]:
     """SDAR's freshly built networks, a function that runs one training iteration and one that
     measures the held-out aux MSE, inside the attack's seeded, thread-limited scope
     (sdar_reconstruct trains with it, the cost estimate times it). A `holdout_fraction` of the
     aux data is held out of training (at least one sample when positive). Dropout draws from the
     global RNG (seeded: reproducible runs). The networks are small: on CPU one thread avoids the
-    threads' hand-offs that slow small ops down on busy cores."""
+    threads' hand-offs that slow small ops down on busy cores. With `precision` "bfloat16" the
+    iterations run under autocast, unless one iteration on copies of the networks fails or leaves a
+    weight non-finite (`bfloat16_failure`): then they run in float32 and nets.precision says why."""
     with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
         nets = SDARNets.build(
             ctx, seed, regularizers, known_labels, conditional, label_flip, simulator_init, lr_scale, server_part
@@ -213,11 +231,52 @@ def sdar_training(
         gen = ctx.generator(seed + TRAINING_STREAM)
         pool = train if n_holdout else None
         streams = (BatchStream(len(train), batch_size, gen, pool), BatchStream(len(observed), batch_size, gen))
+        if precision == "bfloat16":
+            failure = bfloat16_failure(ctx, nets, observed, batch_size)
+            nets.precision = f"float32 (bfloat16 failed: {failure})" if failure else "bfloat16"
         yield (
             nets,
             lambda: sdar_iteration(ctx, nets, observed, gen, streams),
             lambda: holdout_mse(ctx, nets, holdout, seed),
         )
+
+
+def training_precision(requested: str, device: torch.device | str, sample_values: int) -> str:
+    """The precision of the training steps: the requested one, or for "auto" bfloat16 on a CPU that
+    computes it natively when an input sample has BF16_MIN_SAMPLE_VALUES values or more, float32 elsewhere."""
+    if requested != "auto":
+        return requested
+    native = torch.device(device).type == "cpu" and native_bfloat16_cpu()
+    return "bfloat16" if native and sample_values >= BF16_MIN_SAMPLE_VALUES else "float32"
+
+
+def native_bfloat16_cpu() -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX tiles), which oneDNN's bf16
+    convolutions use; without them bf16 is emulated, slower than float32."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def bfloat16_failure(ctx: AuditContext, nets: "SDARNets", observed: torch.Tensor, batch_size: int) -> str:
+    """Why one training iteration under bf16 autocast fails on copies of the networks, or "": a
+    converted bottom's op may not take bf16 inputs, and a step that overflows leaves non-finite
+    weights. The copies, their batches and the global RNG are the probe's own, so the run's
+    training is the same with or without it; the frozen top model g is shared, not copied."""
+    shared = {} if ctx.top_model is None else {id(ctx.top_model): ctx.top_model}
+    probe = copy.deepcopy(nets, memo=shared)
+    probe.precision = "bfloat16"
+    gen = ctx.generator(0)
+    streams = (BatchStream(len(ctx.aux), batch_size, gen), BatchStream(len(observed), batch_size, gen))
+    device = torch.device(ctx.device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        try:
+            sdar_iteration(ctx, probe, observed, gen, streams)
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    networks = (probe.simulator, probe.classifier, probe.decoder, probe.d1, probe.d2)
+    if not all(torch.isfinite(p).all() for net in networks if net is not None for p in net.parameters()):
+        return "one iteration left non-finite weights"
+    return ""
 
 
 @torch.no_grad()
@@ -272,6 +331,7 @@ class SDARNets:
     ) -> None:
         self.simulator, self.classifier, self.decoder, self.d1, self.d2 = simulator, classifier, decoder, d1, d2
         self.task_losses: list[torch.Tensor] = []  # the simulator's classification loss, per iteration
+        self.precision = "float32"  # of the training steps (sdar_training)
         self.known_labels, self.conditional = known_labels, conditional
         self.label_flip, self.num_classes = label_flip, num_classes
         simulated = list(simulator.parameters()) + (list(classifier.parameters()) if train_classifier else [])
@@ -346,6 +406,13 @@ class SDARNets:
             num_classes=classes,
             lr_scale=lr_scale,
         )
+
+    def reduced_precision(self) -> AbstractContextManager:
+        """Autocast to bf16 around forward passes when the steps run in bfloat16, and never around an
+        optimiser step: autocast keeps each weight's bf16 copy until its region ends, so a forward after
+        an in-place update within one region would run on the old weights."""
+        device = next(self.decoder.parameters()).device.type
+        return torch.autocast(device, dtype=torch.bfloat16, enabled=self.precision == "bfloat16")
 
     def stalled(self) -> str:
         """Why the attack's own training signal did not improve, or "": the simulator's classification
@@ -422,19 +489,20 @@ def sdar_iteration(
     z_target = observed[pick_target]
     c_aux, c_target = nets.condition(y_aux), nets.condition(nets.target_labels(observed, pick_target))
 
-    z_aux = ctx.add_noise(nets.simulator(x_aux), gen)
-    simulator_loss = F.cross_entropy(nets.classifier(z_aux), nets.training_labels(y_aux, gen))
-    nets.task_losses.append(simulator_loss.detach())
     updates = []
-    if nets.d1 is not None:
-        fake = nets.d1(z_aux, c_aux)
-        simulator_loss = simulator_loss + LAMBDA1 * bce(fake, 1.0)
-        updates.append((bce(fake, 0.0) + bce(nets.d1(z_target, c_target), 1.0), nets.d1_opt))
+    with nets.reduced_precision():
+        z_aux = ctx.add_noise(nets.simulator(x_aux).float(), gen)
+        simulator_loss = F.cross_entropy(nets.classifier(z_aux), nets.training_labels(y_aux, gen))
+        nets.task_losses.append(simulator_loss.detach())
+        if nets.d1 is not None:
+            fake = nets.d1(z_aux, c_aux)
+            simulator_loss = simulator_loss + LAMBDA1 * bce(fake, 1.0)
+            updates.append((bce(fake, 0.0) + bce(nets.d1(z_target, c_target), 1.0), nets.d1_opt))
     updates.append((simulator_loss, nets.simulator_opt))
     simultaneous_step(updates)
 
-    with torch.no_grad():
-        z_aux = ctx.add_noise(nets.simulator(x_aux), gen)
+    with torch.no_grad(), nets.reduced_precision():
+        z_aux = ctx.add_noise(nets.simulator(x_aux).float(), gen)
     decoder_step(nets, x_aux, z_aux, c_aux, z_target, c_target)
 
 
@@ -449,12 +517,13 @@ def decoder_step(
     """Step 2 of sdar_iteration: f~^-1 and d2 step on Eqs. 5 and 4, the decoder learning to map the
     embeddings z_aux back to x_aux (f~'s in the attack; benchmarks/sdar_diagnosis.py's oracle
     control feeds f's own)."""
-    decoder_loss = F.mse_loss(nets.decoder(z_aux, c_aux), x_aux)
     updates = []
-    if nets.d2 is not None:
-        decoded = nets.d2(nets.decoder(z_target, c_target), c_target)
-        decoder_loss = decoder_loss + LAMBDA2 * bce(decoded, 1.0)
-        updates.append((bce(decoded, 0.0) + bce(nets.d2(x_aux, c_aux), 1.0), nets.d2_opt))
+    with nets.reduced_precision():
+        decoder_loss = F.mse_loss(nets.decoder(z_aux, c_aux), x_aux)
+        if nets.d2 is not None:
+            decoded = nets.d2(nets.decoder(z_target, c_target), c_target)
+            decoder_loss = decoder_loss + LAMBDA2 * bce(decoded, 1.0)
+            updates.append((bce(decoded, 0.0) + bce(nets.d2(x_aux, c_aux), 1.0), nets.d2_opt))
     updates.append((decoder_loss, nets.decoder_opt))
     simultaneous_step(updates)
 

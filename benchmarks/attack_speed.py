@@ -93,12 +93,19 @@ def _threads(count: int) -> Callable[[SDARNets, Step], Step]:
     return wrap
 
 
+def _bfloat16(nets: SDARNets, step: Step) -> Step:
+    """The attack's precision=bfloat16: forward passes under CPU autocast to bf16 (the baseline runs float32)."""
+    nets.precision = "bfloat16"
+    return step
+
+
 VARIANTS: dict[str, Callable[[SDARNets, Step], Step]] = {
     "baseline": lambda nets, step: step,
     "per-parameter Adam": lambda nets, step: _optimisers(nets, step, foreach=False),
     "fused Adam": lambda nets, step: _optimisers(nets, step, fused=True),
     "contiguous": _contiguous,
     "torch.compile": _compiled,
+    "bfloat16": _bfloat16,
     "1 thread": _threads(1),
     "2 threads": _threads(2),
 }

@@ -122,7 +122,7 @@ def curve(
             print(f"  {label} iteration {i}: target MSE {mse:.4f}{words}", flush=True)
 
     recording = Stopping(every, patience=iterations + 1, holdout_fraction=holdout) if holdout else None
-    *_, signal = sdar_reconstruct(
+    _, _, _, signal, _ = sdar_reconstruct(
         ctx,
         observed,
         conditioning,

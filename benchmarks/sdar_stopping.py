@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -44,7 +45,7 @@ from splitaudit.attacks import sdar_training
 from splitaudit.attacks.plateau import Plateau
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
 from splitaudit.attacks.sdar import PRESETS
-from splitaudit.attacks.sdar_training import FULL, sdar_reconstruct
+from splitaudit.attacks.sdar_training import FULL, PRECISIONS, sdar_reconstruct, training_precision
 from splitaudit.core.config import AuditOptions
 from splitaudit.engine.pipeline import prepare_context
 
@@ -88,7 +89,7 @@ def context(args, folder: Path):
     return prepare_context(options.validate()), name
 
 
-def fixed_budget(ctx, seed: int, iterations: int, preset: dict) -> tuple[float, float]:
+def fixed_budget(ctx, seed: int, iterations: int, preset: dict, precision: str) -> tuple[float, float]:
     """(target MSE, seconds) of the attack at the fixed budget: every aux sample trains, no early stopping."""
     observed = ctx.observed_embeddings("target", ctx.generator(seed))
     start = time.perf_counter()
@@ -103,6 +104,7 @@ def fixed_budget(ctx, seed: int, iterations: int, preset: dict) -> tuple[float, 
         simulator_init=preset["simulator_init"],
         lr_scale=preset["lr_scale"],
         server_part="classifier" if ctx.top_model is not None else "none",
+        precision=precision,
     )
     return reconstruction_metrics(ctx.target.x, x_hat, ctx.space)["mse"], time.perf_counter() - start
 
@@ -157,6 +159,9 @@ def main() -> None:
     parser.add_argument(
         "--contiguous", action="store_true", help="SDAR's networks in the contiguous layout (before channels_last)"
     )
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="auto", help="the training steps' arithmetic (the attack's option)"
+    )
     parser.add_argument("--onnx", help="a bottom model file (ONNX or TorchScript) instead of a sample model")
     parser.add_argument("--aux", help="its aux data (with --onnx)")
     parser.add_argument(
@@ -181,7 +186,11 @@ def main() -> None:
         part = "classifier" if ctx.top_model is not None else "none"
         base = mean_guess_baseline(ctx.aux.x, ctx.target.x, ctx.space)["mse"]
         layout = "contiguous" if args.contiguous else "channels_last"
-        print(f"{name}; cpu preset, cap {args.iterations}, holdout {args.holdout}, {layout}; mean-guess MSE {base:.4f}")
+        precision = training_precision(args.precision, ctx.device, math.prod(ctx.encoder.input_shape))
+        print(
+            f"{name}; cpu preset, cap {args.iterations}, holdout {args.holdout}, {layout}, {precision}; "
+            f"mean-guess MSE {base:.4f}"
+        )
         fixed, recorded = [], []
         for seed in args.seeds:
             start = time.perf_counter()
@@ -196,13 +205,14 @@ def main() -> None:
                 f"seed {seed}",
                 args.holdout,
                 server_part=part,
+                precision=precision,
             )
             recorded.append(points)
             words = f"with the hold-out, at the cap {points[-1].mse:.4f} ({time.perf_counter() - start:.0f} s)"
             if args.same_data:
                 fixed.append(points[-1].mse)
             else:
-                mse, seconds = fixed_budget(ctx, seed, args.iterations, preset)
+                mse, seconds = fixed_budget(ctx, seed, args.iterations, preset, precision)
                 fixed.append(mse)
                 words = f"fixed budget {mse:.4f} ({seconds:.0f} s); {words}"
             print(f"seed {seed}: {words}", flush=True)
