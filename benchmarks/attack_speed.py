@@ -16,6 +16,10 @@ so a variant that is kept must show its final MSE within the seeds' spread, benc
     python benchmarks/attack_speed.py --architecture resnet --size 64 --width 64 --rounds 3 --per-round 2
     python benchmarks/attack_speed.py --threads 2                    # torch threads for the runs
     python benchmarks/attack_speed.py --profile 50 --shape textline  # where one iteration's time goes
+    python benchmarks/attack_speed.py --variants baseline bfloat16 --check 0   # the bf16 forward passes
+
+The baseline runs in float32 (sdar_training's default precision); the attack's own default,
+precision=auto, is the "bfloat16" variant on CPUs with native bf16 for inputs of 1024+ values a sample.
 
 `--profile N` prints, instead of the variants' table, where the baseline iteration's time goes
 (`iteration_profile`): torch.profiler over N iterations, each network's forward and each

@@ -193,6 +193,32 @@ def test_the_bfloat16_probe_leaves_the_run_as_it_would_be_without_it(digits_top_
     assert all(torch.equal(a, b) for a, b in zip(probed, plain, strict=True))
 
 
+@pytest.mark.parametrize(
+    "architecture, exporter, shape",
+    [("resnet", "dynamo", (3, 32, 32)), ("mobilenet", "legacy", (3, 32, 32)), ("vit", "dynamo", (3, 32, 32))],
+)
+def test_bfloat16_trains_simulators_converted_from_onnx_stems(tmp_path, architecture, exporter, shape):
+    """The simulator of an ONNX bottom is the converted graph re-initialised (onnx2pytorch's ops, batch
+    norm restored): ResNet (residuals, max pooling), MobileNet (depthwise) and ViT (attention, layer
+    norm) stems take bf16 autocast, so the probe keeps bfloat16, and two steps leave finite weights."""
+    import numpy as np
+    from architectures import build, export_onnx
+
+    from splitaudit.core.config import AuditOptions
+    from splitaudit.engine.pipeline import prepare_context
+
+    model = export_onnx(build(architecture), torch.rand(2, *shape), tmp_path / "stem.onnx", exporter=exporter)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, *shape), dtype=np.float32), np.arange(64) % 4
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    ctx = prepare_context(AuditOptions(model=str(model), aux=str(tmp_path / "data.npz"), quick=True).validate())
+    assert ctx.encoder.architecture() is not None  # the simulator is the converted graph
+    for _ in range(2):  # a second call builds from the same files: no state left behind
+        weights, precision = trained_weights(ctx, "bfloat16", steps=2)
+        assert precision == "bfloat16"
+        assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights)
+
+
 def test_auto_precision_is_bfloat16_only_on_a_cpu_with_native_bf16_and_inputs_that_gain(monkeypatch):
     """auto: bf16 where the CPU computes it natively and an input sample has 1024 values or more (1.5-1.7x
     faster there; the 8x8 digits gain 1.05x and keep float32's numbers), float32 on other CPUs (emulated
