@@ -73,7 +73,7 @@ def empty_folder(tmp_path):
         (
             ["run", MODEL, "--aux", DATA, "--attack-option", "sdar.iteration=9"],
             "attack 'sdar' has no option 'iteration'; it takes ablation, batch_size, early_stopping, eval_every, "
-            "holdout_fraction, iterations, label_flip, labels, patience, preset",
+            "holdout_fraction, iterations, label_flip, labels, patience, precision, preset",
         ),
         (
             ["run", MODEL, "--aux", DATA, "--attack-option", "kmeans.k=3"],
