@@ -193,7 +193,7 @@ def sdar_reconstruct(
                     break
         if plateau is not None:  # the networks that decode, as they were at the best held-out MSE
             restore(plateau.best_state, *decoding)
-        return (*nets.decode(observed), nets.stalled(), plateau, nets.precision)
+        return (*nets.decode(observed), nets.stalled(), plateau, nets.precision_detail())
 
 
 @contextmanager
@@ -219,7 +219,7 @@ def sdar_training(
     global RNG (seeded: reproducible runs). The networks are small: on CPU one thread avoids the
     threads' hand-offs that slow small ops down on busy cores. With `precision` "bfloat16" the
     iterations run under autocast, unless one iteration on copies of the networks fails or leaves a
-    weight non-finite (`bfloat16_failure`): then they run in float32 and nets.precision says why."""
+    weight non-finite (`bfloat16_failure`): then they run in float32 and nets.bfloat16_failure says why."""
     with seeded(seed), threads_for(ctx.aux.x.numel(), ctx.device):
         nets = SDARNets.build(
             ctx, seed, regularizers, known_labels, conditional, label_flip, simulator_init, lr_scale, server_part
@@ -232,8 +232,8 @@ def sdar_training(
         pool = train if n_holdout else None
         streams = (BatchStream(len(train), batch_size, gen, pool), BatchStream(len(observed), batch_size, gen))
         if precision == "bfloat16":
-            failure = bfloat16_failure(ctx, nets, observed, batch_size)
-            nets.precision = f"float32 (bfloat16 failed: {failure})" if failure else "bfloat16"
+            nets.bfloat16_failure = bfloat16_failure(ctx, nets, observed, batch_size)
+            nets.precision = "float32" if nets.bfloat16_failure else "bfloat16"
         yield (
             nets,
             lambda: sdar_iteration(ctx, nets, observed, gen, streams),
@@ -331,7 +331,8 @@ class SDARNets:
     ) -> None:
         self.simulator, self.classifier, self.decoder, self.d1, self.d2 = simulator, classifier, decoder, d1, d2
         self.task_losses: list[torch.Tensor] = []  # the simulator's classification loss, per iteration
-        self.precision = "float32"  # of the training steps (sdar_training)
+        self.precision = "float32"  # of the training steps: "float32" or "bfloat16" (sdar_training)
+        self.bfloat16_failure = ""  # why bfloat16 was asked for and float32 ran, or ""
         self.known_labels, self.conditional = known_labels, conditional
         self.label_flip, self.num_classes = label_flip, num_classes
         simulated = list(simulator.parameters()) + (list(classifier.parameters()) if train_classifier else [])
@@ -413,6 +414,10 @@ class SDARNets:
         an in-place update within one region would run on the old weights."""
         device = next(self.decoder.parameters()).device.type
         return torch.autocast(device, dtype=torch.bfloat16, enabled=self.precision == "bfloat16")
+
+    def precision_detail(self) -> str:
+        """The precision the steps ran in, with the reason where bfloat16 fell back to float32."""
+        return f"float32 (bfloat16 failed: {self.bfloat16_failure})" if self.bfloat16_failure else self.precision
 
     def stalled(self) -> str:
         """Why the attack's own training signal did not improve, or "": the simulator's classification

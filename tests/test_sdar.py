@@ -138,7 +138,7 @@ def trained_weights(ctx, precision: str, steps: int = 3, before=None) -> tuple[l
         for _ in range(steps):
             step()
         networks = (nets.simulator, nets.decoder, nets.d1, nets.d2)
-        return [p.detach().clone() for net in networks for p in net.parameters()], nets.precision
+        return [p.detach().clone() for net in networks for p in net.parameters()], nets.precision_detail()
 
 
 def test_bfloat16_steps_keep_float32_weights_and_really_run_in_bf16(digits_top_ctx):
