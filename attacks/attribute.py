@@ -43,6 +43,7 @@ from splitaudit.inputs.context import AuditContext
 
 VALIDATION_FRACTION = 0.25
 MLP_HIDDEN = 64
+SKLEARN_INTERRUPTED = "Training interrupted by user"  # what sklearn's MLP warns when it swallows Ctrl-C
 MLP_EPOCHS = 200
 QUICK_MLP_EPOCHS = 60
 
@@ -114,12 +115,25 @@ def probe_attack(
     fitted, validation = {}, {}
     with threads_for(features.size), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # the epoch cap is deliberate
+        warnings.filterwarnings("error", message=SKLEARN_INTERRUPTED, category=UserWarning)
         for name, probe in probes(seed, epochs).items():
-            fitted[name] = probe.fit(fit_x, fit_a)
+            fitted[name] = fit_interruptibly(probe, fit_x, fit_a)
             validation[name] = float(probe.score(val_x, val_a))
         best = max(validation, key=validation.get)
         scores = probe_scores(fitted[best], target_features, target_attr)
     return {"probe": best, "validation_accuracy": validation, "scores": scores, "features": reduction}
+
+
+def fit_interruptibly(probe: Pipeline, x: np.ndarray, y: np.ndarray) -> Pipeline:
+    """probe.fit, with Ctrl-C kept: sklearn's MLP catches KeyboardInterrupt mid-training, warns
+    SKLEARN_INTERRUPTED and returns a half-trained probe, so an interrupted audit would go on and
+    report. Under the caller's filter that warning is an error, raised here as the interrupt."""
+    try:
+        return probe.fit(x, y)
+    except UserWarning as exc:
+        if SKLEARN_INTERRUPTED in str(exc):
+            raise KeyboardInterrupt from exc
+        raise
 
 
 def probe_scores(probe: Pipeline, features: np.ndarray, attr: np.ndarray) -> dict[str, float]:

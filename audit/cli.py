@@ -385,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if received:  # a library swallowed the signal's exception and the command went on: still the signal's exit
+        _fail_on_signal(received[0])
     raise SystemExit(code or 0)
 
 

@@ -140,6 +140,45 @@ def test_a_signal_that_a_library_turns_into_its_own_error_still_exits_as_the_sig
     assert {s: signal.getsignal(s) for s in before} == before  # handlers restored
 
 
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_that_a_library_swallows_still_exits_as_the_signal(monkeypatch, capsys, signum, code):
+    """A library that catches the signal's exception and carries on (sklearn's MLP on Ctrl-C warns
+    and returns) lets the command finish: the exit is still the signal's, never 0 or a gate's 1."""
+    from splitaudit import cli as cli_module
+
+    def swallowing(**_kwargs):
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)
+        except BaseException:
+            pass
+        return 1  # the command went on to its end (a gate failed)
+
+    monkeypatch.setattr(cli_module.cli, "main", swallowing)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_module.main(["run"])
+    assert exit_info.value.code == code
+    assert ("interrupted" if signum == signal.SIGINT else "terminated") in capsys.readouterr().err
+
+
+def test_ctrl_c_inside_the_attribute_probes_mlp_is_raised_not_swallowed(monkeypatch):
+    """sklearn's MLP catches KeyboardInterrupt between epochs, warns and returns a half-trained probe;
+    the attribute attack and the utility probe raise the interrupt instead of going on."""
+    from sklearn.neural_network import MLPClassifier
+
+    from splitaudit.attacks.attribute import probe_attack
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(MLPClassifier, "_update_no_improvement_count", interrupted)
+    gen = torch.Generator().manual_seed(0)
+    aux, target = torch.randn(40, 6, generator=gen), torch.randn(10, 6, generator=gen)
+    attr = np.arange(40) % 2
+    with pytest.raises(KeyboardInterrupt):
+        probe_attack(aux, attr, target, np.arange(10) % 2, seed=0, epochs=5)
+
+
 # --- 2. render refuses a report or sweep whose verdict contradicts its own numbers ------------------
 
 FIXTURES = Path(__file__).parent / "fixtures"
