@@ -141,6 +141,20 @@ class AudioConv1d(nn.Module):
         return self.body(x)
 
 
+class RecurrentSeq(nn.Module):
+    """Recurrent bottom for C x T sensor series: an LSTM over time (the series transposed to T x C,
+    batch first) and a tanh projection of every step's hidden state, C x T -> T x width."""
+
+    def __init__(self, width: int = 8, in_channels: int = 1, hidden: int = 16) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(in_channels, hidden, batch_first=True)
+        self.project = nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        steps, _ = self.rnn(x.transpose(1, 2))
+        return torch.tanh(self.project(steps))
+
+
 class ViTBlock(nn.Module):
     """Pre-norm transformer block: LayerNorm, multi-head self-attention, LayerNorm, GELU MLP."""
 
@@ -182,6 +196,7 @@ ARCHITECTURES = {
     "vit": ViTStem,
     "textline": TextLineMobileNet,
     "audio1d": AudioConv1d,
+    "lstm": RecurrentSeq,
 }
 
 

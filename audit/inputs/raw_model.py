@@ -5,6 +5,7 @@ the one-input rule, and an exception's first line for one-line error messages.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -42,17 +43,40 @@ class RawModel:
     tokens: object | None = None  # splitaudit.inputs.tokens.TokenSpace when cut after a token-embedding lookup
 
 
+# torch's recurrent layers, by class name: a TorchScript module keeps it as its original_name.
+RECURRENT_LAYERS = ("LSTM", "GRU", "RNN")
+
+
 class Normalized(nn.Module):
-    """Folds --normalize into the encoder: f((x - mean) / std), so MSEs live in x's space."""
+    """Folds --normalize into the encoder: f((x - mean) / std), so MSEs live in x's space.
+
+    A bottom with recurrent layers runs without oneDNN (mkldnn): on CPU its LSTM kernel in eval mode
+    keeps no workspace, so a vector-Jacobian product through it fails ("got None for argument
+    'workspace'") and forward-mode AD is not implemented for it; torch's native kernels give both.
+    Checked on LSTM bottoms in TorchScript and ONNX (legacy and dynamo exports)."""
 
     def __init__(self, inner: nn.Module, mean: torch.Tensor, std: torch.Tensor) -> None:
         super().__init__()
         self.inner = inner
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
+        self.recurrent = has_recurrent_layers(inner)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner((x - self.mean) / self.std)
+        with without_onednn() if self.recurrent else nullcontext():
+            return self.inner((x - self.mean) / self.std)
+
+
+def has_recurrent_layers(module: nn.Module) -> bool:
+    """Whether any submodule is an LSTM, GRU or RNN (a torch layer, or one saved in TorchScript)."""
+    return any(
+        isinstance(m, nn.RNNBase) or getattr(m, "original_name", None) in RECURRENT_LAYERS for m in module.modules()
+    )
+
+
+def without_onednn():
+    """oneDNN (mkldnn) kernels off for the block, torch's other mkldnn settings kept."""
+    return torch.backends.mkldnn.flags(enabled=False, deterministic=torch.backends.mkldnn.deterministic)
 
 
 def check_single_input(names: list[str], path: Path) -> None:
