@@ -146,6 +146,25 @@ def test_stochastic_and_non_smooth_models_are_reported(tmp_path, digits):
     assert any("non-smooth" in w and "relu" in w and "max_pool2d" in w for w in relu.warnings)
 
 
+
+class FunctionalReluNet(nn.Module):
+    """F.relu and F.max_pool2d: scripted, each sits inside a prim::If block of the graph."""
+
+    def forward(self, x):
+        return nn.functional.relu(nn.functional.max_pool2d(x, 2, 2)).flatten(1)
+
+
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_non_smooth_operators_inside_a_scripted_graphs_blocks_are_reported(tmp_path, digits, how):
+    """A scripted module's F.relu lands in a control-flow block (its inplace branch) that a walk of the
+    graph's top-level nodes missed: the scripted model got no non-smooth warning, the traced one did."""
+    x = digits.x[:8]
+    module = torch.jit.script(FunctionalReluNet()) if how == "script" else torch.jit.trace(FunctionalReluNet(), x)
+    module.save(str(tmp_path / "relu.pt"))
+    warnings = encoder_for(tmp_path / "relu.pt", x).warnings
+    assert any("non-smooth" in w and "relu" in w for w in warnings), warnings
+
+
 def test_normalization_is_folded_into_the_encoder(digits):
     x = digits.x[:16]
     plain = encoder_for(sample("digits_cnn.pt"), x)

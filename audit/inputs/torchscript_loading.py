@@ -64,7 +64,7 @@ def open_torchscript(path: Path, device: torch.device, mode: str = "saved", mask
     check_single_input(required[:1] if mask_input and len(required) == 2 else required, path)
     for p in module.parameters():
         p.requires_grad_(False)
-    ops = {node.kind().split("::")[-1] for node in module.inlined_graph.nodes()}
+    ops = {kind.split("::")[-1] for kind in graph_op_kinds(module.inlined_graph)}
     return RawModel(
         path=path,
         format="torchscript",
@@ -75,6 +75,17 @@ def open_torchscript(path: Path, device: torch.device, mode: str = "saved", mask
         mode=mode,
         training_modules=training,
     )
+
+
+def graph_op_kinds(graph) -> set[str]:
+    """Every operator of a TorchScript graph, those inside control-flow blocks included: a scripted
+    module's F.relu sits in a prim::If's block (its inplace branch), where graph.nodes() does not look."""
+    kinds, pending = set(), [graph]
+    while pending:
+        for node in pending.pop().nodes():
+            kinds.add(node.kind())
+            pending.extend(node.blocks())
+    return kinds
 
 
 class Unoptimized(nn.Module):
