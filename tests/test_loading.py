@@ -146,7 +146,6 @@ def test_stochastic_and_non_smooth_models_are_reported(tmp_path, digits):
     assert any("non-smooth" in w and "relu" in w and "max_pool2d" in w for w in relu.warnings)
 
 
-
 class FunctionalReluNet(nn.Module):
     """F.relu and F.max_pool2d: scripted, each sits inside a prim::If block of the graph."""
 
