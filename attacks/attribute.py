@@ -115,7 +115,6 @@ def probe_attack(
     fitted, validation = {}, {}
     with threads_for(features.size), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # the epoch cap is deliberate
-        warnings.filterwarnings("error", message=SKLEARN_INTERRUPTED, category=UserWarning)
         for name, probe in probes(seed, epochs).items():
             fitted[name] = fit_interruptibly(probe, fit_x, fit_a)
             validation[name] = float(probe.score(val_x, val_a))
@@ -127,13 +126,15 @@ def probe_attack(
 def fit_interruptibly(probe: Pipeline, x: np.ndarray, y: np.ndarray) -> Pipeline:
     """probe.fit, with Ctrl-C kept: sklearn's MLP catches KeyboardInterrupt mid-training, warns
     SKLEARN_INTERRUPTED and returns a half-trained probe, so an interrupted audit would go on and
-    report. Under the caller's filter that warning is an error, raised here as the interrupt."""
-    try:
-        return probe.fit(x, y)
-    except UserWarning as exc:
-        if SKLEARN_INTERRUPTED in str(exc):
-            raise KeyboardInterrupt from exc
-        raise
+    report. That warning is made an error here and raised as the interrupt."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=SKLEARN_INTERRUPTED, category=UserWarning)
+        try:
+            return probe.fit(x, y)
+        except UserWarning as exc:
+            if SKLEARN_INTERRUPTED in str(exc):
+                raise KeyboardInterrupt from exc
+            raise
 
 
 def probe_scores(probe: Pipeline, features: np.ndarray, attr: np.ndarray) -> dict[str, float]:
