@@ -17,7 +17,14 @@ import torch.nn as nn
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import Decoder, decode_batch, seeded
-from splitaudit.attacks.plateau import Plateau, restore, snapshot
+from splitaudit.attacks.plateau import (
+    MIN_PATIENCE_STEPS,
+    Plateau,
+    epochs_of_patience,
+    restore,
+    snapshot,
+    steps_per_epoch,
+)
 from splitaudit.attacks.reconstruction import (
     mean_guess_baseline,
     reconstruction_examples,
@@ -44,6 +51,9 @@ class DecoderOptions:
     lr: float = option(5e-3, "Adam learning rate", above=0, high=1)
     batch_size: int = option(64, "training batch size", low=1)
     patience: int = option(8, "epochs without a better hold-out MSE before stopping", low=1)
+    patience_steps: int = option(
+        MIN_PATIENCE_STEPS, "optimiser steps the patience spans at least (small aux data: more epochs)", low=0
+    )
     holdout_fraction: float = option(0.1, "share of the aux data held out for early stopping", above=0, below=1)
 
 
@@ -51,7 +61,8 @@ class DecoderAttack(Attack):
     """Learned inversion with query access: decoder trained on (f(x_aux) + noise, x_aux).
 
     Options (`[attack.decoder]`): epochs (a cap; quick_epochs under --quick), lr, batch_size,
-    patience (epochs without a better hold-out MSE before stopping), holdout_fraction.
+    patience (epochs without a better hold-out MSE before stopping, at least patience_steps
+    optimiser steps), holdout_fraction.
     Example: `splitaudit run model.onnx --aux data.npz --attacks decoder`.
     """
 
@@ -119,14 +130,16 @@ def new_decoder(ctx: AuditContext, seed: int, lr: float) -> tuple[Decoder, torch
 
 def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, opts: DecoderOptions) -> tuple[Decoder, dict]:
     """Adam on the MSE, fresh noise on the aux embeddings every epoch, early stopping on a
-    held-out slice of the aux data; returns the decoder at its best hold-out epoch. `opts` is the
+    held-out slice of the aux data (patience of at least opts.patience_steps optimiser steps);
+    returns the decoder at its best hold-out epoch. `opts` is the
     run's (Attack.options: under --quick, epochs is already quick_epochs)."""
     n = len(ctx.aux)
     order = torch.randperm(n, generator=gen, device=gen.device)
     n_holdout = max(1, math.ceil(opts.holdout_fraction * n))
     holdout, train = order[:n_holdout], order[n_holdout:]
     decoder, optimizer = new_decoder(ctx, seed, opts.lr)
-    plateau = Plateau(opts.patience)
+    patience = epochs_of_patience(opts.patience, steps_per_epoch(len(train), opts.batch_size), opts.patience_steps)
+    plateau = Plateau(patience)
     with ctx.progress(total=opts.epochs, desc="decoder") as bar:
         for epoch in range(1, opts.epochs + 1):
             z = ctx.observed_embeddings("aux", gen)
@@ -138,6 +151,7 @@ def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, opts: Deco
     restore(plateau.best_state, decoder)
     return decoder, {
         **plateau.details("epochs"),
+        "patience_epochs": patience,
         "holdout_mse": plateau.best,
         "n_train": len(train),
         "n_holdout": n_holdout,

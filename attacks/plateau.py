@@ -15,6 +15,7 @@ from typing import Any
 
 import torch.nn as nn
 
+MIN_PATIENCE_STEPS = 200  # optimiser steps the patience spans at least (see epochs_of_patience)
 STOPPED_BY_PLATEAU = "plateau"  # the signal did not improve for `patience` evaluations
 STOPPED_BY_CAP = "cap"  # the iteration/epoch cap came first
 
@@ -60,6 +61,21 @@ class Plateau:
             f"best_{unit.rstrip('s')}": self.best_step,
             "stopped_by": STOPPED_BY_PLATEAU if self.stopped else STOPPED_BY_CAP,
         }
+
+
+def steps_per_epoch(n_train: int, batch_size: int) -> int:
+    """Optimiser steps in one shuffled pass over n_train samples (a last batch of one sample is
+    dropped: batch norm needs two)."""
+    full, rest = divmod(n_train, batch_size)
+    return full + (rest >= 2)
+
+
+def epochs_of_patience(patience: int, steps: int, min_steps: int = MIN_PATIENCE_STEPS) -> int:
+    """Epochs of patience for a training of `steps` optimiser steps an epoch: `patience`, or more
+    where that many epochs hold fewer than `min_steps` steps. On small aux data an epoch is a step
+    or two, and 8 epochs of patience stopped the decoder after 16 steps, still above the mean guess
+    (90 aux samples; benchmarks/README.md, decoder patience)."""
+    return max(patience, math.ceil(min_steps / max(1, steps)))
 
 
 def snapshot(*modules: nn.Module) -> Callable[[], list[dict]]:

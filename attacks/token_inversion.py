@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import seeded
-from splitaudit.attacks.plateau import Plateau, restore, snapshot
+from splitaudit.attacks.plateau import MIN_PATIENCE_STEPS, Plateau, epochs_of_patience, restore, snapshot
 from splitaudit.attacks.text_metrics import token_outcome
 from splitaudit.core.threads import threads_for
 from splitaudit.inputs.context import AuditContext
@@ -43,6 +43,9 @@ class TokenInversionOptions:
     lr: float = option(3e-3, "Adam learning rate", above=0, high=1)
     batch_size: int = option(64, "training batch size (sentences)", low=1)
     patience: int = option(8, "epochs without a better hold-out loss before stopping", low=1)
+    patience_steps: int = option(
+        MIN_PATIENCE_STEPS, "optimiser steps the patience spans at least (small aux data: more epochs)", low=0
+    )
     holdout_fraction: float = option(0.1, "share of the aux data held out for early stopping", above=0, below=1)
 
 
@@ -73,7 +76,7 @@ class TokenInversionAttack(Attack):
     """Per-position token classifier trained on (f(ids_aux) + noise, ids_aux), applied to the targets.
 
     Options (`[attack.token-inversion]`): hidden, epochs (quick_epochs under --quick), lr,
-    batch_size, patience, holdout_fraction.
+    batch_size, patience (at least patience_steps optimiser steps), holdout_fraction.
     Example: `splitaudit run bottom.onnx --aux tokens.npz --vocab vocab.json --attacks token-inversion`.
     """
 
@@ -130,7 +133,8 @@ def train_inverter(
     optimizer = torch.optim.Adam(net.parameters(), lr=opts.lr)
     batch_size = max(1, min(opts.batch_size, MAX_BATCH_LOGITS // (ids.shape[1] * ctx.tokens.size)))
     holdout_positions = int((ids[holdout] != IGNORED).sum())
-    plateau = Plateau(opts.patience)
+    patience = epochs_of_patience(opts.patience, math.ceil(len(train) / batch_size), opts.patience_steps)
+    plateau = Plateau(patience)
     for epoch in range(1, opts.epochs + 1):
         z = sequence_states(ctx.observed_embeddings("aux", gen))
         net.train()
@@ -149,7 +153,8 @@ def train_inverter(
         if plateau.update(epoch, loss, snapshot(net)):
             break
     restore(plateau.best_state, net)
-    return net, {**plateau.details("epochs"), "holdout_loss": plateau.best, "n_train": len(train)}
+    details = {**plateau.details("epochs"), "patience_epochs": patience}
+    return net, {**details, "holdout_loss": plateau.best, "n_train": len(train)}
 
 
 @torch.no_grad()
