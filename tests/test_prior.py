@@ -147,6 +147,39 @@ def test_a_non_finite_estimate_falls_back_to_stams_limit():
     assert not estimate.valid and estimate.j_over_d_used == 4.0
 
 
+def test_an_estimate_still_improving_at_its_epoch_cap_is_not_used_as_is():
+    """An undertrained score network underestimates J, which overstates the bound: with smoothing
+    the bound uses Stam's limit, without it the estimate stays but is marked invalid (the gate then
+    cannot pass on the bound)."""
+    capped = {"epochs": 80, "stopped_by": "cap"}
+    smoothed = checked(
+        PriorEstimate("ssm", 0.25, j_over_d=11.8, stderr=0.07, gaussian_floor=7.4, stam_limit=16.0, details=capped)
+    )
+    assert not smoothed.valid and smoothed.j_over_d_used == 16.0 and "not converged" in smoothed.notes[0]
+    raw = checked(
+        PriorEstimate("ssm", 0.0, j_over_d=59.0, stderr=21, gaussian_floor=44.3, stam_limit=None, details=capped)
+    )
+    assert not raw.valid and raw.j_over_d_used == 59.0 and "too optimistic" in raw.notes[0]
+    converged = {**capped, "stopped_by": "plateau"}
+    assert checked(
+        PriorEstimate("ssm", 0.0, j_over_d=59.0, stderr=21, gaussian_floor=44.3, stam_limit=None, details=converged)
+    ).valid
+
+
+def test_a_score_network_cut_short_underestimates_j_on_real_tabular_data():
+    """Breast-cancer sample (29 standardised features, no smoothing): at 80 epochs the score network
+    is still improving and reads J/d = 59; left to its plateau it reads 364 (measured, seed 0). The
+    capped estimate is flagged, the converged one is not."""
+    from conftest import sample
+
+    x = torch.from_numpy(np.load(sample("breast_cancer.npz"))["x"][:284]).float()
+    cut = estimate_prior(x, "ssm", 0.0, seed=0, settings=ScoreSettings(max_epochs=80))
+    full = estimate_prior(x, "ssm", 0.0, seed=0)
+    assert cut.details["stopped_by"] == "cap" and not cut.valid
+    assert full.details["stopped_by"] == "plateau" and full.valid
+    assert full.j_over_d > 3 * cut.j_over_d
+
+
 def test_unknown_prior_method_is_rejected():
     with pytest.raises(ValueError, match="unknown prior method"):
         estimate_prior(torch.zeros(4, 2), "magic", 0.0)

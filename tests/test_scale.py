@@ -214,7 +214,9 @@ def test_cost_estimate_is_positive_finite_and_grows_with_the_input():
         assert estimate.not_estimated == ["kmeans"] and "not estimated: kmeans" in estimate.summary()
     assert large.total > 3 * small.total
     assert large.stages["optimization"] > 3 * small.stages["optimization"]
-    assert large.stages["prior (dsm)"] > 3 * small.stages["prior (dsm)"]
+    # the prior: 16 px may train to its 300-epoch cap, 224 px is cut to a few epochs by the work
+    # cap (ScoreSettings.max_work), so its planned training grows by less than the pixels
+    assert large.stages["prior (dsm)"] > small.stages["prior (dsm)"]
     assert "--quick is faster" in large.summary()
 
 

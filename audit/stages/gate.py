@@ -113,7 +113,7 @@ def _bound_check(result: dict, threshold: float) -> dict:
             "fail-under-mse",
             False,
             "prior-untrusted",
-            "the prior estimate J/d failed its sanity check and, without smoothing, no limit that holds for "
+            "the prior estimate J/d failed its sanity check or did not converge and, without smoothing, no limit that holds for "
             f"every prior replaces it: the {GATED_BOUND.name} bound may be too optimistic, so the bound gate cannot pass "
             "(set --smoothing)",
             bound,

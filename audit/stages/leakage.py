@@ -375,7 +375,7 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
             "measured against clean inputs"
         )
     if not m.prior.valid:
-        notes.append("the prior estimate failed its sanity check (see prior.notes)")
+        notes.append("the prior estimate failed its sanity check or did not converge (see prior.notes)")
     if m.mean_trace.approximate:
         notes.append("the dFIL is approximate (its finite-difference error could not be bounded): no guarantee")
     stam = m.prior.stam_limit if m.smoothing > 0 else None
