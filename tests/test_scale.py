@@ -205,8 +205,10 @@ def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_
 def test_cost_estimate_is_positive_finite_and_grows_with_the_input():
     """Per-stage seconds on a ResNet-style stem: every estimated stage positive and finite, the
     attack without a cost model listed as not estimated, and 224 px costing more than 16 px
-    (196x the pixels; a factor 3 leaves room for 5x timing noise seen on a busy machine). The
-    large one is timed first: passes in a fresh process's first seconds ran up to 50x slower here."""
+    (196x the pixels; a factor 3 leaves room for 5x timing noise seen on a busy machine). Not the
+    prior alone: 16 px may train to its 300-epoch cap where the work cap cuts 224 px to a few
+    epochs (measured 5.7 s against 9.5 s, too close for timing noise). The large one is timed
+    first: passes in a fresh process's first seconds ran up to 50x slower here."""
     large, small = _cost(224, "dsm"), _cost(16, "dsm")
     for estimate in (small, large):
         assert set(estimate.stages) == {"dFIL", "prior (dsm)", "optimization"}
@@ -214,9 +216,6 @@ def test_cost_estimate_is_positive_finite_and_grows_with_the_input():
         assert estimate.not_estimated == ["kmeans"] and "not estimated: kmeans" in estimate.summary()
     assert large.total > 3 * small.total
     assert large.stages["optimization"] > 3 * small.stages["optimization"]
-    # the prior: 16 px may train to its 300-epoch cap, 224 px is cut to a few epochs by the work
-    # cap (ScoreSettings.max_work), so its planned training grows by less than the pixels
-    assert large.stages["prior (dsm)"] > small.stages["prior (dsm)"]
     assert "--quick is faster" in large.summary()
 
 
