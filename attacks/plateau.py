@@ -73,7 +73,7 @@ def steps_per_epoch(n_train: int, batch_size: int) -> int:
 def epochs_of_patience(patience: int, steps: int, min_steps: int = MIN_PATIENCE_STEPS) -> int:
     """Epochs of patience for a training of `steps` optimiser steps an epoch: `patience`, or more
     where that many epochs hold fewer than `min_steps` steps. On small aux data an epoch is a step
-    or two, and 8 epochs of patience stopped the decoder after 16 steps, still above the mean guess
+    or two, and 8 epochs of patience stopped the decoder after about 20 steps, above the mean guess
     (90 aux samples; benchmarks/README.md, decoder patience)."""
     return max(patience, math.ceil(min_steps / max(1, steps)))
 
