@@ -17,7 +17,13 @@ import torch.nn as nn
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import Decoder, decode_batch, seeded
-from splitaudit.attacks.plateau import (
+from splitaudit.attacks.reconstruction import (
+    mean_guess_baseline,
+    reconstruction_examples,
+    reconstruction_metrics,
+)
+from splitaudit.attacks.text_metrics import with_token_metrics
+from splitaudit.core.plateau import (
     MIN_PATIENCE_STEPS,
     Plateau,
     epochs_of_patience,
@@ -25,12 +31,6 @@ from splitaudit.attacks.plateau import (
     snapshot,
     steps_per_epoch,
 )
-from splitaudit.attacks.reconstruction import (
-    mean_guess_baseline,
-    reconstruction_examples,
-    reconstruction_metrics,
-)
-from splitaudit.attacks.text_metrics import with_token_metrics
 from splitaudit.core.threads import threads_for
 from splitaudit.inputs.context import AuditContext
 

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import bottom_architecture, mlp, reinitialized_copy, seeded
-from splitaudit.attacks.plateau import STOPPED_BY_CAP
 from splitaudit.core.memory import batch_within, forward_batch, per_sample_bytes
+from splitaudit.core.plateau import STOPPED_BY_CAP
 from splitaudit.core.threads import threads_for
 from splitaudit.inputs.context import AuditContext
 

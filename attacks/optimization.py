@@ -56,7 +56,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.decoder import DecoderOptions, decode, train_decoder, training_seconds
-from splitaudit.attacks.plateau import STOPPED_BY_CAP, STOPPED_BY_PLATEAU, Plateau
 from splitaudit.attacks.reconstruction import (
     data_range,
     mean_guess_baseline,
@@ -67,6 +66,7 @@ from splitaudit.attacks.text_metrics import with_token_metrics
 from splitaudit.attacks.token_relaxation import VocabularySimplex, quick_token_sentences, vocabulary_simplex
 from splitaudit.core.errors import InputError
 from splitaudit.core.memory import batch_within, per_sample_bytes
+from splitaudit.core.plateau import STOPPED_BY_CAP, STOPPED_BY_PLATEAU, Plateau
 from splitaudit.core.threads import threads_for
 from splitaudit.inputs.context import AuditContext
 from splitaudit.inputs.models import Encoder

@@ -42,7 +42,6 @@ import torch
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.cluster_naming import check_clusterable, geometry_named_labels
 from splitaudit.attacks.kmeans import best_assignment_accuracy
-from splitaudit.attacks.plateau import STOPPED_BY_CAP, Plateau
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_examples, reconstruction_metrics
 from splitaudit.attacks.sdar_training import (
     ABLATIONS,
@@ -58,6 +57,7 @@ from splitaudit.attacks.sdar_training import (
     sdar_training,
     training_precision,
 )
+from splitaudit.core.plateau import STOPPED_BY_CAP, Plateau
 from splitaudit.inputs.context import AuditContext
 
 # Budgets (option `preset`). "paper": SL's batches of 128 for 20k iterations (App. B-B) at the

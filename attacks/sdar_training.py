@@ -1,7 +1,7 @@
 """SDAR's networks and training loop (Zhu et al., NDSS 2025): the simulator f~, the decoder
 f~^-1, the discriminators d1 and d2 (Table IX), the classifier or simulated tail that labels the
 targets, one training iteration (Fig. 14) and the loop around it with its early stopping on the
-held-out aux reconstruction (attacks/plateau.py). The attack itself, its options, budgets and
+held-out aux reconstruction (core/plateau.py). The attack itself, its options, budgets and
 label modes are in attacks/sdar.py; benchmarks/ drive this module directly."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from splitaudit.attacks.nets import (
     mlp,
     seeded,
 )
-from splitaudit.attacks.plateau import Plateau, evaluating, restore, snapshot
+from splitaudit.core.plateau import Plateau, evaluating, restore, snapshot
 from splitaudit.core.threads import threads_for
 from splitaudit.inputs.context import AuditContext
 

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import seeded
-from splitaudit.attacks.plateau import MIN_PATIENCE_STEPS, Plateau, epochs_of_patience, restore, snapshot
 from splitaudit.attacks.text_metrics import token_outcome
+from splitaudit.core.plateau import MIN_PATIENCE_STEPS, Plateau, epochs_of_patience, restore, snapshot
 from splitaudit.core.threads import threads_for
 from splitaudit.inputs.context import AuditContext
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from splitaudit.attacks import decoder as attack
-from splitaudit.attacks.plateau import Plateau, epochs_of_patience, steps_per_epoch
 from splitaudit.core.config import AuditOptions
+from splitaudit.core.plateau import Plateau, epochs_of_patience, steps_per_epoch
 from splitaudit.engine.pipeline import prepare_context
 
 FLOORS = (0, 50, 100, 150, 200, 300)  # patience floors in optimiser steps

@@ -41,7 +41,6 @@ from pathlib import Path
 import torch
 
 from splitaudit.attacks.nets import decode_batch
-from splitaudit.attacks.plateau import evaluating
 from splitaudit.attacks.reconstruction import mean_guess_baseline
 from splitaudit.attacks.sdar import PRESETS
 from splitaudit.attacks.sdar_training import (
@@ -56,6 +55,7 @@ from splitaudit.attacks.sdar_training import (
     sdar_reconstruct,
 )
 from splitaudit.core.config import AuditOptions
+from splitaudit.core.plateau import evaluating
 from splitaudit.core.threads import threads_for
 from splitaudit.engine.pipeline import prepare_context
 

@@ -42,11 +42,11 @@ from types import SimpleNamespace
 import numpy as np
 
 from splitaudit.attacks import sdar_training
-from splitaudit.attacks.plateau import Plateau
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
 from splitaudit.attacks.sdar import PRESETS
 from splitaudit.attacks.sdar_training import FULL, PRECISIONS, sdar_reconstruct, training_precision
 from splitaudit.core.config import AuditOptions
+from splitaudit.core.plateau import Plateau
 from splitaudit.engine.pipeline import prepare_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -20,7 +20,6 @@ gate does not pass on it: audit/stages/gate.py).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from splitaudit.core.memory import PROBE_SAMPLES, batch_within, per_sample_bytes
+from splitaudit.core.plateau import STOPPED_BY_CAP, Plateau, restore, snapshot
 from splitaudit.core.registries import PRIOR_NAMES, PRIORS
 from splitaudit.core.threads import threads_for
 
@@ -200,7 +200,7 @@ def checked(estimate: PriorEstimate) -> PriorEstimate:
                 "fallback (Maeng et al., NeurIPS 2023, A.1)"
             )
         )
-    elif estimate.details.get("stopped_by") == "cap":
+    elif estimate.details.get("stopped_by") == STOPPED_BY_CAP:
         estimate.valid = False
         estimate.j_over_d_used = limit if limit is not None else j
         estimate.notes.append(
@@ -303,8 +303,8 @@ def train_score_net(
     optimizer = torch.optim.Adam(net.parameters(), lr=settings.lr)
     batch = score_batch_size(net, x[train[:PROBE_SAMPLES]], loss_fn, noise, settings.batch_size)
     heldout_draws = _heldout_draws(x, heldout, generator)  # fixed, so that held-out losses are comparable
-    best, best_state, since_best, epochs = math.inf, copy.deepcopy(net.state_dict()), 0, 0
-    for epochs in range(1, settings.max_epochs + 1):  # noqa: B007 (read after the loop: epochs trained)
+    initial, plateau = snapshot(net)(), Plateau(settings.patience)
+    for epoch in range(1, settings.max_epochs + 1):
         for index in train[torch.randperm(len(train), generator=generator, device=train.device)].split(batch):
             points = x[index]
             optimizer.zero_grad()
@@ -313,17 +313,14 @@ def train_score_net(
         current = _heldout_loss(net, x, heldout, loss_fn, noise, heldout_draws, batch)
         if on_epoch is not None:
             on_epoch()
-        if current < best:
-            best, best_state, since_best = current, copy.deepcopy(net.state_dict()), 0
-        else:
-            since_best += 1
-            if since_best >= settings.patience:
-                break
-    net.load_state_dict(best_state)
+        if plateau.update(epoch, current, snapshot(net)):
+            break
+    restore(plateau.best_state or initial, net)  # never finite: the initial net, whose J checked() judges
+    details = plateau.details("epochs")
     return net.eval(), {
-        "epochs": epochs,
-        "stopped_by": "plateau" if since_best >= settings.patience else "cap",
-        "heldout_loss": best,
+        "epochs": details["epochs_trained"],
+        "stopped_by": details["stopped_by"],
+        "heldout_loss": plateau.best,
         "batch_size": batch,
         "parameters": sum(p.numel() for p in net.parameters()),
     }

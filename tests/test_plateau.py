@@ -1,4 +1,4 @@
-"""Early stopping on the attacker's own signal (attacks/plateau.py) and its use in the attacks."""
+"""Early stopping on the attacker's own signal (core/plateau.py) and its use in the attacks."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from splitaudit.attacks.optimization import (
     map_weight,
     plan_inversion,
 )
-from splitaudit.attacks.plateau import Plateau, evaluating, restore, snapshot
 from splitaudit.attacks.sdar import PRESETS, sdar_settings
 from splitaudit.attacks.sdar_training import FULL, BatchStream, Stopping, sdar_reconstruct
+from splitaudit.core.plateau import Plateau, evaluating, restore, snapshot
 
 
 def feed(plateau: Plateau, values: list[float]) -> int | None:

@@ -13,7 +13,6 @@ from conftest import make_context
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.optimization import fit_prior, invert, total_variation
-from splitaudit.attacks.plateau import epochs_of_patience, steps_per_epoch
 from splitaudit.attacks.reconstruction import (
     mean_guess_baseline,
     per_sample_mse,
@@ -23,6 +22,7 @@ from splitaudit.attacks.reconstruction import (
 )
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.input_space import decide_space
+from splitaudit.core.plateau import epochs_of_patience, steps_per_epoch
 from splitaudit.engine.pipeline import prepare_context
 
 IMAGES = decide_space((1, 8, 8), unit_range=True, tokens=False)  # 8x8 grey images in [0, 1]

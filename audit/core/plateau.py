@@ -1,8 +1,9 @@
-"""Early stopping on a signal the attacker itself can observe (never the targets).
+"""Early stopping on a signal the trainer itself can observe (never the targets).
 
 Every iterative attack trains until what it can measure without the private data (a held-out
 slice of its own aux data, or its optimisation objective) has stopped improving, with its
-iteration or epoch count kept as a cap. `Plateau` is that bookkeeping, shared by all of them.
+iteration or epoch count kept as a cap; the prior's score network stops on its held-out
+score-matching loss alike. `Plateau` is that bookkeeping, shared by all of them.
 """
 
 from __future__ import annotations
