@@ -129,11 +129,18 @@ def new_decoder(ctx: AuditContext, seed: int, lr: float) -> tuple[Decoder, torch
     return decoder, torch.optim.Adam(decoder.parameters(), lr=lr)
 
 
-def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, opts: DecoderOptions) -> tuple[Decoder, dict]:
+def train_decoder(
+    ctx: AuditContext,
+    seed: int,
+    gen: torch.Generator,
+    opts: DecoderOptions,
+    on_epoch: Callable[[int, float, Decoder], None] | None = None,
+) -> tuple[Decoder, dict]:
     """Adam on the MSE, fresh noise on the aux embeddings every epoch, early stopping on a
     held-out slice of the aux data (patience of at least opts.patience_steps optimiser steps);
     returns the decoder at its best hold-out epoch. `opts` is the
-    run's (Attack.options: under --quick, epochs is already quick_epochs)."""
+    run's (Attack.options: under --quick, epochs is already quick_epochs). `on_epoch(epoch,
+    holdout_mse, decoder)` sees every epoch (benchmarks/decoder_curve.py records learning curves)."""
     n = len(ctx.aux)
     order = torch.randperm(n, generator=gen, device=gen.device)
     n_holdout = max(1, math.ceil(opts.holdout_fraction * n))
@@ -147,6 +154,8 @@ def train_decoder(ctx: AuditContext, seed: int, gen: torch.Generator, opts: Deco
             train_epoch(decoder, optimizer, z[train], ctx.aux.x[train], opts.batch_size, gen)
             holdout_mse = float((decode(decoder, z[holdout]) - ctx.aux.x[holdout]).pow(2).mean())
             bar.update()
+            if on_epoch is not None:
+                on_epoch(epoch, holdout_mse, decoder)
             if plateau.update(epoch, holdout_mse, snapshot(decoder)):
                 break
     restore(plateau.best_state, decoder)
