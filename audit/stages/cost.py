@@ -32,6 +32,7 @@ TIMING_BATCH = 16  # samples per timed pass (batches amortise per-call overhead,
 MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 3, 100, 1.5  # each timing repeats its step for this long
 PRIOR_TIMING_BATCH = 2  # samples per timed score-network step
 EVAL_PASSES_PER_EPOCH = 1  # the held-out loss: about one training step per held-out sample
+PRIOR_EXPECTED_EPOCHS = 170  # where the score network stopped by itself: 115-166 of 300 (estimators/prior.py)
 MIN_VALUES_TO_ESTIMATE = 2**20  # input values (aux + target); the bundled digits hold 115k
 
 
@@ -43,7 +44,7 @@ class CostEstimate:
     is more: an attack runs MIN_SEEDS seeds and adds the others only when their spread leaves
     the mean uncertain (attacks/base.py), and its early stopping usually ends a capped training
     sooner, so its expected time is its expected share of the cap over its first seeds and its
-    ceiling the whole cap over every seed."""
+    ceiling the whole cap over every seed; the prior's score network likewise."""
 
     stages: dict[str, float] = field(default_factory=dict)
     ceilings: dict[str, float] = field(default_factory=dict)
@@ -90,11 +91,12 @@ def estimate_cost(
 
     with threads_for(ctx.aux.x.numel(), ctx.device):  # the threads the stages themselves use
         pass_seconds = encoder_pass_seconds(ctx)
-        prior_stage = prior_seconds(ctx, prior, smoothing)
+        prior_expected, prior_ceiling = prior_seconds(ctx, prior, smoothing)
     cap = dfil_samples or (QUICK_DFIL_MAX_SAMPLES if ctx.quick else DFIL_MAX_SAMPLES)
     estimate = CostEstimate(quick=ctx.quick)
     estimate.stages["dFIL"] = dfil_products(ctx, min(cap, len(ctx.target))) * pass_seconds
-    estimate.stages[f"prior ({prior})"] = prior_stage
+    estimate.stages[f"prior ({prior})"] = prior_expected
+    estimate.ceilings[f"prior ({prior})"] = prior_ceiling
     for name in attacks:
         seconds = attack_seconds(ctx, name, pass_seconds)
         if seconds is None:
@@ -138,16 +140,19 @@ def dfil_products(ctx: AuditContext, n: int) -> float:
     return planned_products(ctx.encoder, ctx.target.x[:2], n, default_method(ctx.encoder.differentiable))
 
 
-def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> float:
-    """The score network's training at most (early stopping may end it sooner), 0 for a closed-form prior."""
+def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> tuple[float, float]:
+    """(expected, at most) seconds of the score network's training, 0 for a closed-form prior: at
+    most its epoch cap (after the work cap), expected PRIOR_EXPECTED_EPOCHS of it, where its
+    early stopping usually ends it."""
     if not PRIORS[prior].trains:
-        return 0.0
+        return 0.0, 0.0
     x = ctx.aux.x
     settings = within_work_cap(len(x), x[0].numel(), QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings())
     n = min(len(x), settings.max_samples)
     steps_per_epoch = n + EVAL_PASSES_PER_EPOCH * max(1, round(settings.heldout_fraction * n))
     step = _timed(score_training_step(x, prior, smoothing, PRIOR_TIMING_BATCH)) / PRIOR_TIMING_BATCH
-    return settings.max_epochs * steps_per_epoch * step
+    epoch = steps_per_epoch * step
+    return min(settings.max_epochs, PRIOR_EXPECTED_EPOCHS) * epoch, settings.max_epochs * epoch
 
 
 def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> tuple[float, float] | None:
