@@ -384,19 +384,10 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_INTERNAL)
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, _after_exit(handler, received, argv))
+            signal.signal(signum, handler)
     if received:  # a library swallowed the signal's exception and the command went on: still the signal's exit
         _fail_on_signal(received[0])
     raise SystemExit(code or 0)
-
-
-def _after_exit(handler, received: list[int], argv: list[str] | None):
-    """The handler a signal gets back once main ends: the caller's, except when main is the
-    process's entry point (argv None) and leaves on a signal: the process then ignores further
-    signals until it is gone. Interpreter shutdown resets Python handlers to the default action,
-    and the Ctrl-C test saw the process, after printing its one line, die by SIGINT's default
-    action in 2 of 38 runs (exit -2, not 130)."""
-    return signal.SIG_IGN if received and argv is None else handler
 
 
 class Terminated(BaseException):

@@ -161,34 +161,6 @@ def test_a_signal_that_a_library_swallows_still_exits_as_the_signal(monkeypatch,
     assert ("interrupted" if signum == signal.SIGINT else "terminated") in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_the_process_entry_point_ignores_signals_once_it_leaves_on_one(monkeypatch, signum, code):
-    """As the process's entry point (no argv), main leaves on a signal with the signals ignored, so that
-    one reaching the interpreter's shutdown cannot turn exit 130/143 into death by the signal; a
-    successful run, and an in-process call (argv given, the test above), get the handlers back."""
-    from splitaudit import cli as cli_module
-
-    def interrupted(**_kwargs):
-        os.kill(os.getpid(), signum)
-        time.sleep(5)
-
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    monkeypatch.setattr(sys, "argv", ["splitaudit", "run"])
-    try:
-        monkeypatch.setattr(cli_module.cli, "main", lambda **_kwargs: 0)
-        with pytest.raises(SystemExit) as exit_info:
-            cli_module.main()
-        assert exit_info.value.code == 0 and {s: signal.getsignal(s) for s in before} == before
-        monkeypatch.setattr(cli_module.cli, "main", interrupted)
-        with pytest.raises(SystemExit) as exit_info:
-            cli_module.main()
-        assert exit_info.value.code == code
-        assert {s: signal.getsignal(s) for s in before} == {s: signal.SIG_IGN for s in before}
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
-
 def test_ctrl_c_inside_the_attribute_probes_mlp_is_raised_not_swallowed(monkeypatch):
     """sklearn's MLP catches KeyboardInterrupt between epochs, warns and returns a half-trained probe;
     the attribute attack and the utility probe raise the interrupt instead of going on."""
