@@ -164,6 +164,23 @@ def test_non_smooth_operators_inside_a_scripted_graphs_blocks_are_reported(tmp_p
     assert any("non-smooth" in w and "relu" in w for w in warnings), warnings
 
 
+class ScaledGeluNet(nn.Module):
+    """Smooth, but scripted F.interpolate computes its output size with aten::floor on a float."""
+
+    def forward(self, x):
+        return nn.functional.gelu(nn.functional.interpolate(x, scale_factor=1.5, mode="bilinear")).flatten(1)
+
+
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_operators_on_sizes_are_not_reported_as_kinks(tmp_path, digits, how):
+    """A floor of the output size is not a kink of the map from inputs to embeddings: no non-smooth
+    warning (the scripted graph has an aten::floor on a float, the traced one none)."""
+    x = digits.x[:8]
+    module = torch.jit.script(ScaledGeluNet()) if how == "script" else torch.jit.trace(ScaledGeluNet(), x)
+    module.save(str(tmp_path / "scaled.pt"))
+    assert not any("non-smooth" in w for w in encoder_for(tmp_path / "scaled.pt", x).warnings)
+
+
 def test_normalization_is_folded_into_the_encoder(digits):
     x = digits.x[:16]
     plain = encoder_for(sample("digits_cnn.pt"), x)

@@ -64,7 +64,7 @@ def open_torchscript(path: Path, device: torch.device, mode: str = "saved", mask
     check_single_input(required[:1] if mask_input and len(required) == 2 else required, path)
     for p in module.parameters():
         p.requires_grad_(False)
-    ops = {kind.split("::")[-1] for kind in graph_op_kinds(module.inlined_graph)}
+    ops = {kind.split("::")[-1] for kind in tensor_op_kinds(module.inlined_graph)}
     return RawModel(
         path=path,
         format="torchscript",
@@ -77,13 +77,16 @@ def open_torchscript(path: Path, device: torch.device, mode: str = "saved", mask
     )
 
 
-def graph_op_kinds(graph) -> set[str]:
-    """Every operator of a TorchScript graph, those inside control-flow blocks included: a scripted
-    module's F.relu sits in a prim::If's block (its inplace branch), where graph.nodes() does not look."""
+def tensor_op_kinds(graph) -> set[str]:
+    """Every operator of a TorchScript graph that outputs a tensor, those inside control-flow blocks
+    included: a scripted module's F.relu sits in a prim::If's block (its inplace branch), where
+    graph.nodes() does not look. Operators on Python numbers are left out: a scripted
+    F.interpolate floors its float output size (aten::floor -> int), a kink of no tensor."""
     kinds, pending = set(), [graph]
     while pending:
         for node in pending.pop().nodes():
-            kinds.add(node.kind())
+            if any(isinstance(out.type(), torch.TensorType) for out in node.outputs()):
+                kinds.add(node.kind())
             pending.extend(node.blocks())
     return kinds
 
