@@ -109,6 +109,36 @@ def test_batch_declared_as_zero_runs_in_onnxruntime_on_any_batch(tmp_path):
     torch.testing.assert_close(encoder.embed(x), torch.tanh(x))
 
 
+def shape_arithmetic_graph(tmp_path, kink_on_values: bool):
+    """Tanh(x) reshaped to a shape computed at run time, as tf2onnx and dynamo exports compute sizes:
+    Shape -> Cast -> Floor -> Cast -> Max. With kink_on_values, a Relu on the values as well."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 6])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+        helper.make_node("Floor", ["sf"], ["sfl"]),
+        helper.make_node("Cast", ["sfl"], ["si"], to=TensorProto.INT64),
+        helper.make_node("Max", ["si", "one"], ["shape"]),
+        helper.make_node("Tanh", ["x"], ["t"]),
+        helper.make_node("Relu" if kink_on_values else "Identity", ["t"], ["r"]),
+        helper.make_node("Reshape", ["r", "shape"], ["z"]),
+    ]
+    one = numpy_helper.from_array(np.ones(2, dtype=np.int64), "one")
+    return save_graph(tmp_path / f"sizes_{kink_on_values}.onnx", nodes, [x], [z], [one])
+
+
+@pytest.mark.parametrize("kink_on_values", [False, True])
+def test_only_operators_on_the_inputs_values_are_reported_as_kinks(tmp_path, kink_on_values):
+    """Floor and Max on a size computed from Shape are no kink of the map x -> z: a smooth graph gets no
+    non-smooth warning (it got "Floor, Max" before); a Relu on the values still gets one."""
+    x = torch.rand(7, 6)
+    encoder = encoder_for(shape_arithmetic_graph(tmp_path, kink_on_values), x)
+    torch.testing.assert_close(encoder.embed(x), torch.tanh(x))
+    kinks = [w for w in encoder.warnings if "non-smooth" in w]
+    assert [w.split("(")[1].split(")")[0] for w in kinks] == (["Relu"] if kink_on_values else [])
+
+
 def scaler_graph(tmp_path):
     """skl2onnx's Scaler (domain ai.onnx.ml): onnxruntime runs it, neither converter converts it."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])

@@ -61,15 +61,38 @@ def slimmed(proto, size_limit: int):
         return copy, f"onnxslim could not clean the graph ({type(exc).__name__}: {str(exc)[:200]})"
 
 
-def op_types(proto) -> set[str]:
-    """The operator types in the graph and in its subgraphs (If/Loop bodies)."""
+SHAPE_ONLY_OPS = {"Shape", "Size"}  # outputs that depend on their input's shape, not its values
+
+
+def value_op_types(proto) -> set[str]:
+    """The operator types that compute on the values of the graph's inputs: a node one of whose
+    inputs does, except Shape and Size, whose outputs depend on the inputs' shapes only (so the
+    Floor, Max or Clip of a size computed at run time is left out: it is no kink of the map from
+    inputs to outputs). A node with subgraphs (If/Loop bodies) is taken with every operator in
+    them, whatever its inputs: its bodies may read the inputs' values from the outer scope."""
+    graph = proto.graph
+    weights = {init.name for init in graph.initializer}
+    dependent = {i.name for i in graph.input if i.name not in weights}
     found: set[str] = set()
-    graphs = [proto.graph]
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
+    for node in graph.node:  # topologically sorted (ONNX requires it)
+        bodies = _subgraphs(node)
+        if bodies or (node.op_type not in SHAPE_ONLY_OPS and dependent.intersection(node.input)):
             found.add(node.op_type)
-            for attr in node.attribute:
-                graphs.extend([attr.g] if attr.HasField("g") else [])
-                graphs.extend(attr.graphs)
+            found |= _every_op_type(bodies)
+            dependent.update(node.output)
+    return found
+
+
+def _subgraphs(node) -> list:
+    return [attr.g for attr in node.attribute if attr.HasField("g")] + [
+        g for attr in node.attribute for g in attr.graphs
+    ]
+
+
+def _every_op_type(graphs: list) -> set[str]:
+    found, pending = set(), list(graphs)
+    while pending:
+        for node in pending.pop().node:
+            found.add(node.op_type)
+            pending.extend(_subgraphs(node))
     return found

@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import describe_bytes, display_path, memory_limit_bytes
-from splitaudit.inputs.onnx_graph import declare_dynamic_dims, op_types, slimmed
+from splitaudit.inputs.onnx_graph import declare_dynamic_dims, slimmed, value_op_types
 from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
 from splitaudit.inputs.stochastic import refuse_onnx_randomness
 
@@ -81,7 +81,7 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
         fixed_batch=batch,
         torch_module=first.module if first else None,
         session=session,
-        non_smooth_ops=sorted(op_types(proto) & NON_SMOOTH_ONNX),
+        non_smooth_ops=sorted(value_op_types(proto) & NON_SMOOTH_ONNX),
         providers=providers,
         output_name=output_name,
         notes=notes,
