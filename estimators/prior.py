@@ -68,6 +68,7 @@ class ScoreSettings:
     max_work: float = 1e8  # training samples x epochs x input dimensions
 
 
+EXPECTED_EPOCHS = 170  # epochs the cost estimate expects: training stopped by itself at 115-166 of 300 (above)
 QUICK_SCORE_SETTINGS = ScoreSettings(max_epochs=20, patience=5, max_samples=512, eval_draws=4, max_work=1e7)
 
 

@@ -205,16 +205,17 @@ def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_
 @pytest.mark.parametrize("size, epochs", [(16, 300), (224, 51)])
 def test_prior_cost_expects_its_early_stop_and_caps_at_its_epoch_cap(monkeypatch, size, epochs):
     """The score network stops by itself after 115-166 of its 300 epochs (estimators/prior.py), so
-    its expected time is PRIOR_EXPECTED_EPOCHS of them and its ceiling all 300; where the work cap
+    its expected time is EXPECTED_EPOCHS of them and its ceiling all 300; where the work cap
     cuts training to fewer epochs, both are those epochs (224 px: 1e8 / (3 x 224 x 224) = 664
     sample-epochs over 13 training samples, 51 epochs). One step's time is fixed at 1 ms: an epoch
     is (16 samples + 3 held-out evaluations) steps."""
+    from splitaudit.estimators.prior import EXPECTED_EPOCHS
     from splitaudit.stages import cost
 
     monkeypatch.setattr(cost, "_timed", lambda step: 2e-3)  # per PRIOR_TIMING_BATCH = 2 samples
     expected, ceiling = cost.prior_seconds(_cost_context(size), "ssm", 0.25)
     assert ceiling == pytest.approx(epochs * 19 * 1e-3)
-    assert expected == pytest.approx(min(epochs, cost.PRIOR_EXPECTED_EPOCHS) * 19 * 1e-3)
+    assert expected == pytest.approx(min(epochs, EXPECTED_EPOCHS) * 19 * 1e-3)
 
 
 def test_cost_estimate_is_positive_finite_and_grows_with_the_input():

@@ -25,14 +25,19 @@ from splitaudit.attacks.base import first_seeds
 from splitaudit.core.registries import PRIORS
 from splitaudit.core.threads import threads_for
 from splitaudit.estimators.mean_trace import default_method, planned_products
-from splitaudit.estimators.prior import QUICK_SCORE_SETTINGS, ScoreSettings, score_training_step, within_work_cap
+from splitaudit.estimators.prior import (
+    EXPECTED_EPOCHS,
+    QUICK_SCORE_SETTINGS,
+    ScoreSettings,
+    score_training_step,
+    within_work_cap,
+)
 from splitaudit.inputs.context import AuditContext
 
 TIMING_BATCH = 16  # samples per timed pass (batches amortise per-call overhead, as the stages do)
 MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 3, 100, 1.5  # each timing repeats its step for this long
 PRIOR_TIMING_BATCH = 2  # samples per timed score-network step
 EVAL_PASSES_PER_EPOCH = 1  # the held-out loss: about one training step per held-out sample
-PRIOR_EXPECTED_EPOCHS = 170  # where the score network stopped by itself: 115-166 of 300 (estimators/prior.py)
 MIN_VALUES_TO_ESTIMATE = 2**20  # input values (aux + target); the bundled digits hold 115k
 
 
@@ -142,7 +147,7 @@ def dfil_products(ctx: AuditContext, n: int) -> float:
 
 def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> tuple[float, float]:
     """(expected, at most) seconds of the score network's training, 0 for a closed-form prior: at
-    most its epoch cap (after the work cap), expected PRIOR_EXPECTED_EPOCHS of it, where its
+    most its epoch cap (after the work cap), expected EXPECTED_EPOCHS of it, where its
     early stopping usually ends it."""
     if not PRIORS[prior].trains:
         return 0.0, 0.0
@@ -152,7 +157,7 @@ def prior_seconds(ctx: AuditContext, prior: str, smoothing: float) -> tuple[floa
     steps_per_epoch = n + EVAL_PASSES_PER_EPOCH * max(1, round(settings.heldout_fraction * n))
     step = _timed(score_training_step(x, prior, smoothing, PRIOR_TIMING_BATCH)) / PRIOR_TIMING_BATCH
     epoch = steps_per_epoch * step
-    return min(settings.max_epochs, PRIOR_EXPECTED_EPOCHS) * epoch, settings.max_epochs * epoch
+    return min(settings.max_epochs, EXPECTED_EPOCHS) * epoch, settings.max_epochs * epoch
 
 
 def attack_seconds(ctx: AuditContext, name: str, pass_seconds: float) -> tuple[float, float] | None:
