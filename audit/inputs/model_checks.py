@@ -14,6 +14,7 @@ import torch
 
 from splitaudit.core.errors import InputError
 from splitaudit.inputs.onnx_loading import ONNX_FLOAT_TYPES, Conversion, conversion_failure, next_module
+from splitaudit.inputs.precision import parity_rtol
 from splitaudit.inputs.raw_model import Normalized, RawModel, first_line, in_batches
 
 PARITY_RTOL = 1e-4
@@ -65,7 +66,7 @@ def check_parity(raw: RawModel, mean: torch.Tensor, std: torch.Tensor, blackbox,
             reference = in_batches(blackbox, sample, raw.fixed_batch)
     except Exception:  # the data does not fit the model at all: prepare_encoder says why
         return None, None
-    tolerance = PARITY_RTOL * max(1.0, float(reference.abs().max()))
+    tolerance = parity_rtol(raw.stored_dtype, PARITY_RTOL) * max(1.0, float(reference.abs().max()))
     disagreements: list[str] = []
     err = None
     conversion = Conversion(raw.converter, raw.torch_module) if raw.torch_module is not None else None
@@ -82,6 +83,24 @@ def check_parity(raw: RawModel, mean: torch.Tensor, std: torch.Tensor, blackbox,
     raw.torch_module = raw.converter = None
     notes.append(f"{conversion_failure(raw, disagreements)}; running black-box through onnxruntime")
     return None, err
+
+
+def check_saved_precision(raw: RawModel, torch_fn: Callable, saved: Callable, sample: torch.Tensor) -> float:
+    """The largest difference between the float32 computation of a torch model stored in float16 or
+    bfloat16 and the model as saved, run on the sample; InputError when it exceeds rounding (the model
+    casts inside forward, say), since the audit would then differentiate another function."""
+    with torch.no_grad():
+        reference = in_batches(saved, sample, raw.fixed_batch)
+    tolerance = parity_rtol(raw.stored_dtype, PARITY_RTOL) * max(1.0, float(reference.abs().max()))
+    err, problem = _parity_error(torch_fn, reference, sample, raw.fixed_batch, tolerance)
+    if problem is not None:
+        dtype = str(raw.stored_dtype).removeprefix("torch.")
+        found = "fails to run" if err is None else f"differs from it run as saved by {err:.3g} (> {tolerance:.3g})"
+        raise InputError(
+            f"the model is stored in {dtype}, and its float32 copy, which the audit differentiates, {found}: "
+            "it may cast inside forward; save the model in float32 (model.float())"
+        )
+    return err
 
 
 def _parity_error(torch_fn, reference, sample, fixed_batch, tolerance) -> tuple[float | None, str | None]:

@@ -23,12 +23,14 @@ from splitaudit.inputs.model_checks import (
     check_batch_independence,
     check_embeddings,
     check_parity,
+    check_saved_precision,
     check_top_model,
     input_dtype_mismatch,
     input_shape_advice,
     outputs_differ,
 )
 from splitaudit.inputs.onnx_loading import check_onnx_output_type, open_onnx
+from splitaudit.inputs.precision import audit_precision, precision_note
 from splitaudit.inputs.raw_model import Normalized, RawModel, first_line, in_batches
 from splitaudit.inputs.stochastic import apply_model_mode, describe_mode, randomness_error
 from splitaudit.inputs.torchscript_loading import TORCHSCRIPT_SUFFIXES, open_torchscript
@@ -166,12 +168,15 @@ def wrap_module(module: nn.Module, device: torch.device, mode: str = "saved") ->
     for p in copy.parameters():
         p.requires_grad_(False)
     layers = {type(m).__name__ for m in copy.modules()}
+    computed, saved, dtype = audit_precision(copy)
     return RawModel(
         path=Path(f"<in-memory {type(module).__name__}>"),
         format="torch",
         declared_input_shape=None,
         fixed_batch=None,
-        torch_module=copy,
+        torch_module=computed,
+        stored_dtype=dtype,
+        saved_module=saved,
         non_smooth_ops=sorted(layers & NON_SMOOTH_MODULES),
         mode=mode,
         training_modules=training,
@@ -199,6 +204,10 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     parity = None
     if raw.format == "onnx":
         torch_fn, parity = check_parity(raw, mean, std, blackbox, sample, notes)
+    elif raw.saved_module is not None:
+        parity = check_saved_precision(raw, torch_fn, blackbox, sample)
+    if torch_fn is not None and precision_note(raw.stored_dtype, parity):
+        notes.append(precision_note(raw.stored_dtype, parity))
     reference = torch_fn if torch_fn is not None else blackbox
     try:
         with torch.no_grad():
@@ -248,7 +257,7 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
 def _blackbox_fn(raw: RawModel, mean: torch.Tensor, std: torch.Tensor) -> Callable:
     """A torch-in, torch-out forward pass through onnxruntime (or the TorchScript module)."""
     if raw.session is None:
-        module = raw.torch_module
+        module = raw.saved_module or raw.torch_module
 
         def run_module(x: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():

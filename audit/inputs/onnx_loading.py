@@ -22,6 +22,7 @@ import torch.nn as nn
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import describe_bytes, display_path, memory_limit_bytes
 from splitaudit.inputs.onnx_graph import declare_dynamic_dims, slimmed, value_op_types
+from splitaudit.inputs.precision import LOW_PRECISION, audit_precision, float32_graph, onnx_stored_dtype
 from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
 from splitaudit.inputs.stochastic import refuse_onnx_randomness
 
@@ -70,8 +71,10 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
     output_name, notes = select_onnx_output(proto, path, output_name)
     redeclared = declare_dynamic_dims(proto)
     batch, shape = onnx_input_shape(_graph_inputs(proto)[0])
-    session, providers = _ort_session(path, device, proto if redeclared else None)
+    stored = onnx_stored_dtype(proto)
+    session, providers = _ort_session(path, device, proto if redeclared else None, stored)
     cleaned, slim_error = slimmed(proto, memory_limit_bytes())
+    float32_graph(cleaned)  # the converters then give float32 modules (a float16 model is audited in float32)
     conversions, failed = convert_onnx(cleaned, device), []
     first = next_module(conversions, failed)
     return RawModel(
@@ -89,6 +92,7 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
         pending_conversions=conversions,
         failed_conversions=failed,
         slim_error=slim_error,
+        stored_dtype=stored,
     )
 
 
@@ -183,9 +187,11 @@ def onnx_input_shape(value_info) -> tuple[int | None, tuple[int, ...] | None]:
     return batch, (tuple(rest) if all(rest) else None)
 
 
-def _ort_session(path: Path, device: torch.device, proto=None):
+def _ort_session(path: Path, device: torch.device, proto=None, stored: torch.dtype = torch.float32):
     """An onnxruntime session on the CUDA provider when the device is CUDA and ORT can use it; on
-    `proto` (the graph as rewritten in memory) when given, else on the file."""
+    `proto` (the graph as rewritten in memory) when given, else on the file. On a float16 or
+    bfloat16 graph, ORT's NCHWc layout pass (a float32 optimisation) is off: onnxruntime 1.31
+    crashes the process with a segmentation fault in it on a float16 ViT stem's graph."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -193,9 +199,10 @@ def _ort_session(path: Path, device: torch.device, proto=None):
     wanted = ["CPUExecutionProvider"]
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         wanted.insert(0, "CUDAExecutionProvider")
+    disabled = ["NchwcTransformer"] if stored in LOW_PRECISION else []
     try:
         source = str(path) if proto is None else proto.SerializeToString()
-        session = ort.InferenceSession(source, sess_options=options, providers=wanted)
+        session = ort.InferenceSession(source, sess_options=options, providers=wanted, disabled_optimizers=disabled)
     except Exception as exc:
         raise InputError(f"onnxruntime cannot load {path}: {first_line(exc)}") from exc
     return session, session.get_providers()  # the providers actually in use
@@ -242,7 +249,7 @@ def convert_onnx(proto, device: torch.device) -> Iterator[Conversion]:
     import_torchvision_or_stub()
     for name, convert in CONVERTERS.items():
         try:
-            module = convert(proto).eval().to(device)
+            module = audit_precision(convert(proto).eval().to(device))[0]  # a float64 graph runs in float64
         except Exception as exc:  # converters raise anything from KeyError to NotImplementedError
             yield Conversion(name, None, f"{name}: {first_line(exc)}", _unsupported_op(exc))
             continue

@@ -41,6 +41,8 @@ class RawModel:
     mode: str = "saved"  # --model-mode it was opened in (audit/inputs/stochastic.py)
     training_modules: list[str] = field(default_factory=list)  # submodules in training mode ("" = root)
     tokens: object | None = None  # splitaudit.inputs.tokens.TokenSpace when cut after a token-embedding lookup
+    stored_dtype: torch.dtype = torch.float32  # the weights' precision (audit/inputs/precision.py)
+    saved_module: nn.Module | None = None  # a torch model as saved, when torch_module computes in another precision
 
 
 # torch's recurrent layers, by class name: a TorchScript module keeps it as its original_name.

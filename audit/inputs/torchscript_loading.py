@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from splitaudit.core.errors import InputError
+from splitaudit.inputs.precision import audit_precision
 from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
 from splitaudit.inputs.stochastic import apply_model_mode
 
@@ -65,12 +66,15 @@ def open_torchscript(path: Path, device: torch.device, mode: str = "saved", mask
     for p in module.parameters():
         p.requires_grad_(False)
     ops = {kind.split("::")[-1] for kind in tensor_op_kinds(module.inlined_graph)}
+    computed, saved, dtype = audit_precision(Unoptimized(module))
     return RawModel(
         path=path,
         format="torchscript",
         declared_input_shape=None,
         fixed_batch=None,
-        torch_module=Unoptimized(module),
+        torch_module=computed,
+        stored_dtype=dtype,
+        saved_module=saved,
         non_smooth_ops=sorted(ops & NON_SMOOTH_TORCHSCRIPT),
         mode=mode,
         training_modules=training,
