@@ -8,13 +8,14 @@ checked against the torch module it was exported from (an independent computatio
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import onnx
 import pytest
 import torch
 import torch.nn as nn
-from architectures import export_onnx
+from architectures import build, export_onnx
 from conftest import make_context, sample
 from exporter_graphs import STYLES, TEXT_LINE, write_style
 from onnx import TensorProto, helper, numpy_helper
@@ -324,3 +325,15 @@ def test_onnx_top_model_no_converter_loads_still_measures_utility(tmp_path):
     ctx = dataclasses.replace(black_box, attack_options={"fine-tune": {"head": "top-model"}})
     result = get_attack("fine-tune").run(ctx)
     assert result["status"] == "skipped" and "no converter loads this --top-model" in result["reason"]
+
+
+def test_converted_vit_runs_without_the_converters_warnings_on_the_terminal(tmp_path):
+    """onnx2pytorch's Gather and Slice index with lists, and torch warns about it on each forward
+    pass of a ViT graph: lines of a dependency's paths in every audit, which the loader silences."""
+    x = torch.rand(4, 3, 32, 32)
+    path = export_onnx(build("vit"), x, tmp_path / "vit.onnx", exporter="legacy", opset=17)
+    with warnings.catch_warnings(record=True) as seen:
+        encoder = encoder_for(path, x)
+        encoder.embed(x)
+    assert encoder.gradient_mode == "autograd"
+    assert [str(w.message)[:80] for w in seen if "onnx2" in w.filename] == []

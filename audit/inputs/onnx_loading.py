@@ -11,6 +11,7 @@ import importlib.machinery
 import re
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -247,6 +248,7 @@ def convert_onnx(proto, device: torch.device) -> Iterator[Conversion]:
     """Each converter's attempt on the cleaned graph, lazily (the next is converted only when the
     one before fails or disagrees with onnxruntime)."""
     import_torchvision_or_stub()
+    quiet_converted_modules()
     for name, convert in CONVERTERS.items():
         try:
             module = audit_precision(convert(proto).eval().to(device))[0]  # a float64 graph runs in float64
@@ -256,6 +258,15 @@ def convert_onnx(proto, device: torch.device) -> Iterator[Conversion]:
         for p in module.parameters():
             p.requires_grad_(False)
         yield Conversion(name, module)
+
+
+def quiet_converted_modules() -> None:
+    """Keep the converters' own UserWarnings off the terminal: their modules index tensors with
+    lists (torch warns that this idiom changes in a later version) on every forward pass of a
+    ViT's graph, four lines of a dependency's source paths in every audit; their results are
+    checked against onnxruntime instead (check_parity)."""
+    for package in CONVERTERS:
+        warnings.filterwarnings("ignore", category=UserWarning, module=rf"{package}(\.|$)")
 
 
 def _unsupported_op(exc: Exception) -> str | None:
