@@ -79,9 +79,10 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> Au
         options.output_name,
         options.vocab,
         options.model_mode,
+        options.input_shape,
         what="loading the model",
     )
-    shape = tuple(options.input_shape) if options.input_shape else raw.declared_input_shape
+    shape = raw.declared_input_shape
     loaded = _load(options.aux, shape, options, raw)
     if options.target:
         aux, target = loaded, _load(options.target, shape or loaded.sample_shape, options, raw)

@@ -84,7 +84,9 @@ def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditConte
         device=device,
     )
     resolved = resolve_device(options.device)
-    raw = open_audited_model(options.model, resolved, options.output_name, options.vocab, options.model_mode)
+    raw = open_audited_model(
+        options.model, resolved, options.output_name, options.vocab, options.model_mode, options.input_shape
+    )
     return build_context(options, raw, recipe.aux, recipe.target, resolved)
 
 

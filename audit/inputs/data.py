@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ from splitaudit.core.safety import describe_bytes, display_path, memory_limit_by
 MIN_PART_SAMPLES = 4  # attacks and estimators need a few samples in each of the aux and target parts
 MAX_COMPRESSION_RATIO = 500  # deflate peaks near 1032:1 on constant bytes; real data is far below
 REAL_KINDS = "biuf"  # numpy dtype kinds an input may hold: bool, integers, floats (no complex)
+IMAGE_CHANNELS = {1: "L", 3: "RGB"}  # image-folder channels, and the PIL mode each is read in
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
@@ -34,6 +35,7 @@ class Dataset:
     source: str = ""
     token_ids: torch.Tensor | None = None  # token inputs (--vocab): the ids [N, T] whose embeddings x holds
     mask: torch.Tensor | None = None  # token inputs: the attention mask [N, T] (bool, True = real token)
+    notes: list[str] = field(default_factory=list)  # what loading did to the data that the report should say
 
     def __len__(self) -> int:
         return len(self.x)
@@ -246,7 +248,7 @@ def _load_image_folder(path: Path, input_shape) -> Dataset:
     if not files:
         raise InputError(f"no images found in {path}: expected class_name/*.png or *.jpg, or one .npz/.csv file")
     channels, size = _image_geometry(input_shape, files[0][0])
-    mode = {1: "L", 3: "RGB"}.get(channels)
+    mode = IMAGE_CHANNELS.get(channels)
     if mode is None:
         raise InputError(f"image folders need a model with 1 or 3 input channels, not {channels}")
     images = []
@@ -263,7 +265,8 @@ def _load_image_folder(path: Path, input_shape) -> Dataset:
 
 
 def _image_geometry(input_shape, first_image: Path) -> tuple[int, tuple[int, int]]:
-    """(channels, (width, height)) from the model's input shape, else from the first image."""
+    """(channels, (width, height)) from the model's input shape (channels first: a channels-last
+    model's shape is turned round before, raw_model.audit_layout), else from the first image."""
     if input_shape is not None:
         if len(input_shape) != 3:
             raise InputError(f"an image folder needs a model input of shape C,H,W, not {input_shape}")
@@ -283,13 +286,38 @@ def _validated(data: Dataset, input_shape) -> Dataset:
         raise InputError(
             f"{data.source}: every sample of 'x' is the same (constant data): nothing to reconstruct or classify"
         )
-    if input_shape is None or data.sample_shape == tuple(input_shape):
+    return data if input_shape is None else _conformed(data, tuple(input_shape))
+
+
+def _conformed(data: Dataset, wanted: tuple[int, ...]) -> Dataset:
+    """The data in the model's input shape. A reshape keeps every sample's values in order, so it is
+    used only where the shapes differ by flattening (one side 1-D) or by dimensions of size 1. Where
+    the channels (or a sequence's features) sit at the other end, first against last (a tf2onnx
+    graph's H,W,C against C,H,W images), they are moved, and the report says so. Any other
+    rearrangement is refused: a reshape would silently scramble every sample."""
+    shape = data.sample_shape
+    if shape == wanted:
         return data
-    if data.x[0].numel() == int(np.prod(input_shape)):
-        return replace(data, x=data.x.reshape(len(data), *input_shape))
+    if int(np.prod(shape)) != int(np.prod(wanted)):
+        raise InputError(
+            f"data samples have shape {shape} but the model expects {wanted}; "
+            "pass --input-shape or data of the model's input shape"
+        )
+    squeezed = lambda dims: tuple(d for d in dims if d != 1)
+    if len(shape) == 1 or len(wanted) == 1 or squeezed(shape) == squeezed(wanted):
+        return replace(data, x=data.x.reshape(len(data), *wanted))
+    last, first = (*range(1, len(shape)), 0), (len(shape) - 1, *range(len(shape) - 1))
+    for order, moved in ((last, "first to last"), (first, "last to first")):
+        if tuple(shape[i] for i in order) == wanted:
+            note = (
+                f"the data's samples ({'x'.join(map(str, shape))}) were rearranged to {'x'.join(map(str, wanted))}, "
+                f"the shape the audit works in: channels moved from {moved} (MSEs are per value, so unchanged)"
+            )
+            x = data.x.permute(0, *(i + 1 for i in order)).contiguous()
+            return replace(data, x=x, notes=[*data.notes, note])
     raise InputError(
-        f"data samples have shape {data.sample_shape} but the model expects {tuple(input_shape)}; "
-        "pass --input-shape or data of the model's input shape"
+        f"data samples have shape {shape} and the model expects {wanted}: the same values in another "
+        "arrangement, which a reshape would scramble; save the data in the model's layout"
     )
 
 

@@ -71,7 +71,7 @@ def check_parity(raw: RawModel, mean: torch.Tensor, std: torch.Tensor, blackbox,
     err = None
     conversion = Conversion(raw.converter, raw.torch_module) if raw.torch_module is not None else None
     while conversion is not None:
-        torch_fn = Normalized(conversion.module, mean, std).eval()
+        torch_fn = Normalized(conversion.module, mean, std, raw.channels_last).eval()
         err, problem = _parity_error(torch_fn, reference, sample, raw.fixed_batch, tolerance)
         if problem is None:
             raw.torch_module, raw.converter = conversion.module, conversion.converter

@@ -31,7 +31,7 @@ from splitaudit.inputs.model_checks import (
 )
 from splitaudit.inputs.onnx_loading import check_onnx_output_type, open_onnx
 from splitaudit.inputs.precision import audit_precision, precision_note
-from splitaudit.inputs.raw_model import Normalized, RawModel, first_line, in_batches
+from splitaudit.inputs.raw_model import Normalized, RawModel, first_line, in_batches, model_layout
 from splitaudit.inputs.stochastic import apply_model_mode, describe_mode, randomness_error
 from splitaudit.inputs.torchscript_loading import TORCHSCRIPT_SUFFIXES, open_torchscript
 
@@ -200,7 +200,7 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     mean, std = _normalization(normalize, tuple(sample.shape[1:]), device)
     notes: list[str] = list(raw.notes)
     blackbox = _blackbox_fn(raw, mean, std)
-    torch_fn = Normalized(raw.torch_module, mean, std) if raw.torch_module is not None else None
+    torch_fn = Normalized(raw.torch_module, mean, std, raw.channels_last) if raw.torch_module is not None else None
     parity = None
     if raw.format == "onnx":
         torch_fn, parity = check_parity(raw, mean, std, blackbox, sample, notes)
@@ -261,7 +261,7 @@ def _blackbox_fn(raw: RawModel, mean: torch.Tensor, std: torch.Tensor) -> Callab
 
         def run_module(x: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
-                return module((x - mean) / std)
+                return module(model_layout((x - mean) / std, raw.channels_last))
 
         return run_module
     session = raw.session
@@ -272,7 +272,7 @@ def _blackbox_fn(raw: RawModel, mean: torch.Tensor, std: torch.Tensor) -> Callab
     )
 
     def run_onnx(x: torch.Tensor) -> torch.Tensor:
-        feed = ((x.detach() - mean) / std).cpu().numpy().astype(dtype)
+        feed = model_layout((x.detach() - mean) / std, raw.channels_last).cpu().numpy().astype(dtype)
         out = session.run([raw.output_name], {meta.name: feed})[0]
         return torch.from_numpy(np.asarray(out, dtype=np.float32)).to(x.device)
 

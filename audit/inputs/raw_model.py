@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
+from splitaudit.inputs.data import IMAGE_CHANNELS
 
 if TYPE_CHECKING:
     from splitaudit.inputs.onnx_loading import Conversion
@@ -43,6 +44,7 @@ class RawModel:
     tokens: object | None = None  # splitaudit.inputs.tokens.TokenSpace when cut after a token-embedding lookup
     stored_dtype: torch.dtype = torch.float32  # the weights' precision (audit/inputs/precision.py)
     saved_module: nn.Module | None = None  # a torch model as saved, when torch_module computes in another precision
+    channels_last: bool = False  # takes H,W,C images, audited as C,H,W (audit_layout)
 
 
 # torch's recurrent layers, by class name: a TorchScript module keeps it as its original_name.
@@ -50,23 +52,48 @@ RECURRENT_LAYERS = ("LSTM", "GRU", "RNN")
 
 
 class Normalized(nn.Module):
-    """Folds --normalize into the encoder: f((x - mean) / std), so MSEs live in x's space.
+    """Folds --normalize into the encoder: f((x - mean) / std), so MSEs live in x's space; for a
+    model that takes channels-last images, the C,H,W images are moved to H,W,C first (audit_layout).
 
     A bottom with recurrent layers runs without oneDNN (mkldnn): on CPU its LSTM kernel in eval mode
     keeps no workspace, so a vector-Jacobian product through it fails ("got None for argument
     'workspace'") and forward-mode AD is not implemented for it; torch's native kernels give both.
     Checked on LSTM bottoms in TorchScript and ONNX (legacy and dynamo exports)."""
 
-    def __init__(self, inner: nn.Module, mean: torch.Tensor, std: torch.Tensor) -> None:
+    def __init__(self, inner: nn.Module, mean: torch.Tensor, std: torch.Tensor, channels_last: bool = False) -> None:
         super().__init__()
         self.inner = inner
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
         self.recurrent = has_recurrent_layers(inner)
+        self.channels_last = channels_last
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with without_onednn() if self.recurrent else nullcontext():
-            return self.inner((x - self.mean) / self.std)
+            return self.inner(model_layout((x - self.mean) / self.std, self.channels_last))
+
+
+def model_layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """A batch of the audit's C,H,W images in the model's layout (H,W,C when it takes channels last)."""
+    return x.permute(0, 2, 3, 1) if channels_last else x
+
+
+def audit_layout(raw: RawModel, input_shape: tuple[int, ...] | None) -> RawModel:
+    """Fix the per-sample shape the audit works in: --input-shape, else the model's declared one.
+    An image model that takes channels last (H,W,C with C 1 or 3, as tf2onnx writes Keras models)
+    is audited on C,H,W images, moved to its layout before each pass: attacks, SSIM, figures and
+    image folders all read images channels first, and MSE and dFIL do not depend on the order."""
+    shape = tuple(input_shape) if input_shape else raw.declared_input_shape
+    channels = IMAGE_CHANNELS
+    if raw.tokens is None and shape and len(shape) == 3 and shape[2] in channels and shape[0] not in channels:
+        shape = (shape[2], shape[0], shape[1])
+        raw.channels_last = True
+        raw.notes.append(
+            f"the model takes channels-last images ({shape[1]}x{shape[2]}x{shape[0]}); the audit works on "
+            f"{'x'.join(map(str, shape))} images and moves the channels last before each pass"
+        )
+    raw.declared_input_shape = shape
+    return raw
 
 
 def has_recurrent_layers(module: nn.Module) -> bool:

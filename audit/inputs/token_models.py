@@ -22,17 +22,20 @@ from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path, require_regular_file
 from splitaudit.inputs.data import Dataset, load_dataset
 from splitaudit.inputs.models import detect_format, open_model
-from splitaudit.inputs.raw_model import RawModel
+from splitaudit.inputs.raw_model import RawModel, audit_layout
 from splitaudit.inputs.tokens import ALL_ONES_NOTE, MASK_NOTE, MaskSlot, TokenSpace, load_token_data, load_vocab
 
 ONNX_INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # uint8, int8, uint16, int16, int32, int64, uint32, uint64
 
 
-def open_audited_model(model, device: torch.device, output_name: str | None, vocab, mode: str = "saved") -> RawModel:
-    """The model as the audit sees it (in --model-mode `mode`): cut after its token-embedding lookup
-    when --vocab declares token inputs, as it is otherwise."""
+def open_audited_model(
+    model, device: torch.device, output_name: str | None, vocab, mode: str = "saved", input_shape=None
+) -> RawModel:
+    """The model as the audit sees it (in --model-mode `mode`, on inputs of --input-shape or its
+    declared shape, channels first: audit_layout): cut after its token-embedding lookup when --vocab
+    declares token inputs, as it is otherwise."""
     if vocab is None:
-        return open_model(model, device, output_name, mode)
+        return audit_layout(open_model(model, device, output_name, mode), input_shape)
     if isinstance(model, nn.Module):
         raise InputError("--vocab (token inputs) needs a model file (TorchScript or ONNX), not a torch module")
     return open_token_model(model, device, vocab, output_name, mode)
@@ -50,7 +53,9 @@ def load_audited_data(path, input_shape, raw: RawModel, label_column=None, attr_
         raise InputError(
             f"{path.source}: 'mask' is an attention mask over token ids; pass vocab= with token ids in 'x'"
         )
-    return load_dataset(path, input_shape, label_column=label_column, attr_column=attr_column)
+    data = load_dataset(path, input_shape, label_column=label_column, attr_column=attr_column)
+    raw.notes.extend(note for note in data.notes if note not in raw.notes)
+    return data
 
 
 def open_token_model(
