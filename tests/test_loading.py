@@ -252,3 +252,46 @@ def test_pickled_torch_model_is_rejected_with_advice(tmp_path):
     torch.save(nn.Linear(3, 2), path)
     with pytest.raises(InputError, match="torch.jit.trace"):
         open_model(path, CPU)
+
+
+class SeveralOutputs(nn.Module):
+    """A bottom that returns its feature map and a pooled vector, as a tuple or, like Hugging Face
+    models, a dict."""
+
+    def __init__(self, as_dict: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, stride=2)
+        self.as_dict = as_dict
+
+    def forward(self, x: torch.Tensor):
+        z = torch.tanh(self.conv(x))
+        return {"hidden": z, "pooled": z.mean((2, 3))} if self.as_dict else (z, z.mean((2, 3)))
+
+
+@pytest.mark.parametrize(("as_dict", "names"), [(False, ("0", "1")), (True, ("hidden", "pooled"))])
+def test_torchscript_with_several_outputs_audits_the_chosen_one(tmp_path, as_dict, names):
+    """Refused before ("returns tuple, not one tensor"); now the first output, or --output-name's,
+    as for ONNX models. The reference is the module's own output."""
+    module = SeveralOutputs(as_dict).eval()
+    path = tmp_path / "several.pt"
+    torch.jit.trace(module, torch.rand(2, 3, 9, 9), strict=False).save(str(path))
+    x = torch.rand(5, 3, 9, 9)
+    with torch.no_grad():
+        expected = module(x)
+    expected = list(expected.values()) if as_dict else list(expected)
+    first = prepare_encoder(open_model(path, CPU), x)
+    assert any("auditing" in note and "--output-name" in note for note in first.warnings)
+    for index, name in enumerate(names):
+        encoder = first if index == 0 else prepare_encoder(open_model(path, CPU, output_name=name), x)
+        for _ in range(2):
+            torch.testing.assert_close(encoder.embed(x), expected[index])
+    with pytest.raises(InputError, match="--output-name 'logits'"):
+        prepare_encoder(open_model(path, CPU, output_name="logits"), x)
+
+
+def test_output_name_on_a_torchscript_model_with_one_output_is_refused(tmp_path):
+    path = tmp_path / "one.pt"
+    torch.jit.trace(nn.Conv2d(3, 2, 3).eval(), torch.rand(1, 3, 5, 5)).save(str(path))
+    with pytest.raises(InputError, match="returns one tensor"):
+        open_model(path, CPU, output_name="0")

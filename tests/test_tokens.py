@@ -253,3 +253,21 @@ def test_python_api_takes_token_arrays_and_a_vocab(files):
     assert result["data"]["sample_shape"] == [LENGTH, 8] and "tokens" in result.data
     entry = result["attacks"]["token-inversion"]
     assert entry["status"] == "ok" and entry["metrics"]["token_accuracy"] > entry["baseline"]["token_accuracy"]
+
+
+class TupleTokenBottom(TokenBottom):
+    """Returns (hidden states, their mean), as a traced Hugging Face model returns a tuple."""
+
+    def forward(self, ids: torch.Tensor):
+        hidden = self.from_embeddings(self.tok(ids))
+        return hidden, hidden.mean(1)
+
+
+def test_a_token_model_returning_a_tuple_is_cut_and_audits_its_first_output(tmp_path, files):
+    _, data, vocab = files
+    model = TupleTokenBottom().eval()
+    path = save_token_model(model, "torchscript", tmp_path)
+    ctx = token_context(str(path), data, vocab)
+    with torch.no_grad():
+        torch.testing.assert_close(ctx.encoder(ctx.target.x), model(ctx.target.token_ids)[0], atol=1e-5, rtol=1e-5)
+    assert any("tuple of 2 outputs" in note for note in ctx.encoder.warnings)

@@ -149,7 +149,10 @@ class AuditOptions:
         commands=MEASURING,
     )
     output_name: str | None = option(
-        None, "Which output of a multi-output ONNX model is the embedding (default: the first).", commands=MEASURING
+        None,
+        "Which output is the embedding when the model has several: an ONNX output name, a TorchScript tuple's "
+        "index or dict's key (default: the first).",
+        commands=MEASURING,
     )
     executor: str = option(
         "local",

@@ -153,9 +153,7 @@ def open_model(
         return wrap_module(path, device, mode)
     path = require_regular_file(path, "model file")
     if detect_format(path) == "torchscript":
-        if output_name is not None:
-            raise InputError("--output-name selects an output of an ONNX model; TorchScript models have one")
-        return open_torchscript(path, device, mode, mask_input)
+        return open_torchscript(path, device, mode, mask_input, output_name)
     if mode == "train":
         raise InputError("--model-mode train applies to TorchScript and torch modules; an ONNX graph runs as exported")
     return open_onnx(path, device, output_name, mask_input)
@@ -213,6 +211,8 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
         with torch.no_grad():
             first = in_batches(reference, sample, raw.fixed_batch)
             second = in_batches(reference, sample, raw.fixed_batch)
+    except InputError:  # the model's own wrappers say what is wrong (a missing --output-name key)
+        raise
     except Exception as exc:
         raise randomness_error(exc) or InputError(
             input_dtype_mismatch(raw, sample)

@@ -45,6 +45,7 @@ class RawModel:
     stored_dtype: torch.dtype = torch.float32  # the weights' precision (audit/inputs/precision.py)
     saved_module: nn.Module | None = None  # a torch model as saved, when torch_module computes in another precision
     channels_last: bool = False  # takes H,W,C images, audited as C,H,W (audit_layout)
+    scripted: object | None = None  # a TorchScript model's ScriptModule as loaded (token_models cuts its graph)
 
 
 # torch's recurrent layers, by class name: a TorchScript module keeps it as its original_name.
