@@ -109,6 +109,71 @@ def without_onednn():
     return torch.backends.mkldnn.flags(enabled=False, deterministic=torch.backends.mkldnn.deterministic)
 
 
+@dataclass(frozen=True)
+class Outputs:
+    """What a torch model returns: one tensor, a sequence (tuple or list) of `count` outputs (None
+    when unknown), or a dict (its keys when known)."""
+
+    kind: str  # "tensor", "sequence" or "dict"
+    count: int | None = None
+    keys: tuple[str, ...] | None = None
+
+
+class SelectedOutput(nn.Module):
+    """One output of a module that returns several: an element of a tuple or list by its index, an
+    entry of a dict by its key, the first when none is named (as an ONNX model's first output)."""
+
+    def __init__(self, inner: nn.Module, key: str | None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.key = key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outputs = self.inner(x)
+        if not isinstance(outputs, dict):
+            return outputs[0 if self.key is None else int(self.key)]
+        if self.key is None:
+            return next(iter(outputs.values()))
+        if self.key not in outputs:
+            raise InputError(
+                f"--output-name {self.key!r} is not an output of the model (outputs: {', '.join(outputs)})"
+            )
+        return outputs[self.key]
+
+
+def select_output(
+    module: nn.Module, outputs: Outputs, output_name: str | None, path: Path
+) -> tuple[nn.Module, list[str]]:
+    """The module with its audited output chosen, and the note that says which: a tuple or list is
+    indexed (--output-name 1), a dict keyed (--output-name pooled), a tensor taken as it is (where
+    --output-name is refused)."""
+    if outputs.kind == "tensor":
+        if output_name is not None:
+            raise InputError(f"--output-name selects one of several outputs; {display_path(path)} returns one tensor")
+        return module, []
+    if outputs.kind == "sequence":
+        what = f"tuple of {outputs.count} outputs" if outputs.count is not None else "list of outputs"
+        if output_name is not None and not (
+            output_name.isdigit() and (outputs.count is None or int(output_name) < outputs.count)
+        ):
+            raise InputError(
+                f"--output-name {output_name!r}: {display_path(path)} returns a {what}; name one by its index (0 for the first)"
+            )
+        note = (
+            f"the model returns a {what}; auditing output {output_name or 0} (choose another with --output-name INDEX)"
+        )
+    else:
+        named = f" ({', '.join(outputs.keys)})" if outputs.keys else ""
+        if output_name is not None and outputs.keys and output_name not in outputs.keys:
+            raise InputError(
+                f"--output-name {output_name!r} is not an output of the model (outputs: {', '.join(outputs.keys)})"
+            )
+        note = (
+            f"the model returns a dict of outputs{named}; auditing its first entry (choose one with --output-name KEY)"
+        )
+    return SelectedOutput(module, output_name), [] if output_name is not None else [note]
+
+
 def check_single_input(names: list[str], path: Path) -> None:
     """splitaudit audits f(x) of one input; a model that needs several is refused, naming them."""
     if len(names) != 1:

@@ -22,9 +22,9 @@ from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path, require_regular_file
 from splitaudit.inputs.data import Dataset, load_dataset
 from splitaudit.inputs.models import detect_format, open_model
-from splitaudit.inputs.raw_model import RawModel, audit_layout
+from splitaudit.inputs.raw_model import RawModel, audit_layout, select_output
 from splitaudit.inputs.tokens import ALL_ONES_NOTE, MASK_NOTE, MaskSlot, TokenSpace, load_token_data, load_vocab
-from splitaudit.inputs.torchscript_loading import select_output
+from splitaudit.inputs.torchscript_loading import returned_outputs
 
 ONNX_INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # uint8, int8, uint16, int16, int32, int64, uint32, uint64
 
@@ -70,7 +70,7 @@ def open_token_model(
     if detect_format(path) == "torchscript":
         raw = open_model(path, device, output_name, mode, mask_input=True)
         module, table = _torchscript_from_embeddings(raw.scripted, path)
-        returns = raw.scripted.forward.schema.returns[0].type  # open_model noted which output is audited
+        returns = returned_outputs(raw.scripted.forward.schema.returns[0].type)  # open_model noted which is audited
         raw = replace(raw, torch_module=select_output(module, returns, output_name, path)[0], notes=list(raw.notes))
         slot = module.slot
     else:

@@ -11,9 +11,8 @@ import torch
 import torch.nn as nn
 
 from splitaudit.core.errors import InputError
-from splitaudit.core.safety import display_path
 from splitaudit.inputs.precision import audit_precision
-from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
+from splitaudit.inputs.raw_model import Outputs, RawModel, check_single_input, first_line, select_output
 from splitaudit.inputs.stochastic import apply_model_mode
 
 TORCHSCRIPT_SUFFIXES = {".pt", ".pth", ".ts", ".jit", ".torchscript"}
@@ -70,7 +69,8 @@ def open_torchscript(
     for p in module.parameters():
         p.requires_grad_(False)
     ops = {kind.split("::")[-1] for kind in tensor_op_kinds(module.inlined_graph)}
-    selected, notes = select_output(Unoptimized(module), module.forward.schema.returns[0].type, output_name, path)
+    returns = returned_outputs(module.forward.schema.returns[0].type)
+    selected, notes = select_output(Unoptimized(module), returns, output_name, path)
     computed, saved, dtype = audit_precision(selected)
     return RawModel(
         path=path,
@@ -102,51 +102,13 @@ def tensor_op_kinds(graph) -> set[str]:
     return kinds
 
 
-class SelectedOutput(nn.Module):
-    """One output of a module that returns several: an element of a tuple or list by its index, an
-    entry of a dict by its key, the first when none is named (as an ONNX model's first output)."""
-
-    def __init__(self, inner: nn.Module, key: str | None) -> None:
-        super().__init__()
-        self.inner = inner
-        self.key = key
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        outputs = self.inner(x)
-        if not isinstance(outputs, dict):
-            return outputs[0 if self.key is None else int(self.key)]
-        if self.key is None:
-            return next(iter(outputs.values()))
-        if self.key not in outputs:
-            raise InputError(
-                f"--output-name {self.key!r} is not an output of the model (outputs: {', '.join(outputs)})"
-            )
-        return outputs[self.key]
-
-
-def select_output(module: nn.Module, returns, output_name: str | None, path: Path) -> tuple[nn.Module, list[str]]:
-    """The module with its audited output chosen, and the note that says which, from its declared
-    return type: a tuple or list is indexed (--output-name 1), a dict keyed (--output-name pooled),
-    a tensor taken as it is (where --output-name is refused)."""
-    if isinstance(returns, (torch.TupleType, torch.ListType)):
-        count = len(returns.elements()) if isinstance(returns, torch.TupleType) else None
-        if output_name is not None and not (output_name.isdigit() and (count is None or int(output_name) < count)):
-            raise InputError(
-                f"--output-name {output_name!r}: {display_path(path)} returns a {_sequence(count)}; name one by its "
-                "index (0 for the first)"
-            )
-        note = f"the model returns a {_sequence(count)}; auditing output {output_name or 0} (choose another with --output-name INDEX)"
-        return SelectedOutput(module, output_name), [] if output_name is not None else [note]
-    if isinstance(returns, torch.DictType):
-        note = "the model returns a dict of outputs; auditing its first entry (choose one with --output-name KEY)"
-        return SelectedOutput(module, output_name), [] if output_name is not None else [note]
-    if output_name is not None:
-        raise InputError(f"--output-name selects one of several outputs; {display_path(path)} returns one tensor")
-    return module, []
-
-
-def _sequence(count: int | None) -> str:
-    return f"tuple of {count} outputs" if count is not None else "list of outputs"
+def returned_outputs(returns) -> Outputs:
+    """What a TorchScript forward's declared return type says it returns."""
+    if isinstance(returns, torch.TupleType):
+        return Outputs("sequence", count=len(returns.elements()))
+    if isinstance(returns, torch.ListType):
+        return Outputs("sequence")
+    return Outputs("dict") if isinstance(returns, torch.DictType) else Outputs("tensor")
 
 
 class Unoptimized(nn.Module):
