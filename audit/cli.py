@@ -163,7 +163,7 @@ def cli() -> None:
 @click.argument("model", required=False)
 @audit_options(RUN)
 def run(model: str | None, **flags) -> None:
-    """Audit MODEL (.onnx or TorchScript .pt) with auxiliary data."""
+    """Audit MODEL (.onnx, TorchScript .pt or torch.export .pt2) with auxiliary data."""
     options = build_options(model, given_flags(flags))
     _audit_and_report(options)
 

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import require_regular_file
+from splitaudit.inputs.exported_loading import is_exported_archive, open_exported
 from splitaudit.inputs.model_checks import (
     check_batch_independence,
     check_embeddings,
@@ -152,7 +153,10 @@ def open_model(
             raise InputError("--output-name selects an output of an ONNX model, not of a torch module")
         return wrap_module(path, device, mode)
     path = require_regular_file(path, "model file")
-    if detect_format(path) == "torchscript":
+    kind = detect_format(path)
+    if kind == "exported":
+        return open_exported(path, device, mode, output_name)
+    if kind == "torchscript":
         return open_torchscript(path, device, mode, mask_input, output_name)
     if mode == "train":
         raise InputError("--model-mode train applies to TorchScript and torch modules; an ONNX graph runs as exported")
@@ -182,8 +186,11 @@ def wrap_module(module: nn.Module, device: torch.device, mode: str = "saved") ->
 
 
 def detect_format(path: Path) -> str:
+    """onnx, exported (a torch.export .pt2 archive) or torchscript, by suffix, else by content."""
     if path.suffix.lower() == ".onnx":
         return "onnx"
+    if is_exported_archive(path):
+        return "exported"
     if path.suffix.lower() in TORCHSCRIPT_SUFFIXES or zipfile.is_zipfile(path):
         return "torchscript"
     return "onnx"

@@ -67,7 +67,12 @@ def open_token_model(
     cannot be located."""
     vocab = load_vocab(vocab_path)
     path = require_regular_file(path, "model file")
-    if detect_format(path) == "torchscript":
+    kind = detect_format(path)
+    if kind == "exported":
+        raise InputError(
+            "--vocab (token inputs) needs a TorchScript or ONNX model; a torch.export program is not cut yet"
+        )
+    if kind == "torchscript":
         raw = open_model(path, device, output_name, mode, mask_input=True)
         module, table = _torchscript_from_embeddings(raw.scripted, path)
         returns = returned_outputs(raw.scripted.forward.schema.returns[0].type)  # open_model noted which is audited
