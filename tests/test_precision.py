@@ -185,3 +185,27 @@ def test_float64_model_runs_in_float64_with_float32_embeddings(tmp_path, kind):
         x, model = torch.randn(6, 10), tabular_mlp().double()
         path = export_onnx(model, x.double(), tmp_path / "double.onnx", exporter="legacy", opset=17)
     check_audited_function(path, model, x, "float64", FLOAT32_RTOL)
+
+
+class SpectrumHalf(nn.Module):
+    """A float16 audio bottom with an FFT inside: torch has no half-precision FFT on CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv1d(1, 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.conv(torch.fft.rfft(x).abs()))
+
+
+def test_float16_model_that_cannot_run_as_saved_here_is_audited_and_says_unchecked(tmp_path):
+    """Its float32 copy runs; the rounding check cannot, and the report says so instead of agreeing."""
+    model = SpectrumHalf().eval()
+    path = tmp_path / "spectrum.pt"
+    torch.jit.script(model.half()).save(str(path))
+    x = torch.rand(6, 1, 64)
+    encoder = prepare_encoder(open_model(path, CPU), x)
+    assert encoder.gradient_mode == "autograd" and encoder.parity_max_abs_err is None
+    assert any("not checked against the model's own float16 run" in note for note in encoder.warnings)
+    assert relative(encoder.embed(x), forward(model.float(), x)) < FLOAT32_RTOL

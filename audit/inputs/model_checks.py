@@ -85,12 +85,16 @@ def check_parity(raw: RawModel, mean: torch.Tensor, std: torch.Tensor, blackbox,
     return None, err
 
 
-def check_saved_precision(raw: RawModel, torch_fn: Callable, saved: Callable, sample: torch.Tensor) -> float:
+def check_saved_precision(raw: RawModel, torch_fn: Callable, saved: Callable, sample: torch.Tensor) -> float | None:
     """The largest difference between the float32 computation of a torch model stored in float16 or
     bfloat16 and the model as saved, run on the sample; InputError when it exceeds rounding (the model
-    casts inside forward, say), since the audit would then differentiate another function."""
-    with torch.no_grad():
-        reference = in_batches(saved, sample, raw.fixed_batch)
+    casts inside forward, say), since the audit would then differentiate another function. None when
+    the model cannot run as saved here (a CPU without a half-precision kernel it uses): not checked."""
+    try:
+        with torch.no_grad():
+            reference = in_batches(saved, sample, raw.fixed_batch)
+    except Exception:
+        return None
     tolerance = parity_rtol(raw.stored_dtype, PARITY_RTOL) * max(1.0, float(reference.abs().max()))
     err, problem = _parity_error(torch_fn, reference, sample, raw.fixed_batch, tolerance)
     if problem is not None:

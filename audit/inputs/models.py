@@ -211,8 +211,8 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
         torch_fn, parity = check_parity(raw, mean, std, blackbox, sample, notes)
     elif raw.saved_module is not None:
         parity = check_saved_precision(raw, torch_fn, blackbox, sample)
-    if torch_fn is not None and precision_note(raw.stored_dtype, parity):
-        notes.append(precision_note(raw.stored_dtype, parity))
+    precision = precision_note(raw.stored_dtype, parity) if torch_fn is not None else None
+    notes.extend([precision] if precision else [])
     reference = torch_fn if torch_fn is not None else blackbox
     try:
         with torch.no_grad():

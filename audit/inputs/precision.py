@@ -80,11 +80,12 @@ def precision_note(dtype: torch.dtype, max_abs_err: float | None) -> str | None:
         return "the model is stored in float64: it runs in float64, and its embeddings are kept in float32"
     if dtype not in LOW_PRECISION:
         return None
-    agreement = f" (largest difference {max_abs_err:.2g})" if max_abs_err is not None else ""
-    return (
-        f"the model is stored in {name}: gradients, dFIL and attacks compute in float32 on its {name} weights, "
-        f"which agrees with the model's own {name} run up to rounding{agreement}"
+    agreement = (
+        f"which agrees with the model's own {name} run up to rounding (largest difference {max_abs_err:.2g})"
+        if max_abs_err is not None
+        else f"not checked against the model's own {name} run, which does not run on this device"
     )
+    return f"the model is stored in {name}: gradients, dFIL and attacks compute in float32 on its {name} weights, {agreement}"
 
 
 def onnx_stored_dtype(proto) -> torch.dtype:
