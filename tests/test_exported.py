@@ -20,7 +20,7 @@ from test_cli import run_cli
 
 from splitaudit.attacks.nets import reinitialized_copy
 from splitaudit.core.errors import InputError
-from splitaudit.inputs.models import open_model, prepare_encoder
+from splitaudit.inputs.models import open_model, prepare_encoder, prepare_top_model
 
 CPU = torch.device("cpu")
 RTOL = 1e-5  # the program's aten kernels against the module's: the same kernels, reordered at most
@@ -87,7 +87,7 @@ def test_exported_dict_outputs_are_selected_by_key(tmp_path):
 def test_truncated_program_and_model_modes_are_refused_in_one_line(tmp_path, capsys):
     path = export(build("resnet", width=4), torch.rand(1, 3, 16, 16), tmp_path / "stem.pt2", dynamic=False)
     with pytest.raises(InputError, match="runs in the mode it was exported in"):
-        open_model(path, CPU, mode="eval")
+        open_model(path, CPU, mode="train")
     truncated = tmp_path / "truncated.pt2"
     truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     code, _, err = run_cli(["run", str(truncated), "--aux", sample("digits.npz"), "--quick"], capsys)
@@ -139,3 +139,15 @@ def test_archive_whose_loading_would_unpickle_objects_is_refused_before_loading(
     with pytest.raises(InputError, match="never does"):
         open_model(crafted, CPU)
     assert not marker.exists()
+
+
+def test_exported_top_model_is_opened_as_the_audit_opens_it(tmp_path):
+    """The audit opens --top-model in eval mode, which an exported program (like an ONNX graph) already is."""
+    torch.manual_seed(0)
+    top = nn.Sequential(nn.Flatten(), nn.Linear(4 * 4 * 4, 3)).eval()
+    path = export(top, torch.rand(2, 4, 4, 4), tmp_path / "top.pt2", dynamic=True)
+    embeddings = torch.rand(6, 4, 4, 4)
+    module, forward, _ = prepare_top_model(open_model(path, CPU, mode="eval"), embeddings)
+    with torch.no_grad():
+        assert relative(forward(embeddings), top(embeddings)) < RTOL
+    assert module is not None

@@ -3,8 +3,8 @@ TorchScript, which torch 2.13 deprecates. The program's module is a torch graph 
 so gradients, dFIL and attacks run through it as through any torch module.
 
 An exported program keeps the mode it was exported in (BatchNorm and dropout are fixed in the
-graph; torch refuses .train()/.eval() on it), so it runs as saved: --model-mode eval/train is
-refused, and copies trained by attacks keep the exported layers' behaviour (ExportedModule). A
+graph; torch refuses .train()/.eval() on it), so it runs as saved, as an ONNX graph does: --model-mode
+train is refused, and copies trained by attacks keep the exported layers' behaviour (ExportedModule). A
 program exported with a static batch size (torch.export's default: the example's batch) guards
 that size and may bake it into reshapes, so ExportedModule runs any batch in chunks of it, padded:
 the attacks' trained copies then take any batch too.
@@ -92,10 +92,10 @@ def check_pickles(path: Path) -> None:
 
 
 def open_exported(path: Path, device: torch.device, mode: str = "saved", output_name: str | None = None) -> RawModel:
-    if mode != "saved":
+    if mode == "train":
         raise InputError(
-            "--model-mode eval/train applies to TorchScript and torch modules; a torch.export program runs in "
-            "the mode it was exported in"
+            "--model-mode train applies to TorchScript and torch modules; a torch.export program runs in the "
+            "mode it was exported in"
         )
     try:
         check_pickles(path)
