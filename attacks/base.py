@@ -288,6 +288,11 @@ class Attack(ABC):
             return 1.0 - attack / base if base > 0 else 0.0
         return attack - base
 
+    def advantage_at(self, metrics: dict, baseline: dict) -> str | None:
+        """Where the advantage is taken, for attacks whose advantage_basis is a sweep (None: at the
+        headline metric), so a table can show it beside the number."""
+        return None
+
     def run(self, ctx: AuditContext) -> dict:
         """The result entry for report.json (never raises for a failure inside the attack)."""
         self.options(ctx)  # a bad option is the user's input error (exit 2), not the attack's failure
@@ -352,6 +357,7 @@ class Attack(ABC):
             "baseline_std": baseline_std,
             "advantage": float(np.mean(advantages)),
             "advantage_std": float(np.std(advantages)),
+            **({"advantage_at": at} if (at := self.advantage_at(metrics, baseline)) else {}),
             "seeds": list(seeds),
             "seconds": seconds,
             "examples": outcomes[0].examples,

@@ -104,7 +104,16 @@ class FineTuneAttack(Attack):
     def advantage(self, metrics: dict, baseline: dict) -> float:
         """The largest accuracy gain over the k sweep: the bottom model helps most with few
         labels (Zheng et al., IJCAI 2024), and a gate on the advantage must see that worst case."""
-        return max(metrics["accuracy_by_k"][k] - baseline["accuracy_by_k"][k] for k in metrics["accuracy_by_k"])
+        return max(self._gains(metrics, baseline).values())
+
+    def advantage_at(self, metrics: dict, baseline: dict) -> str:
+        """The k where the seeds' mean accuracies differ most (each seed's advantage is its own largest gain)."""
+        gains = self._gains(metrics, baseline)
+        return f"k={max(gains, key=gains.get)}"
+
+    @staticmethod
+    def _gains(metrics: dict, baseline: dict) -> dict:
+        return {k: metrics["accuracy_by_k"][k] - baseline["accuracy_by_k"][k] for k in metrics["accuracy_by_k"]}
 
     def missing(self, ctx: AuditContext) -> str | None:
         reason = super().missing(ctx)

@@ -59,8 +59,15 @@ def overview_table(attacks: dict[str, dict]) -> Table | None:
                 [name, "FAILED TO TRAIN", _result_cell(attack), _result_cell(attack, "baseline"), "no evidence"]
             )
         elif ran_ok(attack):
+            at = f" at {attack['advantage_at']}" if attack.get("advantage_at") else ""
             rows.append(
-                [name, status, _result_cell(attack), _result_cell(attack, "baseline"), signed(attack.get("advantage"))]
+                [
+                    name,
+                    status,
+                    _result_cell(attack),
+                    _result_cell(attack, "baseline"),
+                    signed(attack.get("advantage")) + at,
+                ]
             )
         else:
             rows.append([name, status.upper(), attack.get("reason") or "no reason given", "", ""])

@@ -305,6 +305,7 @@ class Attack(TypedDict):
     baseline_std: NotRequired[Metrics]
     advantage: NotRequired[float]
     advantage_std: NotRequired[float]
+    advantage_at: NotRequired[str]  # where the advantage is largest, when taken over a sweep (fine-tune: "k=1")
     seeds: NotRequired[list[int]]
     seconds: NotRequired[float]
     examples: NotRequired[list[dict[str, Any]]]
