@@ -140,25 +140,30 @@ def test_only_operators_on_the_inputs_values_are_reported_as_kinks(tmp_path, kin
     assert [w.split("(")[1].split(")")[0] for w in kinks] == (["Relu"] if kink_on_values else [])
 
 
-def scaler_graph(tmp_path):
-    """skl2onnx's Scaler (domain ai.onnx.ml): onnxruntime runs it, neither converter converts it."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
-    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 6])
-    node = helper.make_node("Scaler", ["x"], ["z"], domain="ai.onnx.ml", offset=[0.5] * 6, scale=[2.0] * 6)
+def ml_graph(tmp_path, node, width: int = 6):
+    """One ai.onnx.ml operator (as skl2onnx writes them) from x to z, both [batch, width]."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", width])
     graph = helper.make_graph([node], "g", [x], [z])
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]
-    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=9), str(tmp_path / "scaler.onnx"))
-    return tmp_path / "scaler.onnx"
+    path = tmp_path / f"{node.op_type}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=9), str(path))
+    return path
+
+
+def l2_normalizer(inputs: str, output: str):
+    """skl2onnx's Normalizer (rows to unit L2 norm): onnxruntime runs it, neither converter converts it."""
+    return helper.make_node("Normalizer", [inputs], [output], domain="ai.onnx.ml", norm="L2")
 
 
 def test_operator_no_converter_supports_is_named_and_runs_black_box(tmp_path):
     x = torch.rand(6, 6)
-    encoder = encoder_for(scaler_graph(tmp_path), x)
+    encoder = encoder_for(ml_graph(tmp_path, l2_normalizer("x", "z")), x)
     assert encoder.gradient_mode == "finite-difference"
-    note = next(w for w in encoder.warnings if "Scaler" in w)
-    assert note.startswith("operator Scaler is supported by no converter (onnx2pytorch, onnx2torch)")
+    note = next(w for w in encoder.warnings if "Normalizer" in w)
+    assert note.startswith("operator Normalizer is supported by no converter (onnx2pytorch, onnx2torch)")
     assert note.endswith("running black-box through onnxruntime")
-    torch.testing.assert_close(encoder.embed(x), (x - 0.5) * 2.0)
+    torch.testing.assert_close(encoder.embed(x), x / x.norm(dim=1, keepdim=True))
 
 
 class Skewed(nn.Module):
@@ -286,18 +291,17 @@ def test_dynamic_input_shape_failure_asks_for_input_shape(tmp_path, capsys):
     assert code == 0, err
 
 
-def onnx_top_with_scaler(tmp_path):
-    """The digits top model as ONNX with a Scaler (no converter has it) after the logits: forward
-    passes through onnxruntime give the same logits as the TorchScript top model."""
+def onnx_top_with_normalizer(tmp_path):
+    """The digits top model as ONNX with an L2 Normalizer (no converter has it) after the logits:
+    forward passes through onnxruntime give the TorchScript top model's logits, each row scaled by a
+    positive number, so the same predicted classes."""
     path = tmp_path / "top.onnx"
     top = torch.jit.load(sample("digits_cnn_top.pt"))
     export_onnx(top, torch.rand(2, 128), path, exporter="legacy", opset=17)
     proto = onnx.load(str(path))
     proto.graph.output[0].name = "logits"
-    proto.graph.node[-1].output[0] = "logits"  # Scaler(logits) -> z, the identity scaling
-    proto.graph.node.append(
-        helper.make_node("Scaler", ["logits"], ["z"], domain="ai.onnx.ml", offset=[0.0], scale=[1.0])
-    )
+    proto.graph.node[-1].output[0] = "logits"  # Normalizer(logits) -> z
+    proto.graph.node.append(l2_normalizer("logits", "z"))
     proto.graph.output[0].name = "z"
     proto.opset_import.append(helper.make_opsetid("ai.onnx.ml", 1))
     onnx.save(proto, str(path))
@@ -309,12 +313,13 @@ def test_onnx_top_model_no_converter_loads_still_measures_utility(tmp_path):
 
     contexts = {
         kind: make_context("digits_cnn.pt", "digits.npz", top_model=str(top), noise_sigma=0.5)
-        for kind, top in (("torchscript", sample("digits_cnn_top.pt")), ("onnx", onnx_top_with_scaler(tmp_path)))
+        for kind, top in (("torchscript", sample("digits_cnn_top.pt")), ("onnx", onnx_top_with_normalizer(tmp_path)))
     }
     black_box = contexts["onnx"]
     assert black_box.top_model is None and black_box.top_model_forward is not None
     assert any(
-        w.startswith("--top-model: operator Scaler is supported by no converter") for w in black_box.encoder.warnings
+        w.startswith("--top-model: operator Normalizer is supported by no converter")
+        for w in black_box.encoder.warnings
     )
     utilities = {kind: utility_section(ctx) for kind, ctx in contexts.items()}
     assert utilities["onnx"]["source"] == "top-model" and utilities["onnx"]["status"] == "ok"
@@ -337,3 +342,47 @@ def test_converted_vit_runs_without_the_converters_warnings_on_the_terminal(tmp_
         encoder.embed(x)
     assert encoder.gradient_mode == "autograd"
     assert [str(w.message)[:80] for w in seen if "onnx2" in w.filename] == []
+
+
+def test_skl2onnx_scaler_is_rewritten_and_differentiated_exactly(tmp_path):
+    """StandardScaler -> PCA as skl2onnx writes it (Scaler in ai.onnx.ml, then Sub and MatMul) ran
+    black-box; the Scaler is rewritten as Sub and Mul, so it converts. The map is linear, so its
+    Jacobian is the closed form diag(scale) @ W, checked in the VJP."""
+    rng = np.random.default_rng(0)
+    offset, scale = rng.normal(size=6).astype(np.float32), rng.uniform(0.5, 2, 6).astype(np.float32)
+    mean, weights = rng.normal(size=6).astype(np.float32), rng.normal(size=(6, 3)).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 3])
+    nodes = [
+        helper.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml", offset=offset.tolist(), scale=scale.tolist()),
+        helper.make_node("Sub", ["s", "mean"], ["c"]),
+        helper.make_node("MatMul", ["c", "weights"], ["z"]),
+    ]
+    initializers = [numpy_helper.from_array(mean, "mean"), numpy_helper.from_array(weights, "weights")]
+    graph = helper.make_graph(nodes, "pca", [x], [z], initializer=initializers)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=9), str(tmp_path / "pca.onnx"))
+    data = torch.rand(8, 6)
+    encoder = encoder_for(tmp_path / "pca.onnx", data)
+    assert encoder.gradient_mode == "autograd" and not any("Scaler" in w for w in encoder.warnings)
+    expected = ((data.numpy() - offset) * scale - mean) @ weights
+    for _ in range(2):
+        np.testing.assert_allclose(encoder.embed(data).numpy(), expected, rtol=1e-5, atol=1e-5)
+    cotangent = torch.randn(8, 3)
+    vjp = torch.func.vjp(encoder, data)[1](cotangent)[0]
+    np.testing.assert_allclose(vjp.numpy(), (cotangent.numpy() @ weights.T) * scale, rtol=1e-5, atol=1e-5)
+
+
+def test_integer_first_output_names_the_floating_point_outputs_to_choose(tmp_path, capsys):
+    """skl2onnx classifiers output (label, probabilities): the label first, int64."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    label = helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"])
+    probabilities = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 4])
+    nodes = [
+        helper.make_node("Softmax", ["x"], ["probabilities"], axis=1),
+        helper.make_node("ArgMax", ["probabilities"], ["label"], axis=1, keepdims=0),
+    ]
+    path = save_graph(tmp_path / "classifier.onnx", nodes, [x], [label, probabilities])
+    np.savez(tmp_path / "rows.npz", x=np.random.default_rng(0).random((20, 4)).astype(np.float32))
+    code, _, err = run_cli(["run", path, "--aux", tmp_path / "rows.npz", "--attacks", "none", "--quick"], capsys)
+    assert code == 2 and "'label' is tensor(int64)" in err and "with --output-name (probabilities)" in err

@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import io
 
+import numpy as np
+
 DYNAMIC_SYMBOLS = ("batch", "dim")
 
 
@@ -96,3 +98,38 @@ def _every_op_type(graphs: list) -> set[str]:
             found.add(node.op_type)
             pending.extend(_subgraphs(node))
     return found
+
+
+ML_DOMAIN = "ai.onnx.ml"
+
+
+def standard_scalers(proto) -> int:
+    """Rewrite ai.onnx.ml Scaler nodes, which skl2onnx writes for StandardScaler and MinMaxScaler
+    and which no converter supports (the model then ran black-box), as Cast -> Sub -> Mul:
+    Y = (float(X) - offset) * scale over the last axis. The converted module is still checked
+    against onnxruntime's run of the original graph. Returns how many were rewritten."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph, rewritten, nodes = proto.graph, 0, []
+    for node in graph.node:
+        if node.op_type != "Scaler" or node.domain != ML_DOMAIN:
+            nodes.append(node)
+            continue
+        attributes = {a.name: list(a.floats) for a in node.attribute}
+        stem = f"{node.name or node.output[0]}_standard"
+        for suffix, values in (("offset", attributes.get("offset", [0.0])), ("scale", attributes.get("scale", [1.0]))):
+            graph.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.float32), f"{stem}_{suffix}"))
+        nodes += [
+            helper.make_node("Cast", [node.input[0]], [f"{stem}_x"], to=TensorProto.FLOAT),
+            helper.make_node("Sub", [f"{stem}_x", f"{stem}_offset"], [f"{stem}_centred"]),
+            helper.make_node("Mul", [f"{stem}_centred", f"{stem}_scale"], list(node.output)),
+        ]
+        rewritten += 1
+    if rewritten:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        if not any(n.domain == ML_DOMAIN for n in graph.node):
+            kept = [o for o in proto.opset_import if o.domain != ML_DOMAIN]
+            del proto.opset_import[:]
+            proto.opset_import.extend(kept)
+    return rewritten

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import describe_bytes, display_path, memory_limit_bytes
-from splitaudit.inputs.onnx_graph import declare_dynamic_dims, slimmed, value_op_types
+from splitaudit.inputs.onnx_graph import declare_dynamic_dims, slimmed, standard_scalers, value_op_types
 from splitaudit.inputs.precision import LOW_PRECISION, audit_precision, float32_graph, onnx_stored_dtype
 from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
 from splitaudit.inputs.stochastic import refuse_onnx_randomness
@@ -76,6 +76,7 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
     session, providers = _ort_session(path, device, proto if redeclared else None, stored)
     cleaned, slim_error = slimmed(proto, memory_limit_bytes())
     float32_graph(cleaned)  # the converters then give float32 modules (a float16 model is audited in float32)
+    standard_scalers(cleaned)  # skl2onnx's Scaler, which no converter supports, as Sub and Mul
     conversions, failed = convert_onnx(cleaned, device), []
     first = next_module(conversions, failed)
     return RawModel(
@@ -312,6 +313,11 @@ def check_onnx_output_type(session, name: str | None) -> None:
     gradient and no Fisher information to bound."""
     output = next(o for o in session.get_outputs() if name is None or o.name == name)
     if output.type not in ONNX_FLOAT_TYPES:
+        others = [o.name for o in session.get_outputs() if o.type in ONNX_FLOAT_TYPES]
+        hint = f"; choose a floating-point output with --output-name ({', '.join(others)})" if others else ""
+        if any(o.type.startswith("seq(map") for o in session.get_outputs()):  # skl2onnx's ZipMap of probabilities
+            hint += "; a skl2onnx classifier converted with options={'zipmap': False} outputs a tensor instead"
         raise InputError(
-            f"the model's output {output.name!r} is {output.type}; a bottom model must output floating-point embeddings"
+            f"the model's output {output.name!r} is {output.type}; a bottom model must output floating-point "
+            f"embeddings{hint}"
         )
