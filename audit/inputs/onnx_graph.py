@@ -133,3 +133,66 @@ def standard_scalers(proto) -> int:
             del proto.opset_import[:]
             proto.opset_import.extend(kept)
     return rewritten
+
+
+def straight_through(proto) -> bool:
+    """Rewrite a quantized (QDQ) graph in place as the float model it quantizes: weights stored as
+    integers behind a DequantizeLinear become float initializers ((q - zero_point) * scale, per
+    tensor or per channel), and each QuantizeLinear -> DequantizeLinear pair on an activation is
+    removed (the straight-through estimator). A quantized model's exact Jacobian is zero almost
+    everywhere (its activations are rounded), which no Fisher information bound can use; the
+    audit differentiates this function instead and reports how far it is from the quantized one.
+    True when the graph had any pair or integer weight."""
+    from onnx import numpy_helper
+
+    graph = proto.graph
+    weights = {init.name: init for init in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    renamed: dict[str, str] = {}
+    kept, folded = [], []
+    for node in graph.node:
+        attributes = {a.name: a for a in node.attribute}
+        if node.op_type != "DequantizeLinear" or "block_size" in attributes:
+            kept.append(node)
+            continue
+        source = producers.get(node.input[0])
+        if node.input[0] in weights and all(name in weights for name in node.input[1:]):
+            axis = attributes["axis"].i if "axis" in attributes else 1
+            folded.append(numpy_helper.from_array(_dequantized(node, weights, axis), node.output[0]))
+        elif source is not None and source.op_type == "QuantizeLinear":
+            renamed[node.output[0]] = source.input[0]
+        else:
+            kept.append(node)
+    if not folded and not renamed:
+        return False
+    for node in kept:
+        for index, name in enumerate(node.input):
+            node.input[index] = renamed.get(name, name)
+    for output in graph.output:
+        if output.name in renamed:  # a graph output that was a DequantizeLinear's: keep its name
+            kept.append(_identity(renamed[output.name], output.name))
+    used = {name for node in kept for name in node.input}
+    kept = [n for n in kept if n.op_type != "QuantizeLinear" or any(o in used for o in n.output)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(folded)
+    return True
+
+
+def _dequantized(node, weights: dict, axis: int) -> np.ndarray:
+    from onnx import numpy_helper
+
+    values = numpy_helper.to_array(weights[node.input[0]]).astype(np.float32)
+    scale = numpy_helper.to_array(weights[node.input[1]]).astype(np.float32)
+    zero = numpy_helper.to_array(weights[node.input[2]]).astype(np.float32) if len(node.input) > 2 else np.zeros(1)
+    if scale.ndim == 1 and scale.size > 1:  # per channel, along `axis`
+        shape = [1] * values.ndim
+        shape[axis] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape) if zero.size > 1 else zero
+    return ((values - zero) * scale).astype(np.float32)
+
+
+def _identity(source: str, target: str):
+    from onnx import helper
+
+    return helper.make_node("Identity", [source], [target])

@@ -22,7 +22,13 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import describe_bytes, display_path, memory_limit_bytes
-from splitaudit.inputs.onnx_graph import declare_dynamic_dims, slimmed, standard_scalers, value_op_types
+from splitaudit.inputs.onnx_graph import (
+    declare_dynamic_dims,
+    slimmed,
+    standard_scalers,
+    straight_through,
+    value_op_types,
+)
 from splitaudit.inputs.precision import LOW_PRECISION, audit_precision, float32_graph, onnx_stored_dtype
 from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
 from splitaudit.inputs.stochastic import refuse_onnx_randomness
@@ -54,7 +60,18 @@ NON_SMOOTH_ONNX = {
     "ArgMax",
     "ArgMin",
     "TopK",
+    "QuantizeLinear",
+    "DynamicQuantizeLinear",
 }
+# Integer kernels of quantized graphs in operator form (quantize_static's QOperator, quantize_dynamic):
+# no converter runs them and there is no float function to take straight-through (QDQ graphs have one).
+INTEGER_KERNELS = ("QLinear", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear")
+QUANTIZED_OPERATORS_NOTE = (
+    "the model is quantized with integer kernels ({ops}): it runs black-box, and finite differences of a "
+    "rounded function measure its rounding steps, not leakage, so dFIL and the bounds are unreliable; audit "
+    "the float model, or quantize it in QDQ form (onnxruntime's QuantFormat.QDQ), which splitaudit "
+    "differentiates straight-through"
+)
 
 
 def open_onnx(path: Path, device: torch.device, output_name: str | None = None, mask_input: bool = False) -> RawModel:
@@ -74,7 +91,16 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
     batch, shape = onnx_input_shape(_graph_inputs(proto)[0])
     stored = onnx_stored_dtype(proto)
     session, providers = _ort_session(path, device, proto if redeclared else None, stored)
-    cleaned, slim_error = slimmed(proto, memory_limit_bytes())
+    audited, quantized_session = proto, None
+    if any(node.op_type == "DequantizeLinear" for node in proto.graph.node):
+        audited = onnx.ModelProto()
+        audited.CopyFrom(proto)
+        if straight_through(audited):  # the float function is audited; the quantized one is kept to compare
+            quantized_session = session
+            session, providers = _ort_session(path, device, audited, stored)
+    kernels = sorted({n.op_type for n in audited.graph.node if n.op_type.startswith(INTEGER_KERNELS)})
+    notes += [QUANTIZED_OPERATORS_NOTE.format(ops=", ".join(kernels))] if kernels else []
+    cleaned, slim_error = slimmed(audited, memory_limit_bytes())
     float32_graph(cleaned)  # the converters then give float32 modules (a float16 model is audited in float32)
     standard_scalers(cleaned)  # skl2onnx's Scaler, which no converter supports, as Sub and Mul
     conversions, failed = convert_onnx(cleaned, device), []
@@ -86,7 +112,7 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
         fixed_batch=batch,
         torch_module=first.module if first else None,
         session=session,
-        non_smooth_ops=sorted(value_op_types(proto) & NON_SMOOTH_ONNX),
+        non_smooth_ops=sorted(value_op_types(audited) & NON_SMOOTH_ONNX),
         providers=providers,
         output_name=output_name,
         notes=notes,
@@ -95,6 +121,7 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
         failed_conversions=failed,
         slim_error=slim_error,
         stored_dtype=stored,
+        quantized_session=quantized_session,
     )
 
 

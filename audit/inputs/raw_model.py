@@ -46,6 +46,7 @@ class RawModel:
     saved_module: nn.Module | None = None  # a torch model as saved, when torch_module computes in another precision
     channels_last: bool = False  # takes H,W,C images, audited as C,H,W (audit_layout)
     scripted: object | None = None  # a TorchScript model's ScriptModule as loaded (token_models cuts its graph)
+    quantized_session: object | None = None  # a quantized ONNX model as saved; `session` runs it straight-through
 
 
 # torch's recurrent layers, by class name: a TorchScript module keeps it as its original_name.
