@@ -81,3 +81,24 @@ def test_integer_kernel_model_runs_black_box_and_says_its_bounds_are_unreliable(
     assert encoder.gradient_mode == "finite-difference"
     note = next(w for w in encoder.warnings if w.startswith("the model is quantized with integer kernels"))
     assert "QLinearConv" in note and "unreliable" in note
+
+
+def test_dynamically_quantized_model_runs_one_sample_at_a_time(tmp_path):
+    """quantize_dynamic's DynamicQuantizeLinear scales by the whole batch's range, so a sample's
+    embedding depends on its batch: refused before, with advice about BatchNorm. Each sample now
+    runs alone, as onnxruntime gives it on a batch of one."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import quantize_dynamic
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    source = export_onnx(mlp, torch.rand(2, 16), tmp_path / "mlp.onnx", exporter="legacy", opset=17)
+    quantize_dynamic(str(source), str(tmp_path / "dynamic.onnx"))
+    x = torch.rand(10, 16)
+    encoder = prepare_encoder(open_model(tmp_path / "dynamic.onnx", CPU), x)
+    assert any("one sample at a time" in w for w in encoder.warnings)
+    session = ort.InferenceSession(str(tmp_path / "dynamic.onnx"), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    alone = np.concatenate([session.run(None, {name: row[None]})[0] for row in x.numpy()])
+    for _ in range(2):
+        np.testing.assert_allclose(encoder.embed(x).numpy(), alone, rtol=1e-6, atol=1e-6)

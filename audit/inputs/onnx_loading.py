@@ -100,6 +100,12 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
             session, providers = _ort_session(path, device, audited, stored)
     kernels = sorted({n.op_type for n in audited.graph.node if n.op_type.startswith(INTEGER_KERNELS)})
     notes += [QUANTIZED_OPERATORS_NOTE.format(ops=", ".join(kernels))] if kernels else []
+    if "DynamicQuantizeLinear" in kernels:  # its scale is the whole batch's range: one sample at a time
+        batch = 1
+        notes.append(
+            "DynamicQuantizeLinear scales by the range of the whole batch, so a sample's embedding depends on "
+            "its batch: the model runs one sample at a time, each quantized on its own range"
+        )
     cleaned, slim_error = slimmed(audited, memory_limit_bytes())
     float32_graph(cleaned)  # the converters then give float32 modules (a float16 model is audited in float32)
     standard_scalers(cleaned)  # skl2onnx's Scaler, which no converter supports, as Sub and Mul
