@@ -66,7 +66,7 @@ def check_parity(raw: RawModel, mean: torch.Tensor, std: torch.Tensor, blackbox,
             reference = in_batches(blackbox, sample, raw.fixed_batch)
     except Exception:  # the data does not fit the model at all: prepare_encoder says why
         return None, None
-    tolerance = parity_rtol(raw.stored_dtype, PARITY_RTOL) * max(1.0, float(reference.abs().max()))
+    tolerance = _tolerance(raw, reference)
     disagreements: list[str] = []
     err = None
     conversion = Conversion(raw.converter, raw.torch_module) if raw.torch_module is not None else None
@@ -95,7 +95,7 @@ def check_saved_precision(raw: RawModel, torch_fn: Callable, saved: Callable, sa
             reference = in_batches(saved, sample, raw.fixed_batch)
     except Exception:
         return None
-    tolerance = parity_rtol(raw.stored_dtype, PARITY_RTOL) * max(1.0, float(reference.abs().max()))
+    tolerance = _tolerance(raw, reference)
     err, problem = _parity_error(torch_fn, reference, sample, raw.fixed_batch, tolerance)
     if problem is not None:
         dtype = str(raw.stored_dtype).removeprefix("torch.")
@@ -105,6 +105,12 @@ def check_saved_precision(raw: RawModel, torch_fn: Callable, saved: Callable, sa
             "it may cast inside forward; save the model in float32 (model.float())"
         )
     return err
+
+
+def _tolerance(raw: RawModel, reference: torch.Tensor) -> float:
+    """The largest difference a computation of the model may have from its reference run: PARITY_RTOL,
+    or rounding in a low stored precision, relative to the largest |output| (at least 1)."""
+    return parity_rtol(raw.stored_dtype, PARITY_RTOL) * max(1.0, float(reference.abs().max()))
 
 
 def _parity_error(torch_fn, reference, sample, fixed_batch, tolerance) -> tuple[float | None, str | None]:

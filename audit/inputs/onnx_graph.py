@@ -103,14 +103,14 @@ def _every_op_type(graphs: list) -> set[str]:
 ML_DOMAIN = "ai.onnx.ml"
 
 
-def standard_scalers(proto) -> int:
+def standard_scalers(proto) -> None:
     """Rewrite ai.onnx.ml Scaler nodes, which skl2onnx writes for StandardScaler and MinMaxScaler
     and which no converter supports (the model then ran black-box), as Cast -> Sub -> Mul:
     Y = (float(X) - offset) * scale over the last axis. The converted module is still checked
-    against onnxruntime's run of the original graph. Returns how many were rewritten."""
+    against onnxruntime's run of the original graph."""
     from onnx import TensorProto, helper, numpy_helper
 
-    graph, rewritten, nodes = proto.graph, 0, []
+    graph, nodes = proto.graph, []
     for node in graph.node:
         if node.op_type != "Scaler" or node.domain != ML_DOMAIN:
             nodes.append(node)
@@ -124,15 +124,14 @@ def standard_scalers(proto) -> int:
             helper.make_node("Sub", [f"{stem}_x", f"{stem}_offset"], [f"{stem}_centred"]),
             helper.make_node("Mul", [f"{stem}_centred", f"{stem}_scale"], list(node.output)),
         ]
-        rewritten += 1
-    if rewritten:
-        del graph.node[:]
-        graph.node.extend(nodes)
-        if not any(n.domain == ML_DOMAIN for n in graph.node):
-            kept = [o for o in proto.opset_import if o.domain != ML_DOMAIN]
-            del proto.opset_import[:]
-            proto.opset_import.extend(kept)
-    return rewritten
+    if len(nodes) == len(graph.node):  # no Scaler
+        return
+    del graph.node[:]
+    graph.node.extend(nodes)
+    if not any(n.domain == ML_DOMAIN for n in graph.node):
+        kept = [o for o in proto.opset_import if o.domain != ML_DOMAIN]
+        del proto.opset_import[:]
+        proto.opset_import.extend(kept)
 
 
 def straight_through(proto) -> bool:

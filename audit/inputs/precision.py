@@ -24,9 +24,9 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 # stems differ from their float32 computation by 0.3-0.95 eps of float16 (benchmarks/stored_precision.py).
 ROUNDING_EPS = 16
 
-# ONNX TensorProto element types, and the numpy-free conversion of low-precision tensors.
+# ONNX TensorProto element types, and the torch dtypes of the low-precision ones.
 ONNX_FLOAT, ONNX_FLOAT16, ONNX_DOUBLE, ONNX_BFLOAT16 = 1, 10, 11, 16
-ONNX_DTYPES = {ONNX_FLOAT16: torch.float16, ONNX_BFLOAT16: torch.bfloat16, ONNX_DOUBLE: torch.float64}
+ONNX_DTYPES = {ONNX_FLOAT16: torch.float16, ONNX_BFLOAT16: torch.bfloat16}
 
 
 class AtPrecision(nn.Module):

@@ -86,8 +86,13 @@ def audit_layout(raw: RawModel, input_shape: tuple[int, ...] | None) -> RawModel
     is audited on C,H,W images, moved to its layout before each pass: attacks, SSIM, figures and
     image folders all read images channels first, and MSE and dFIL do not depend on the order."""
     shape = tuple(input_shape) if input_shape else raw.declared_input_shape
-    channels = IMAGE_CHANNELS
-    if raw.tokens is None and shape and len(shape) == 3 and shape[2] in channels and shape[0] not in channels:
+    if (
+        raw.tokens is None
+        and shape
+        and len(shape) == 3
+        and shape[2] in IMAGE_CHANNELS
+        and shape[0] not in IMAGE_CHANNELS
+    ):
         shape = (shape[2], shape[0], shape[1])
         raw.channels_last = True
         raw.notes.append(
