@@ -3,7 +3,8 @@
 Torch modules and onnxruntime sessions do not pickle; files and tensors do. A recipe carries the
 options, the model files' bytes (with an ONNX model's external data) and the data already split
 into aux and target, so a worker (a local process of `--workers N`, or a Ray worker) rebuilds
-the same context as the parent's: same model, same split, hence the same numbers.
+the same context as the parent's: same model, same split, hence the same numbers. The names the
+worker writes are splitaudit's, never a name taken from inside a model file.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from splitaudit.core.config import AuditOptions
+from splitaudit.core.errors import InputError
+from splitaudit.core.safety import display_path
 from splitaudit.inputs.context import AuditContext, build_context
 from splitaudit.inputs.data import Dataset
+from splitaudit.inputs.raw_model import first_line
 
 
 @dataclass
@@ -30,22 +34,42 @@ class ContextRecipe:
 
 
 def model_files(path) -> dict[str, bytes]:
-    """A model file's bytes by name, and for ONNX the external-data files it points to (nothing
-    for no model, or for an in-memory torch module, which travels pickled in the options)."""
+    """A model file's bytes by name, an ONNX model as onnx_files gives it (nothing for no model,
+    or for an in-memory torch module, which travels pickled in the options)."""
     if not isinstance(path, (str, Path)):
         return {}
     path = Path(path)
-    files = {path.name: path.read_bytes()}
-    if path.suffix.lower() == ".onnx":
-        import onnx
-        from onnx.external_data_helper import _get_all_tensors
+    return onnx_files(path) if path.suffix.lower() == ".onnx" else {path.name: path.read_bytes()}
 
-        proto = onnx.load(str(path), load_external_data=False)
-        for tensor in _get_all_tensors(proto):
-            for entry in tensor.external_data:
-                if entry.key == "location" and entry.value not in files:
-                    files[entry.value] = (path.parent / entry.value).read_bytes()
-    return files
+
+def onnx_files(path: Path) -> dict[str, bytes]:
+    """An ONNX model as files named by splitaudit: NAME, the graph, and (when some tensor is stored
+    outside it) NAME.data, every such tensor's bytes one after the other, the graph pointing at
+    them. The bytes are read only for the tensors onnx reads (data_location EXTERNAL; a location
+    on a tensor stored inline is never opened) and by onnx's own reader, the one onnx.load and so
+    the model loader use, with its checks: a relative location inside the model's folder, no
+    symlink, a regular file, offset and length within it."""
+    import onnx
+    from onnx.external_data_helper import (
+        _get_all_tensors,
+        load_external_data_for_tensor,
+        set_external_data,
+        uses_external_data,
+    )
+
+    proto = onnx.load(str(path), load_external_data=False)
+    data_name, data = f"{path.name}.data", bytearray()
+    for tensor in filter(uses_external_data, _get_all_tensors(proto)):
+        try:
+            load_external_data_for_tensor(tensor, str(path.parent))
+        except (onnx.checker.ValidationError, ValueError, OSError) as exc:
+            raise InputError(
+                f"{display_path(path)}: external data of tensor {tensor.name!r}: {first_line(exc)}"
+            ) from exc
+        set_external_data(tensor, data_name, offset=len(data), length=len(tensor.raw_data))
+        data += tensor.raw_data
+        tensor.ClearField("raw_data")
+    return {path.name: proto.SerializeToString(), **({data_name: bytes(data)} if data else {})}
 
 
 def make_recipe(options: AuditOptions, ctx: AuditContext) -> ContextRecipe:
@@ -75,7 +99,6 @@ def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditConte
 
     for files in (recipe.model_files, recipe.top_model_files):
         for name, data in files.items():
-            (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_bytes(data)
     options = replace(
         recipe.options,
