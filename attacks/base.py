@@ -34,7 +34,7 @@ from scipy import stats
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import INPUT_KINDS
-from splitaudit.core.result import default_baseline_name
+from splitaudit.core.result import default_baseline_name, outcome_of
 from splitaudit.inputs.context import AuditContext
 
 MAX_OPTION_INT = 2**31 - 1  # the implicit upper limit of an integer option (see _limits)
@@ -203,6 +203,10 @@ class Attack(ABC):
     advantage_basis: ClassVar[str] = ""  # how `advantage` is taken, when not at the headline metric
     title: ClassVar[str]  # the report's heading
     baseline_name: ClassVar[str] = ""  # what the baseline is, in the report's words ("" for the mean guess)
+    # What the baseline stands for (BASELINE_ROLES): "raw-input", a rival that uses information the
+    # attacker does not get from the model, so doing no better is a finding (no advantage); or "floor",
+    # what the attack reaches on its own, so ending below it means it did not learn (inconclusive).
+    baseline_role: ClassVar[str] = "floor"
     # The attack with query access on the same data whose result the report sets beside this one's.
     query_access_reference: ClassVar[str] = ""
     # The report's words for a dict-valued metric METRIC_by_KEY: {metric: {"title", "key", "axis", "value"}}.
@@ -324,7 +328,8 @@ class Attack(ABC):
         entry: dict[str, Any] = {
             "kind": self.kind,
             "title": self.title,
-            "baseline_name": self.baseline_name or default_baseline_name(self.kind),
+            "baseline_name": self.baseline_words(),
+            "baseline_role": self.baseline_role,
             "assumptions": self.assumptions,
             "primary_metric": self.primary_metric,
         }
@@ -335,6 +340,9 @@ class Attack(ABC):
         if self.series:
             entry["series"] = {metric: dict(words) for metric, words in self.series.items()}
         return entry
+
+    def baseline_words(self) -> str:
+        return self.baseline_name or default_baseline_name(self.kind)
 
     def skipped(self, reason: str) -> dict:
         return {**self.header(), "status": "skipped", "reason": reason}
@@ -363,22 +371,25 @@ class Attack(ABC):
             "examples": outcomes[0].examples,
             "details": outcomes[0].details,
         }
-        failure = self.training_failure(entry, [o.not_converged for o in outcomes])
-        if failure:
-            entry["failed_to_train"] = failure
+        why = self.inconclusive_reason(entry, [o.not_converged for o in outcomes])
+        if why:
+            entry["failed_to_train"] = why
+        entry["outcome"] = outcome_of(entry["advantage"], why)
         spread = spread_warning(entry)
         if spread:
             entry["spread_warning"] = spread
         return entry
 
-    def training_failure(self, entry: dict, not_converged: list[str]) -> str:
-        """Why an ok entry's attack FAILED (did worse than its baseline, or its own training signal
-        did not improve), or "". Such a result measures no leakage: it is never evidence of privacy."""
+    def inconclusive_reason(self, entry: dict, not_converged: list[str]) -> str:
+        """Why an ok entry's attack did not learn, or "": its own training signal did not improve, or,
+        against a floor baseline (what it reaches alone: the mean guess, the majority class), it ended
+        below it. Such a result measured nothing and is never evidence of privacy. Doing no better than
+        a raw-input baseline is not this: it is the finding "no advantage" (Zheng et al., IJCAI 2024)."""
         reasons = [f"seed {seed}: {why}" for seed, why in zip(entry["seeds"], not_converged) if why]
         metric = self.primary_metric
         attack, base = entry["metrics"].get(metric), entry["baseline"].get(metric)
-        if entry["advantage"] < 0:
-            reasons.insert(0, f"it did worse than its baseline ({metric} {attack:.4g} against {base:.4g})")
+        if self.baseline_role == "floor" and entry["advantage"] < 0:
+            reasons.insert(0, f"it ended worse than {self.baseline_words()} ({metric} {attack:.4g} against {base:.4g})")
         return "; ".join(reasons)
 
 

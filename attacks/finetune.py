@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.kmeans import largest_class_share
 from splitaudit.attacks.nets import bottom_architecture, mlp, reinitialized_copy, seeded
 from splitaudit.core.memory import batch_within, forward_batch, per_sample_bytes
 from splitaudit.core.plateau import STOPPED_BY_CAP
@@ -82,6 +83,7 @@ class FineTuneAttack(Attack):
     needs = frozenset({"labels"})
     title = "Model completion (fine-tune)"
     baseline_name = "a model trained from scratch on the same labelled samples"
+    baseline_role = "raw-input"
     metrics = ("accuracy", "accuracy_by_k")
     series = {
         "accuracy_by_k": {
@@ -110,6 +112,19 @@ class FineTuneAttack(Attack):
         """The k where the seeds' mean accuracies differ most (each seed's advantage is its own largest gain)."""
         gains = self._gains(metrics, baseline)
         return f"k={max(gains, key=gains.get)}"
+
+    def inconclusive_reason(self, entry: dict, not_converged: list[str]) -> str:
+        """Also inconclusive when the attacker's head is no better than always guessing the most
+        frequent class at every k: it learned nothing from the embeddings, so it measured nothing."""
+        reasons = [super().inconclusive_reason(entry, not_converged)]
+        floor = entry["details"].get("majority_accuracy")
+        best = max(entry["metrics"]["accuracy_by_k"].values())
+        if floor is not None and best <= floor:
+            reasons.append(
+                f"its head did no better than always guessing the most frequent class at any k (accuracy {best:.4g} "
+                f"against {floor:.4g}): more epochs (fine-tune.epochs) or another head (fine-tune.head) may help"
+            )
+        return "; ".join(r for r in reasons if r)
 
     @staticmethod
     def _gains(metrics: dict, baseline: dict) -> dict:
@@ -146,6 +161,7 @@ class FineTuneAttack(Attack):
             details={
                 "head": settings.head,
                 "k": [int(k) for k in shots],
+                "majority_accuracy": largest_class_share(ctx.target.y),
                 "epoch_cap": settings.epoch_cap,
                 "attack_epochs_by_k": epochs,
                 "baseline_epochs_by_k": baseline_epochs,

@@ -39,6 +39,7 @@ class KMeansAttack(Attack):
     primary_metric = "accuracy"
     title = "Clustering (k-means)"
     baseline_name = "k-means on the raw inputs"
+    baseline_role = "raw-input"
     metrics = ("accuracy", "nmi", "ari")
     needs = frozenset({"labels"})
     assumptions = (
@@ -94,3 +95,8 @@ def best_assignment_accuracy(clusters: np.ndarray, labels: np.ndarray) -> float:
     np.add.at(counts, (clusters, labels), 1)
     rows, cols = linear_sum_assignment(counts, maximize=True)
     return float(counts[rows, cols].sum() / len(labels))
+
+
+def largest_class_share(y: torch.Tensor) -> float:
+    """The relabelled accuracy of any constant labelling: the largest class's share of y."""
+    return float(torch.bincount(y).max()) / len(y)

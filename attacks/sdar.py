@@ -41,7 +41,7 @@ import torch
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.cluster_naming import check_clusterable, geometry_named_labels
-from splitaudit.attacks.kmeans import best_assignment_accuracy
+from splitaudit.attacks.kmeans import best_assignment_accuracy, largest_class_share
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_examples, reconstruction_metrics
 from splitaudit.attacks.sdar_training import (
     ABLATIONS,
@@ -208,13 +208,13 @@ class SDARAttack(Attack):
 
     Known limits, measured in benchmarks/README.md (`sdar_curve.py`): offline, U-shaped label
     inference can name the classes' clusters arbitrarily (U_SHAPED_LIMIT), and such runs are
-    reported as FAILED (Attack.training_failure), never as privacy; without g, d1 is all that ties
+    reported as inconclusive (Attack.inconclusive_reason), never as privacy; without g, d1 is all that ties
     f~ to f (without it the reconstruction stays near the mean guess), and the held-out signal that
     stops training need not track the targets (BLIND_STOPPING_LIMIT, said in such a run's details);
     on small tabular data the attack is unstable (Zhu et al., NDSS 2025, evaluate images only). On
     anisotropic images the networks grow and shrink per axis (attacks/nets.py). Without g on a
     binary task, as on the text-line bottom of benchmarks/sdar_diagnosis.py (3x48x192 -> 16x3x96,
-    upright/turned), the attack FAILS although its decoder is able: trained on f's own aux
+    upright/turned), the attack does not learn although its decoder is able: trained on f's own aux
     embeddings the same decoder beats the mean guess, and it inverts f~ on the targets' inputs just
     as well, but f's embeddings decode at the mean guess or worse; a binary label ties f~ to f by
     one bit per sample and d1 matches their distributions, not which input lands where.
@@ -253,10 +253,10 @@ class SDARAttack(Attack):
         if ctx.aux.y is not None and sdar_settings(ctx).labels == "clustered":
             check_clusterable(ctx.aux.y, len(ctx.target), ctx.num_classes)
 
-    def training_failure(self, entry: dict, not_converged: list[str]) -> str:
-        """Also FAILED when the U-shaped label inference does no better than the majority class: the
-        reconstructions were trained through labels that carry nothing about the targets."""
-        reasons = [super().training_failure(entry, not_converged)]
+    def inconclusive_reason(self, entry: dict, not_converged: list[str]) -> str:
+        """Also inconclusive when the U-shaped label inference does no better than the majority class:
+        the reconstructions were trained through labels that carry nothing about the targets."""
+        reasons = [super().inconclusive_reason(entry, not_converged)]
         accuracy, majority = entry["metrics"].get("label_accuracy"), entry["baseline"].get("label_accuracy")
         if accuracy is not None and accuracy <= majority:
             reasons.append(
@@ -494,20 +494,18 @@ def label_diagnosis(entry: dict) -> str:
             "the reconstructions nothing to condition on"
         )
     if named < relabelled - NAMING_MARGIN:
-        return (
-            f"why: the classes were separated ({relabelled:.3g} under the best renaming) but named wrongly "
-            f"({named:.3g}); {U_SHAPED_LIMIT}"
+        return f"why: the classes were separated ({relabelled:.3g} under the best renaming) but named wrongly " + (
+            f"({named:.3g}) although labels = clustered named them by the aux classes' layout (agreement "
+            f"{entry['details']['label_layout_agreement']:.3g}): the layout does not identify the classes here; "
+            "the targets' labels (labels = known) measure what named classes would leak"
+            if "label_layout_agreement" in entry.get("details", {})
+            else f"({named:.3g}); {U_SHAPED_LIMIT}"
         )
     return (
         f"why: the labels were inferred ({named:.3g}) but the simulator trained on aux did not learn f's map well "
         "enough to decode the targets; the same attack with the targets' labels (sdar.labels = known) shows "
         "whether labels are the cause"
     )
-
-
-def largest_class_share(y: torch.Tensor) -> float:
-    """The relabelled accuracy of any constant labelling: the largest class's share of y."""
-    return float(torch.bincount(y).max()) / len(y)
 
 
 def majority_class_accuracy(aux_y: torch.Tensor, target_y: torch.Tensor) -> float:

@@ -198,9 +198,8 @@ def _scalars(details: dict) -> dict:
 
 
 def _status(entry) -> str:
-    """The report's status, FAILED where the attack ran but did worse than its baseline (the report
-    keeps status "ok" there and says why in failed_to_train)."""
-    return "FAILED" if entry.get("failed_to_train") else entry["status"]
+    """The report's outcome where the attack ran (leakage, no-advantage, inconclusive), else its status."""
+    return entry.get("outcome") or entry["status"]
 
 
 def _value(entry) -> str:

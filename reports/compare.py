@@ -13,7 +13,7 @@ from splitaudit.reports.files import write_json
 from splitaudit.reports.formatting import is_finite, is_number, number, signed
 from splitaudit.reports.view import subtitle
 from splitaudit.reports.view_attacks import attack_title
-from splitaudit.reports.view_elements import METRIC_LABELS, Figure, Figures, Table
+from splitaudit.reports.view_elements import METRIC_LABELS, Figure, Figures, Table, outcome
 from splitaudit.reports.view_verdict import headline
 from splitaudit.reports.writer import render_pages
 
@@ -96,11 +96,19 @@ def _attack_rows(before: dict, after: dict) -> tuple[list[list[str]], list[str]]
                 signed(delta),
                 number(adv_b),
                 number(adv_a),
-                _verdict(adv_b, adv_a, higher_is_safer=False),
+                _attack_verdict(a, b),
             ]
         )
-        classes.append("")
+        classes.append("inconclusive" if "inconclusive" in (outcome(a), outcome(b)) else "")
     return rows, classes
+
+
+def _attack_verdict(before: dict, after: dict) -> str:
+    """Whether the attack's advantage moved for privacy; unreadable where one run did not learn."""
+    unlearned = [when for when, a in (("before", before), ("after", after)) if outcome(a) == "inconclusive"]
+    if unlearned:
+        return f"not comparable: it did not learn {' and '.join(unlearned)}"
+    return _verdict(before.get("advantage"), after.get("advantage"), higher_is_safer=False)
 
 
 def check_comparable(before: dict, after: dict, sources: tuple[str, str]) -> None:

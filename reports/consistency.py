@@ -32,9 +32,27 @@ def _report_problem(report: dict) -> str | None:
     gate = report.get("gate")
     if not isinstance(gate, dict):
         return None  # rendered as "NO VERDICT"
-    return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(
-        gate, evaluate_gate(report, **{k: gate.get(k) for k in RUN_THRESHOLDS})
-    )
+    return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(gate, _report_gate(report))
+
+
+def _report_gate(report: dict) -> dict:
+    """The report's gate recomputed from its numbers and its stored thresholds."""
+    gate = report["gate"]
+    return evaluate_gate(report, **{k: gate.get(k) for k in RUN_THRESHOLDS}, strict=gate.get("strict", False))
+
+
+def _sweep_gate(sweep: dict) -> dict:
+    gate = sweep["gate"]
+    return sweep_gate(sweep, **{k: gate.get(k) for k in SWEEP_THRESHOLDS}, strict=gate.get("strict", False))
+
+
+def regated(document: dict) -> dict:
+    """An upgraded older document with its gate decided anew by today's rules from its own numbers and
+    thresholds (schema 5 failed the gate on any attack that did not beat its baseline)."""
+    if not isinstance(document.get("gate"), dict):
+        return document
+    gate = _sweep_gate(document) if document.get("kind") == "sweep" else _report_gate(document)
+    return {**document, "gate": gate}
 
 
 def _sweep_problem(sweep: dict) -> str | None:
@@ -55,9 +73,7 @@ def _sweep_problem(sweep: dict) -> str | None:
             f"(point {again['point_index']}, sigma {again['noise_sigma']})"
         )
     gate = sweep["gate"]
-    return _threshold_problem(gate, SWEEP_THRESHOLDS) or _gate_problem(
-        gate, sweep_gate(sweep, **{k: gate.get(k) for k in SWEEP_THRESHOLDS})
-    )
+    return _threshold_problem(gate, SWEEP_THRESHOLDS) or _gate_problem(gate, _sweep_gate(sweep))
 
 
 def _recommendation_problem(rec: dict, points: list[dict]) -> str | None:

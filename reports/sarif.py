@@ -24,6 +24,7 @@ RULES = {
     "fail-under-mse": f"The {GATED_BOUND.name} bound on any attacker's reconstruction MSE reaches --fail-under-mse.",
     "fail-under-attack-mse": "No reconstruction attack gets an MSE below --fail-under-attack-mse.",
     "max-advantage": "No attack's advantage over its baseline exceeds --max-advantage.",
+    "strict": "Every attack learned (--strict: an inconclusive attack measured nothing).",
     "bound-violated": f"No reconstruction attack beats the {GATED_BOUND.name} bound (otherwise its assumptions failed).",
 }
 VIOLATION_LEVEL = "warning"  # a beaten bound is a finding; the gate makes it an error when a threshold rests on it

@@ -15,11 +15,13 @@ from splitaudit.reports.formatting import advantage_words, is_finite, mean_std, 
 from splitaudit.reports.tokens import position_words, sentence_rows
 from splitaudit.reports.view_elements import (
     METRIC_LABELS,
+    OUTCOME_WORDS,
     Figure,
     Figures,
     Table,
     attack_entries,
     facts_table,
+    outcome,
     ran_ok,
     section,
 )
@@ -44,35 +46,30 @@ class AttackView:
     details: Table | None = None
     beats_bound: bool = False
     comparison: str = ""
-    untrained: bool = False  # ran, but FAILED to train (Attack.training_failure)
+    outcome: str = ""  # view_elements.outcome: leakage, no-advantage, inconclusive (ok attacks only)
+    outcome_words: str = ""
 
 
 def overview_table(attacks: dict[str, dict]) -> Table | None:
+    """One row per attack: its outcome, its result against its baseline, and the advantage (an attack
+    that did not learn has none to show: it measured nothing)."""
     if not attacks:
         return None
     rows, classes = [], []
     for name, attack in attacks.items():
-        status = str(attack.get("status", "unknown"))
-        if ran_ok(attack) and attack.get("failed_to_train"):
-            status = "failed"
+        state = outcome(attack)
+        if state == "inconclusive":
             rows.append(
-                [name, "FAILED TO TRAIN", _result_cell(attack), _result_cell(attack, "baseline"), "no evidence"]
+                [name, OUTCOME_WORDS[state], _result_cell(attack), _result_cell(attack, "baseline"), "did not learn"]
             )
         elif ran_ok(attack):
             at = f" at {attack['advantage_at']}" if attack.get("advantage_at") else ""
-            rows.append(
-                [
-                    name,
-                    status,
-                    _result_cell(attack),
-                    _result_cell(attack, "baseline"),
-                    signed(attack.get("advantage")) + at,
-                ]
-            )
+            cells = [_result_cell(attack), _result_cell(attack, "baseline"), signed(attack.get("advantage")) + at]
+            rows.append([name, OUTCOME_WORDS[state], *cells])
         else:
-            rows.append([name, status.upper(), attack.get("reason") or "no reason given", "", ""])
-        classes.append(status)
-    return Table(["attack", "status", "result", "baseline", "advantage"], rows, classes)
+            rows.append([name, state.upper(), attack.get("reason") or "no reason given", "", ""])
+        classes.append(state)
+    return Table(["attack", "outcome", "result", "baseline", "advantage"], rows, classes)
 
 
 def _result_cell(attack: dict, source: str = "metrics") -> str:
@@ -89,6 +86,24 @@ def not_run_table(attacks: dict[str, dict]) -> Table | None:
         if not ran_ok(a)
     ]
     return Table(["attack", "status", "reason"], rows, [r[1].lower() for r in rows]) if rows else None
+
+
+def outcome_sentence(attack: dict, state: str) -> str:
+    """What the outcome means, as the papers read it (DESIGN.md section 13)."""
+    if state == "inconclusive":
+        return (
+            f"INCONCLUSIVE: the attack did not learn ({attack.get('failed_to_train') or 'no reason given'}). "
+            "It measured nothing: this is neither evidence of leakage nor of privacy."
+        )
+    if state == "no-advantage" and attack.get("baseline_role") == "raw-input":
+        return (
+            f"No advantage: the attack did no better than {attack.get('baseline_name') or 'its raw-input baseline'}, "
+            "which uses no information from the model: no leakage beyond the raw-input baseline, perfect "
+            "protection against this attack in the sense of Zheng et al. (IJCAI 2024)."
+        )
+    if state == "no-advantage":
+        return "No advantage: the attack did no better than it does without the model's embeddings."
+    return "Leakage found: the attack does better with the model's embeddings than without them."
 
 
 def attack_view(name: str, attack: dict, result: dict, figures: Figures) -> AttackView:
@@ -108,12 +123,9 @@ def attack_view(name: str, attack: dict, result: dict, figures: Figures) -> Atta
         f"Advantage {mean_std(attack.get('advantage'), attack.get('advantage_std'))}: "
         f"{advantage_words(view.kind, attack.get('advantage'))}.{basis}"
     )
-    view.untrained = bool(attack.get("failed_to_train"))
-    if view.untrained:
-        view.advantage = (
-            f"The attack FAILED to train ({attack['failed_to_train']}): this measures no leakage and is "
-            f"not evidence of privacy. {view.advantage}"
-        )
+    view.outcome = outcome(attack)
+    view.outcome_words = OUTCOME_WORDS[view.outcome]
+    view.advantage = outcome_sentence(attack, view.outcome) + " " + view.advantage
     if attack.get("spread_warning"):
         view.advantage += f" Note: {attack['spread_warning']}."
     seeds = attack.get("seeds") or []

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitaudit.reports.formatting import number, shape, text
+from splitaudit.core.result import outcome_of
+from splitaudit.reports.formatting import is_finite, number, shape, text
 
 METRIC_LABELS = {
     "accuracy": "accuracy",
@@ -82,9 +83,23 @@ def ran_ok(attack: dict) -> bool:
     return attack.get("status") == "ok"
 
 
+# An attack's reading in the report's words (core.result.Outcome, or its status when it did not run).
+OUTCOME_WORDS = {"leakage": "leakage", "no-advantage": "no advantage", "inconclusive": "INCONCLUSIVE"}
+
+
+def outcome(attack: dict) -> str:
+    """An ok attack's outcome as stored (derived for results built before it was), else its status."""
+    if not ran_ok(attack):
+        return str(attack.get("status", "unknown"))
+    advantage = attack.get("advantage")
+    return attack.get("outcome") or outcome_of(
+        advantage if is_finite(advantage) else 0.0, attack.get("failed_to_train", "")
+    )
+
+
 def trained(attack: dict) -> bool:
-    """An ok attack that did not FAIL to train (Attack.training_failure): only its numbers measure leakage."""
-    return ran_ok(attack) and not attack.get("failed_to_train")
+    """An ok attack that learned (not inconclusive): only its numbers measure leakage or its absence."""
+    return ran_ok(attack) and outcome(attack) != "inconclusive"
 
 
 def facts_table(section: dict, labels: dict[str, str]) -> Table | None:

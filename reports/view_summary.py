@@ -11,7 +11,7 @@ from splitaudit.core.registries import GATED_BOUND
 from splitaudit.reports.formatting import advantage_words, is_finite, is_number, mean_std, number, text
 from splitaudit.reports.tokens import token_statement_words
 from splitaudit.reports.view_attacks import attack_title
-from splitaudit.reports.view_elements import METRIC_LABELS, Item, ran_ok, section, trained
+from splitaudit.reports.view_elements import METRIC_LABELS, Item, outcome, ran_ok, section, trained
 from splitaudit.reports.view_verdict import verdict_class, verdict_text
 
 
@@ -93,14 +93,14 @@ def _protection(result: dict, attacks: dict[str, dict]) -> Item:
 
 
 def _strongest(attacks: dict[str, dict]) -> Item:
-    """The attack with the largest advantage among those that trained (a failed one proves nothing)."""
+    """The attack with the largest advantage among those that learned (an inconclusive one measured nothing)."""
     ran = {n: a for n, a in attacks.items() if trained(a) and is_finite(a.get("advantage"))}
-    untrained = [n for n, a in attacks.items() if ran_ok(a) and a.get("failed_to_train")]
+    inconclusive = [n for n, a in attacks.items() if outcome(a) == "inconclusive"]
     if not ran:
-        if untrained:
+        if inconclusive:
             return Item(
                 "Strongest attack",
-                f"No attack trained: {text(untrained)} FAILED to train, which is not evidence of privacy.",
+                f"No attack learned: {text(inconclusive)} measured nothing, which is not evidence of privacy.",
                 "bad",
             )
         return Item("Strongest attack", "No attack produced a result.", "warn" if attacks else "info")
@@ -114,7 +114,9 @@ def _strongest(attacks: dict[str, dict]) -> Item:
         f"against {number(base)} for its baseline; "
         f"{advantage_words(attack.get('kind', ''), attack['advantage'])}."
     )
-    return Item("Strongest attack", words, "bad" if attack["advantage"] > 0 else "good")
+    if attack["advantage"] > 0:
+        return Item("Strongest attack", words, "bad")
+    return Item("Strongest attack", "No attack that learned found an advantage; the closest, " + words, "good")
 
 
 def _smoothing_condition(calibration: dict) -> str:

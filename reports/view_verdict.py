@@ -5,7 +5,7 @@ sentence on what passed or failed, the alerts a reader must not miss, and the ta
 from __future__ import annotations
 
 from splitaudit.reports.formatting import is_number, number, text
-from splitaudit.reports.view_elements import Table, gate_section, ran_ok, section
+from splitaudit.reports.view_elements import Table, attack_entries, gate_section, outcome, ran_ok, section
 
 QUICK_ALERT = (
     "QUICK RUN: fewer seeds, epochs and iterations, so the attacks are under-trained and each "
@@ -15,7 +15,7 @@ QUICK_ALERT = (
 
 CAUSE_WORDS = {
     "incomplete": "the audit is incomplete",
-    "attack-failed-to-train": "an attack FAILED to train (its result is not evidence of privacy)",
+    "attack-inconclusive": "an attack the thresholds rest on did not learn (it measured nothing)",
     "bound-too-low": "the provable bound is too low",
     "bound-untrusted": "the provable bound cannot be trusted",
     "bound-approximate": "the provable bound rests on an approximate dFIL",
@@ -43,8 +43,9 @@ THRESHOLD_KEYS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage", "m
 
 
 def thresholds_set(result: dict) -> bool:
-    """Whether any pass/fail threshold was asked for (otherwise "passed" only means "complete")."""
-    return any(is_number(gate_section(result).get(key)) for key in THRESHOLD_KEYS)
+    """Whether any pass/fail threshold (or --strict) was asked for (otherwise "passed" only means "complete")."""
+    gate = gate_section(result)
+    return gate.get("strict") is True or any(is_number(gate.get(key)) for key in THRESHOLD_KEYS)
 
 
 def verdict_class(result: dict) -> str:
@@ -65,9 +66,13 @@ def _verdict_headline(result: dict) -> str:
     if not gate:
         return "NO VERDICT: the result has no gate section"
     if gate.get("passed"):
-        if not thresholds_set(result):
-            return "AUDIT COMPLETE: no pass/fail thresholds were set; read the findings below"
-        return "PASSED: every gate check passed"
+        words = (
+            "PASSED: every gate check passed"
+            if thresholds_set(result)
+            else "AUDIT COMPLETE: no pass/fail thresholds were set; read the findings below"
+        )
+        inconclusive = [n for n, a in attack_entries(result).items() if outcome(a) == "inconclusive"]
+        return words + (f"; INCONCLUSIVE: {text(inconclusive)} did not learn" if inconclusive else "")
     kinds = [_failure_kind(c) for c in _failed_checks(result)]
     return "FAILED: " + ("; ".join(dict.fromkeys(kinds)) or "the gate did not pass")
 
@@ -86,7 +91,7 @@ def verdict_text(result: dict) -> str:
             ("max_advantage", "every attack's advantage ≤"),
         )
         if is_number(gate.get(key))
-    ]
+    ] + (["no attack inconclusive (--strict)"] if gate.get("strict") else [])
     if not met:
         return "The audit is complete. No CI thresholds were set (see --fail-under-mse, --max-advantage)."
     return "The audit is complete and meets every threshold: " + "; ".join(met) + "."
@@ -108,10 +113,10 @@ def alert_lines(result: dict, attacks: dict[str, dict]) -> list[str]:
             "it allows, so its assumptions do not hold here" + (f" ({'; '.join(causes)})." if causes else ".")
         )
     alerts += [
-        f"ATTACK FAILED: {name} failed to train ({a['failed_to_train']}). Its result measures no leakage "
-        "and is not evidence of privacy."
+        f"INCONCLUSIVE: {name} did not learn ({a.get('failed_to_train') or 'no reason given'}). It measured "
+        "nothing: not evidence of leakage, nor of privacy (--strict fails the gate on it)."
         for name, a in attacks.items()
-        if ran_ok(a) and a.get("failed_to_train")
+        if outcome(a) == "inconclusive"
     ]
     alerts += [
         f"{name}: {a['spread_warning']}." for name, a in attacks.items() if ran_ok(a) and a.get("spread_warning")

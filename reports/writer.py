@@ -17,9 +17,9 @@ from markupsafe import Markup, escape
 from tabulate import tabulate
 
 from splitaudit.core.errors import InputError
-from splitaudit.core.result import SCHEMA_VERSION, first_error, sweep_json_schema
+from splitaudit.core.result import READABLE_VERSIONS, SCHEMA_VERSION, first_error, sweep_json_schema, upgraded
 from splitaudit.core.safety import display_path, displayable, nested_deeper_than, require_regular_file
-from splitaudit.reports.consistency import check_consistency
+from splitaudit.reports.consistency import check_consistency, regated
 from splitaudit.reports.files import from_strict_json, to_strict_json, write_atomic, write_json
 from splitaudit.reports.junit import write_junit
 from splitaudit.reports.view import build_view
@@ -63,15 +63,19 @@ def checked_result(stored, source: str) -> dict:
     """A report.json document (as stored) checked against the schema, with its numbers restored."""
     if not isinstance(stored, dict) or "schema_version" not in stored:
         raise InputError(f"{source} is not a splitaudit report.json (no schema_version)")
-    if stored["schema_version"] != SCHEMA_VERSION:
+    if stored["schema_version"] not in READABLE_VERSIONS:
         raise InputError(
             f"{source} is a report of schema version {stored['schema_version']!r}; this splitaudit "
-            f"reads version {SCHEMA_VERSION} (rerun the audit, or render it with the version that wrote it)"
+            f"reads versions {', '.join(map(str, READABLE_VERSIONS))} (rerun the audit, or render it with the "
+            "version that wrote it)"
         )
+    older, stored = stored["schema_version"] != SCHEMA_VERSION, upgraded(stored)
     error = first_error(stored, sweep_json_schema() if stored.get("kind") == "sweep" else None)
     if error:
         raise InputError(f"{source}: {error}")
     restored = from_strict_json(stored)
+    if older:
+        restored = regated(restored)
     check_consistency(restored, source)
     return restored
 

@@ -263,7 +263,7 @@ def test_junit_has_one_case_per_gate_check(tmp_path):
 def test_load_result_rejects_other_files(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"schema_version": 99}')
-    with pytest.raises(InputError, match=f"schema version 99; this splitaudit reads version {SCHEMA_VERSION}"):
+    with pytest.raises(InputError, match=f"schema version 99; this splitaudit reads versions 5, {SCHEMA_VERSION}"):
         load_result(bad)
     bad.write_text("not json")
     with pytest.raises(InputError, match="invalid JSON"):

@@ -112,10 +112,10 @@ def test_smoothed_token_prior_is_stams_limit_whatever_the_method(files):
 def test_vocab_from_a_tokenizer_json(tmp_path):
     spec = {"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 2}}, "added_tokens": [{"id": 1, "content": "[P]"}]}
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
-    assert load_vocab(tmp_path / "tokenizer.json") == ["a", "[P]", "b"]
+    assert load_vocab(tmp_path / "tokenizer.json", 3) == ["a", "[P]", "b"]
     unigram = {"model": {"type": "Unigram", "vocab": [["x", -1.0], ["y", -2.0]]}}
     (tmp_path / "u.json").write_text(json.dumps(unigram))
-    assert load_vocab(tmp_path / "u.json") == ["x", "y"]
+    assert load_vocab(tmp_path / "u.json", 2) == ["x", "y"]
 
 
 def test_a_model_without_an_embedding_lookup_is_refused(tmp_path, files, capsys):
@@ -151,17 +151,13 @@ def test_bad_token_data_is_refused(tmp_path, files, capsys):
     assert_one_line_error(code, err, "embedding table has 40 rows")
 
 
-def assert_done_or_only_failed_attacks(code: int, err: str, result: dict) -> None:
-    """Exit 0, or exit 1 whose only failed gate check is attacks that failed to train, each marked
-    so (on random ids the attribute is one token read exactly by the raw-input probe, its baseline,
-    which a probe on the hidden states can at best tie: reported as a failure, never as privacy)."""
-    if code == 0:
-        return
-    assert code == 1, err
-    failed = [c for c in result["gate"]["checks"] if not c["passed"]]
-    assert [c["cause"] for c in failed] == ["attack-failed-to-train"], failed
-    for name in (n for n, a in result["attacks"].items() if a.get("failed_to_train")):
-        assert name in failed[0]["message"]
+def assert_done_with_reasons(code: int, err: str, result: dict) -> None:
+    """Exit 0 (no threshold is set, so nothing an attack finds fails the gate), and every attack that
+    did not learn says why (on random ids the attribute is one token, which a probe on the hidden
+    states may not read: inconclusive, never privacy)."""
+    assert code == 0, err
+    for entry in result["attacks"].values():
+        assert (entry.get("outcome") == "inconclusive") == bool(entry.get("failed_to_train")), entry
 
 
 @pytest.mark.slow
@@ -179,7 +175,7 @@ def test_no_attack_beats_the_token_statement_and_the_report_shows_sentences(tmp_
     args = ["run", str(model), "--aux", data, "--vocab", str(tmp_path / "vocab.json"), "--quick"]
     code, _, err = run_cli([*args, "--noise-sigma", str(sigma), "--out", str(out), "--workers", "1"], capsys)
     result = json.loads((out / "report.json").read_text())
-    assert_done_or_only_failed_attacks(code, err, result)
+    assert_done_with_reasons(code, err, result)
     assert first_error(result) is None
     statement = result["tokens"]
     measured = {
@@ -208,7 +204,7 @@ def test_the_token_ceiling_says_something_on_the_demo_sample_at_large_noise(caps
     args = ["run", sample("text_bottom.onnx"), "--aux", sample("text.npz"), "--vocab", sample("text_vocab.json")]
     code, _, err = run_cli([*args, "--quick", "--noise-sigma", "60", "--out", "out", "--workers", "1"], capsys)
     result = json.loads(open("out/report.json").read())
-    assert_done_or_only_failed_attacks(code, err, result)
+    assert_done_with_reasons(code, err, result)
     statement = result["tokens"]
     assert 0 < statement["information_nats"] < 1 and 30 < statement["informative_from_sigma"] < 40
     assert statement["token_accuracy_ceiling"] < 1 and statement["exact_match_ceiling"] < 0.5

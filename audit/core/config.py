@@ -134,6 +134,11 @@ class AuditOptions:
         "Gate: fail when any attack's advantage over its baseline exceeds A.",
         help_for=((SWEEP, SWEEP_GATE.format("an attack's advantage exceeds A")),),
     )
+    strict: bool = option(
+        False,
+        "Gate: also fail on any attack that did not learn (inconclusive); by default only the thresholds "
+        "resting on such an attack fail.",
+    )
     junit: str | None = option(None, "Also write the gates as JUnit XML test cases.", api=False, is_path=True)
     seed: int = option(0, "Seed for splits, attacks and estimators (default 0).", commands=MEASURING)
     device: str = option("auto", "Where to compute (default auto).", commands=MEASURING, choices=DEVICES)

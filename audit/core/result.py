@@ -25,7 +25,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only (typing.TypedDict ignores NotRequired there)
     from typing_extensions import NotRequired, TypedDict
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (5, 6)  # older report.json files that render and compare read (upgraded())
 SCHEMA_FILE = "report.schema.json"
 NON_FINITE_PATTERN = "^(inf|-inf|nan)$"
 
@@ -284,6 +285,15 @@ class Series(TypedDict):
     value: str  # the chart's y axis: the metric
 
 
+# "raw-input": the baseline uses information the attacker does not get from the model (k-means or
+# training from scratch on raw inputs): doing no better is the finding "no advantage", Zheng et al.'s
+# (IJCAI 2024) perfect protection. "floor": what the attack reaches on its own (the mean guess, the
+# majority class): ending worse means it did not learn, and measured nothing.
+BaselineRole = Literal["raw-input", "floor"]
+# An ok attack: leakage found (advantage > 0), no advantage (<= 0), or inconclusive (it did not learn).
+Outcome = Literal["leakage", "no-advantage", "inconclusive"]
+
+
 class Attack(TypedDict):
     """One attack's entry: skipped or failed with a reason, or ok with its numbers over seeds.
     Its words (title, baseline_name, series) travel with it so that a report renders from the
@@ -292,6 +302,7 @@ class Attack(TypedDict):
     kind: Literal["label", "reconstruction"]
     title: NotRequired[str]
     baseline_name: NotRequired[str]  # what the baseline is, in words
+    baseline_role: NotRequired[BaselineRole]  # what doing no better than the baseline means
     query_access_reference: NotRequired[str]  # the attack with query access on the same data, to set beside
     series: NotRequired[dict[str, Series]]  # words for its dict-valued metrics, by metric name
     assumptions: str
@@ -311,10 +322,19 @@ class Attack(TypedDict):
     examples: NotRequired[list[dict[str, Any]]]
     details: NotRequired[dict[str, Any]]
     bound_check: NotRequired[BoundCheck]
-    # Why an ok attack FAILED: worse than its baseline, or its own training signal did not improve.
+    outcome: NotRequired[Outcome]  # an ok attack's reading (Attack.inconclusive_reason, attacks.base.outcome_of)
+    # Why an ok attack did not learn (outcome "inconclusive"): worse than its floor baseline, or its own
+    # training signal did not improve.
     failed_to_train: NotRequired[str]
     # When the seeds' spread is as wide as the distance to the baseline.
     spread_warning: NotRequired[str]
+
+
+def outcome_of(advantage: float, inconclusive_reason: str) -> Outcome:
+    """An ok attack's outcome: it did not learn (a reason is given), found leakage, or found none."""
+    if inconclusive_reason:
+        return "inconclusive"
+    return "leakage" if advantage > 0 else "no-advantage"
 
 
 def default_baseline_name(kind: str) -> str:
@@ -325,7 +345,7 @@ def default_baseline_name(kind: str) -> str:
 CheckCause = Literal[
     "complete",
     "incomplete",
-    "attack-failed-to-train",
+    "attack-inconclusive",
     "bound-met",
     "bound-missing",
     "bound-untrusted",
@@ -363,6 +383,7 @@ class Gate(TypedDict):
     fail_under_mse: float | None
     fail_under_attack_mse: float | None
     max_advantage: float | None
+    strict: bool  # --strict: every inconclusive attack fails the gate
     passed: bool
     reasons: list[str]
     checks: list[GateCheck]
@@ -596,6 +617,46 @@ def _expected(error) -> str:
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         return "unexpected key " + ", ".join(repr(k) for k in extra)
     return error.message
+
+
+# --- older versions ------------------------------------------------------------------------
+
+V5_RAW_INPUT_BASELINES = ("fine-tune", "kmeans")  # schema 5 stored no baseline_role
+V5_WORSE_THAN_BASELINE = "it did worse than its baseline"  # schema 5's reason for any attack below its baseline
+
+
+def upgraded(document: Any) -> Any:
+    """A stored report.json or sweep.json of an older READABLE_VERSIONS version in the current shape,
+    so that render and compare read it (anything else is returned as it is, for the schema to judge)."""
+    if not isinstance(document, dict) or document.get("schema_version") != 5:
+        return document
+    document = json.loads(json.dumps(document))  # a copy: the caller's document stays as stored
+    for attacks in [document.get("attacks")] + [p.get("attacks") for p in document.get("points") or []]:
+        for name, entry in (attacks or {}).items():
+            if isinstance(entry, dict) and entry.get("status") == "ok":
+                _attack_from_v5(name, entry)
+    gate = document.get("gate")
+    if isinstance(gate, dict):  # readers decide it anew (reports.consistency.regated); here it only validates
+        gate.setdefault("strict", False)
+        for check in gate.get("checks") or []:
+            if isinstance(check, dict) and check.get("cause") == "attack-failed-to-train":
+                check["cause"] = "attack-inconclusive"
+    document["schema_version"] = SCHEMA_VERSION
+    return document
+
+
+def _attack_from_v5(name: str, entry: dict) -> None:
+    """Schema 5 called a raw-input baseline beaten a failure to train; it is the finding "no advantage"."""
+    role = "raw-input" if name in V5_RAW_INPUT_BASELINES else "floor"
+    reasons = [r for r in str(entry.get("failed_to_train", "")).split("; ") if r]
+    if role == "raw-input":
+        reasons = [r for r in reasons if not r.startswith(V5_WORSE_THAN_BASELINE)]
+    entry.pop("failed_to_train", None)
+    if reasons:
+        entry["failed_to_train"] = "; ".join(reasons)
+    entry["baseline_role"] = role
+    advantage = entry.get("advantage")
+    entry["outcome"] = outcome_of(advantage if isinstance(advantage, (int, float)) else 0.0, "; ".join(reasons))
 
 
 if __name__ == "__main__":  # python -m splitaudit.core.result > audit/report.schema.json

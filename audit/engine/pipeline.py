@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import platform
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -33,7 +33,7 @@ from splitaudit.execution.executor import (
 )
 from splitaudit.inputs.context import AuditContext, build_context, silent_progress
 from splitaudit.inputs.data import Dataset, split_dataset
-from splitaudit.inputs.model_checks import within_time_limit
+from splitaudit.inputs.model_checks import naming_state_edits, within_time_limit
 from splitaudit.inputs.models import resolve_device
 from splitaudit.inputs.raw_model import RawModel
 from splitaudit.inputs.token_models import load_audited_data, open_audited_model
@@ -136,13 +136,12 @@ class AuditEngine:
     def prepared(
         cls, options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, attacks: bool = True
     ) -> Iterator["AuditEngine"]:
-        """The engine for `options`, its executor (when `attacks`) closed however the audit ends."""
+        """The engine for `options`, its executor (when `attacks`) closed however the audit ends; once
+        the audit is done, the model is asked again for its first answers (Encoder.confirm_unchanged)."""
         ctx, names = prepare_audit(options, progress)
-        if not attacks:
-            yield cls(options, ctx, names, None, progress)
-            return
-        with opened_executor(options, ctx) as executor:
+        with opened_executor(options, ctx) if attacks else nullcontext() as executor:
             yield cls(options, ctx, names, executor, progress)
+        ctx.encoder.confirm_unchanged("at the end of the audit")
 
     @property
     def measurement(self) -> Measurement:
@@ -152,7 +151,9 @@ class AuditEngine:
 
             shards = trace_runner(self.executor, self.ctx) if self.executor is not None else None
             o = self.options
-            measured = leakage.measure(self.ctx, o.prior, o.smoothing, o.dfil_rtol, o.dfil_samples, runner=shards)
+            with naming_state_edits():
+                measured = leakage.measure(self.ctx, o.prior, o.smoothing, o.dfil_rtol, o.dfil_samples, runner=shards)
+            self.ctx.encoder.confirm_unchanged("after the dFIL and bounds stage")
             self._measured = measured, shards
         return self._measured[0]
 
@@ -241,6 +242,7 @@ def run_audit(
         fail_under_mse=options.fail_under_mse,
         fail_under_attack_mse=options.fail_under_attack_mse,
         max_advantage=options.max_advantage,
+        strict=options.strict,
     )
     return {**result, "gate": gate, "run": {**result["run"], "seconds": time.perf_counter() - clock}}
 

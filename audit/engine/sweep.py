@@ -98,6 +98,7 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
         fail_under_attack_mse=options.fail_under_attack_mse,
         max_advantage=options.max_advantage,
         max_utility_loss=options.max_utility_loss,
+        strict=options.strict,
     )
     return {**sweep, "gate": gate, "run": {**sweep["run"], "seconds": time.perf_counter() - clock}}
 

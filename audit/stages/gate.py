@@ -15,8 +15,12 @@ def evaluate_gate(
     fail_under_mse: float | None = None,
     fail_under_attack_mse: float | None = None,
     max_advantage: float | None = None,
+    strict: bool = False,
 ) -> dict:
-    """Each check says what was measured, the threshold, and by how much it failed."""
+    """Each check says what was measured, the threshold, and by how much it failed. Thresholds
+    decide (DESIGN.md section 13): an attack that raised makes the audit incomplete; an attack that
+    did not learn (outcome "inconclusive") fails only the thresholds that rest on it, and every check
+    under `strict`; an attack that found no advantage over a raw-input baseline is a finding."""
     for name, value in (
         ("fail_under_mse", fail_under_mse),
         ("fail_under_attack_mse", fail_under_attack_mse),
@@ -28,14 +32,17 @@ def evaluate_gate(
     if fail_under_mse is not None:
         checks.append(_bound_check(result, fail_under_mse))
     if fail_under_attack_mse is not None:
-        checks.append(_attack_mse_check(result, fail_under_attack_mse))
+        checks.extend(_attack_mse_checks(result, fail_under_attack_mse))
     if max_advantage is not None:
         checks.extend(_advantage_checks(result, max_advantage))
+    if strict:
+        checks.extend(_inconclusive_checks("strict", _inconclusive(result), "--strict"))
     failed = [c for c in checks if not c["passed"]]
     return {
         "fail_under_mse": fail_under_mse,
         "fail_under_attack_mse": fail_under_attack_mse,
         "max_advantage": max_advantage,
+        "strict": bool(strict),
         "passed": not failed,
         "reasons": [c["message"] for c in failed],
         "checks": checks,
@@ -56,26 +63,35 @@ def _check(name: str, passed: bool, cause: str, message: str, value=None, thresh
 
 
 def _completeness(result: dict) -> dict:
-    """A failed attack makes the audit incomplete: it must not pass as if it were whole. So does an
-    attack that ran but FAILED to train (Attack.training_failure: worse than its baseline, or its own
-    training signal did not improve): its numbers measure no leakage, and passing on them would
-    read an attack's failure as privacy."""
-    attacks = result.get("attacks", {})
-    failed = [name for name, a in attacks.items() if a.get("status") == "failed"]
-    untrained = [
-        f"{name} ({a['failed_to_train']})"
-        for name, a in attacks.items()
-        if a.get("status") == "ok" and a.get("failed_to_train")
-    ]
-    reasons = (["attack(s) failed: " + ", ".join(failed)] if failed else []) + (
-        ["attack(s) FAILED to train, so they measure no leakage (not evidence of privacy): " + "; ".join(untrained)]
-        if untrained
-        else []
-    )
-    if reasons:
-        cause = "incomplete" if failed else "attack-failed-to-train"
-        return _check("audit-complete", False, cause, "audit incomplete: " + "; ".join(reasons))
+    """An attack that raised makes the audit incomplete: it must not pass as if it were whole. An
+    attack that ran but did not learn is complete (its outcome says so); thresholds judge it."""
+    failed = [name for name, a in result.get("attacks", {}).items() if a.get("status") == "failed"]
+    if failed:
+        return _check("audit-complete", False, "incomplete", "audit incomplete: attack(s) failed: " + ", ".join(failed))
     return _check("audit-complete", True, "complete", "every selected attack ran or was skipped with a reason")
+
+
+def _inconclusive(result: dict, kind: str | None = None) -> dict[str, dict]:
+    """The ok attacks (of `kind`, when given) that did not learn: they measured nothing."""
+    return {
+        name: a
+        for name, a in result.get("attacks", {}).items()
+        if a.get("status") == "ok" and a.get("outcome") == "inconclusive" and kind in (None, a.get("kind"))
+    }
+
+
+def _inconclusive_checks(check: str, attacks: dict[str, dict], threshold_words: str) -> list[dict]:
+    """One failed check per attack that did not learn: a threshold resting on it cannot be certified."""
+    return [
+        _check(
+            f"{check}:{name}",
+            False,
+            "attack-inconclusive",
+            f"{name} did not learn ({a.get('failed_to_train') or 'no reason given'}), so {threshold_words} "
+            "cannot be certified on it: its result measures nothing, neither leakage nor privacy",
+        )
+        for name, a in attacks.items()
+    ]
 
 
 def _prior_trusted(prior: dict) -> bool:
@@ -148,48 +164,59 @@ def _bound_check(result: dict, threshold: float) -> dict:
     )
 
 
-def _attack_mse_check(result: dict, threshold: float) -> dict:
+def _attack_mse_checks(result: dict, threshold: float) -> list[dict]:
+    """The best conclusive reconstruction MSE against the floor, and each inconclusive one as unverifiable."""
+    inconclusive = _inconclusive(result, "reconstruction")
+    checks = _inconclusive_checks("fail-under-attack-mse", inconclusive, "the attack-MSE floor")
     measured = {
         n: a["metrics"]["mse"]
         for n, a in result.get("attacks", {}).items()
         if a.get("status") == "ok"
         and a.get("kind") == "reconstruction"
+        and n not in inconclusive
         and not math.isnan(a.get("metrics", {}).get("mse", math.nan))
     }
     if not measured:
-        return _check(
-            "fail-under-attack-mse",
-            False,
-            "no-reconstruction-attack",
-            "no reconstruction attack ran, so the attack-MSE floor cannot be checked",
-            None,
-            threshold,
-        )
+        return checks or [
+            _check(
+                "fail-under-attack-mse",
+                False,
+                "no-reconstruction-attack",
+                "no reconstruction attack ran, so the attack-MSE floor cannot be checked",
+                None,
+                threshold,
+            )
+        ]
     name = min(measured, key=measured.get)
     best = measured[name]
     if best < threshold:
-        return _check(
+        return checks + [
+            _check(
+                "fail-under-attack-mse",
+                False,
+                "attack-mse-too-low",
+                f"{name} reconstructs with MSE {best:.4g}, below the floor {threshold:.4g} (by {threshold - best:.4g})",
+                best,
+                threshold,
+            )
+        ]
+    return checks + [
+        _check(
             "fail-under-attack-mse",
-            False,
-            "attack-mse-too-low",
-            f"{name} reconstructs with MSE {best:.4g}, below the floor {threshold:.4g} (by {threshold - best:.4g})",
+            True,
+            "attack-mse-met",
+            f"best reconstruction MSE {best:.4g} ({name}) >= {threshold:.4g}",
             best,
             threshold,
         )
-    return _check(
-        "fail-under-attack-mse",
-        True,
-        "attack-mse-met",
-        f"best reconstruction MSE {best:.4g} ({name}) >= {threshold:.4g}",
-        best,
-        threshold,
-    )
+    ]
 
 
 def _advantage_checks(result: dict, cap: float) -> list[dict]:
-    checks = []
+    inconclusive = _inconclusive(result)
+    checks = _inconclusive_checks("max-advantage", inconclusive, "the advantage cap")
     for name, attack in result.get("attacks", {}).items():
-        if attack.get("status") != "ok" or not math.isfinite(attack.get("advantage", math.nan)):
+        if attack.get("status") != "ok" or name in inconclusive or not math.isfinite(attack.get("advantage", math.nan)):
             continue
         adv = attack["advantage"]
         message = f"{name} advantage {adv:.4g} {'<=' if adv <= cap else 'exceeds'} the cap {cap:.4g}" + (

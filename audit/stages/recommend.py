@@ -100,6 +100,7 @@ def sweep_gate(
     fail_under_attack_mse: float | None = None,
     max_advantage: float | None = None,
     max_utility_loss: float | None = None,
+    strict: bool = False,
 ) -> dict:
     """The run's gates on the recommended point, the utility cap, and completeness at every point
     (from sweep.json's content alone, so that a rendered sweep.json can be checked against it)."""
@@ -117,7 +118,7 @@ def sweep_gate(
         "max_advantage": max_advantage,
     }
     if rec["noise_sigma"] is not None:
-        at_rec = evaluate_gate(sweep["points"][rec["point_index"]], **thresholds)["checks"]
+        at_rec = evaluate_gate(sweep["points"][rec["point_index"]], **thresholds, strict=strict)["checks"]
         checks += [c for c in at_rec if c["name"] != "audit-complete"]
     elif any(v is not None for v in thresholds.values()) or max_utility_loss is not None:
         checks.append(no_recommendation_check(rec["reason"], rec["target_mse"]))
@@ -126,6 +127,7 @@ def sweep_gate(
     failed = [c for c in checks if not c["passed"]]
     return {
         **thresholds,
+        "strict": strict,
         "max_utility_loss": max_utility_loss,
         "passed": not failed,
         "reasons": [c["message"] for c in failed],
