@@ -80,6 +80,11 @@ class TraceCheckError(RuntimeError):
     """The runtime cross-check of the Jacobian trace failed: an internal error, never a report."""
 
 
+class TraceOverflow(ArithmeticError):
+    """||J||_F^2 is not finite in float32 on some samples: the model's derivatives are too large
+    (beyond about 1e19), a property of the model, not of this code; no bound can be computed."""
+
+
 @dataclass(frozen=True)
 class MeanOptions:
     """rtol: target stderr(mean) / mean of the randomised estimate; min_samples: the randomised
@@ -495,6 +500,12 @@ def cross_check(f: BatchFn, x: Tensor, result: MeanTrace, side: str, options: Me
     For a stochastic f each check probe sees its own draw, so the check's standard error holds the
     draws' spread, as the method's does (averaged_over_draws or probe noise).
     """
+    infinite = int((~torch.isfinite(result.traces.values)).sum())
+    if infinite:
+        raise TraceOverflow(
+            f"the model's squared Jacobian norm ||J||_F^2 overflows float32 on {infinite} of "
+            f"{len(result.traces.values)} samples: its derivatives are too large to audit; scale its output down"
+        )
     positions = torch.arange(min(CHECK_SAMPLES, len(result.index)), device=x.device)
     samples = x[result.index[positions]]
     differences = side == "differences"

@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -545,7 +546,8 @@ def test_calibrate_json_is_strict_json(tmp_path, capsys, monkeypatch):
     )
     from splitaudit.stages import calibration, leakage
 
-    monkeypatch.setattr(pipeline, "prepare_audit", lambda *a, **k: (None, []))
+    unchanging = SimpleNamespace(encoder=SimpleNamespace(confirm_unchanged=lambda when: None))
+    monkeypatch.setattr(pipeline, "prepare_audit", lambda *a, **k: (unchanging, []))
     monkeypatch.setattr(leakage, "measure", lambda *a, **k: None)
     monkeypatch.setattr(
         calibration, "calibration_answer", lambda *a, **k: {"sigma": math.inf, "sigma_unbiased": math.nan}

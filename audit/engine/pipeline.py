@@ -33,7 +33,7 @@ from splitaudit.execution.executor import (
 )
 from splitaudit.inputs.context import AuditContext, build_context, silent_progress
 from splitaudit.inputs.data import Dataset, split_dataset
-from splitaudit.inputs.model_checks import naming_state_edits, within_time_limit
+from splitaudit.inputs.model_checks import within_time_limit
 from splitaudit.inputs.models import resolve_device
 from splitaudit.inputs.raw_model import RawModel
 from splitaudit.inputs.token_models import load_audited_data, open_audited_model
@@ -151,8 +151,7 @@ class AuditEngine:
 
             shards = trace_runner(self.executor, self.ctx) if self.executor is not None else None
             o = self.options
-            with naming_state_edits():
-                measured = leakage.measure(self.ctx, o.prior, o.smoothing, o.dfil_rtol, o.dfil_samples, runner=shards)
+            measured = leakage.measure(self.ctx, o.prior, o.smoothing, o.dfil_rtol, o.dfil_samples, runner=shards)
             self.ctx.encoder.confirm_unchanged("after the dFIL and bounds stage")
             self._measured = measured, shards
         return self._measured[0]

@@ -16,7 +16,7 @@ from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import InputSpace, decide_space
 from splitaudit.estimators.jacobian import seeded_draws
 from splitaudit.inputs.data import Dataset, in_unit_range
-from splitaudit.inputs.model_checks import within_time_limit
+from splitaudit.inputs.model_checks import check_magnitude, within_time_limit
 from splitaudit.inputs.models import Encoder, open_model, prepare_encoder, prepare_top_model
 from splitaudit.inputs.raw_model import RawModel
 from splitaudit.inputs.tokens import per_mask_pattern
@@ -145,13 +145,15 @@ class AuditContext:
 
 
 def _finite_embeddings(z: torch.Tensor, part: str) -> torch.Tensor:
-    """z, or InputError naming the first sample whose embedding is NaN or infinite."""
+    """z, or InputError naming the first sample whose embedding is NaN or infinite, or saying that
+    the embeddings are too large for float32 arithmetic (model_checks.check_magnitude)."""
     bad = ~torch.isfinite(z.flatten(1)).all(dim=1)
     if bad.any():
         raise InputError(
             f"the model returns NaN or infinite embeddings for {int(bad.sum())} of {len(z)} "
             f"{part} samples (first: sample {int(bad.nonzero()[0])} of the {part} part)"
         )
+    check_magnitude(z, f"the model (on the {part} part)")
     return z
 
 

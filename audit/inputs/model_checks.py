@@ -1,14 +1,18 @@
 """The checks a model passes on real data before it is audited: a converted ONNX module matches
 onnxruntime (parity), the outputs are one finite floating-point embedding per sample, no sample's
 embedding depends on the rest of its batch, repeated passes agree (else the encoder is stochastic),
-the top model runs on the embeddings, and loading ends within a time limit. Failures raise
-InputError with a one-line reason.
+the model neither edits its own weights nor answers differently as the audit goes on (its
+fingerprint), the top model runs on the embeddings, and loading ends within a time limit. Failures
+raise InputError with a one-line reason.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import threading
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 
@@ -21,6 +25,10 @@ PARITY_RTOL = 1e-4
 MODEL_CHECK_SECONDS = 300  # loading checks (conversion, parity, first passes) must end within this
 BATCH_CHECK_SAMPLES = 4  # samples run as a batch of their own to check that no output depends on the rest of the batch
 BATCH_DEPENDENCE_RTOL = 1e-4
+EMBEDDING_LIMIT = 1e15  # largest |embedding| audited: squared norms and distances of larger values overflow float32
+FINGERPRINT_RTOL = 1e-3  # a deterministic model's answers may move this much (root mean square) between runs
+SPREAD_MARGIN = 2.0  # a stochastic model's later draws may differ from its first by this many times its spread
+CAPTURED_MUTATION = "mutate a captured tensor"  # torch.func's words when f edits a tensor it closes over
 
 
 def input_dtype_mismatch(raw: RawModel, sample: torch.Tensor) -> str | None:
@@ -138,6 +146,18 @@ def check_embeddings(z: torch.Tensor, n: int, what: str = "the model") -> None:
         )
     if not torch.isfinite(z).all():
         raise InputError(f"{what} returns NaN or infinite values on the data")
+    check_magnitude(z, what)
+
+
+def check_magnitude(z: torch.Tensor, what: str) -> None:
+    """InputError when outputs exceed EMBEDDING_LIMIT: the squared norms and distances the bounds
+    and attacks take would overflow float32 to inf, and every number computed from them be void."""
+    largest = float(z.abs().max()) if z.numel() else 0.0
+    if largest > EMBEDDING_LIMIT:
+        raise InputError(
+            f"{what} returns values up to {largest:.3g} in magnitude; beyond {EMBEDDING_LIMIT:.0e} their squares "
+            "overflow float32 in the bounds and attacks: scale the model's output down"
+        )
 
 
 def check_batch_independence(fn: Callable, sample: torch.Tensor, batch: torch.Tensor, fixed_batch: int | None) -> None:
@@ -204,3 +224,80 @@ def within_time_limit(fn: Callable, *args, seconds: float | None = None, what: s
 def outputs_differ(a: torch.Tensor, b: torch.Tensor) -> bool:
     scale = max(1.0, float(a.abs().max()))
     return float((a - b).abs().max()) > 1e-6 * scale
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The model's first answers on the inputs it was first checked on, and how far a later answer on
+    them may differ, in root mean square: FINGERPRINT_RTOL of the answers' own for a deterministic
+    model, SPREAD_MARGIN times the difference between its first two passes for a stochastic one. The
+    audit asks again after its dFIL stage and at its end: a model whose answers drift (a call counter,
+    state kept between calls) would otherwise get a bound computed on one function while its
+    embeddings came from another."""
+
+    probe: torch.Tensor
+    answers: torch.Tensor
+    allowed: float
+
+    @classmethod
+    def taken(cls, sample: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> "Fingerprint":
+        """From the model's first two passes (first, second) over sample."""
+        allowed = FINGERPRINT_RTOL * _rms(first) + SPREAD_MARGIN * _rms(first - second)
+        return cls(sample, first, allowed)
+
+    def confirm(self, fn: Callable, when: str) -> None:
+        """InputError when fn's answers on the probe now differ from the first ones by more than allowed."""
+        with torch.no_grad():
+            now = fn(self.probe)
+        change = _rms(now - self.answers) if now.shape == self.answers.shape else float("inf")
+        if not change <= self.allowed:
+            raise InputError(
+                f"the model's output changed between calls: {when}, its answers on the same {len(self.probe)} inputs "
+                f"differ from its first ones by {change:.3g} in root mean square (allowed {self.allowed:.3g}, from "
+                "its own rounding and random draws); a model that keeps state between calls cannot be audited as "
+                "one function"
+            )
+
+
+def _rms(z: torch.Tensor) -> float:
+    return float(z.double().pow(2).mean().sqrt())
+
+
+def state_digest(modules: list) -> dict[str, str]:
+    """SHA-256 of every parameter and buffer of the modules, by name, read one tensor at a time:
+    compared before and after the model runs, it shows a model that edits its own weights."""
+    digests = {}
+    for i, module in enumerate(modules):
+        for name, tensor in module.state_dict().items():
+            if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided and not tensor.is_quantized:
+                data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+                digests[f"{i}:{name}"] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+def check_state_unchanged(before: dict[str, str], modules: list) -> None:
+    """InputError naming the weights or buffers the model's forward passes changed."""
+    after = state_digest(modules)
+    changed = [name.partition(":")[2] for name, digest in before.items() if after.get(name) != digest]
+    if changed:
+        raise state_edit_error(", ".join(changed[:3]))
+
+
+@contextlib.contextmanager
+def naming_state_edits() -> Iterator[None]:
+    """Re-raise torch.func's refusal of a model that edits a tensor it holds (a weight, a call
+    counter) while it is differentiated as an InputError that names the cause."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if CAPTURED_MUTATION not in str(exc).lower():
+            raise
+        raise state_edit_error("in place, while differentiated") from exc
+
+
+def state_edit_error(which: str) -> InputError:
+    return InputError(
+        f"the model changes its own weights or buffers ({which}) when it runs: its answers then depend on how "
+        "often it was called, so no one function could be audited; remove the in-place updates from forward "
+        "(BatchNorm in training mode updates its running statistics: use --model-mode eval)"
+    )

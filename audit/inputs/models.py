@@ -19,16 +19,20 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import require_regular_file
+from splitaudit.estimators.jacobian import seeded_draws
 from splitaudit.inputs.exported_loading import is_exported_archive, open_exported
 from splitaudit.inputs.model_checks import (
+    Fingerprint,
     check_batch_independence,
     check_embeddings,
     check_parity,
     check_saved_precision,
+    check_state_unchanged,
     check_top_model,
     input_dtype_mismatch,
     input_shape_advice,
     outputs_differ,
+    state_digest,
 )
 from splitaudit.inputs.onnx_loading import check_onnx_output_type, open_onnx
 from splitaudit.inputs.precision import audit_precision, precision_note
@@ -76,6 +80,7 @@ class Encoder:
     providers: list[str]
     mode: str = "saved"
     training_modules: list[str] = field(default_factory=list)
+    fingerprint: Fingerprint | None = None  # its first answers on the loading checks' inputs (None: not rechecked)
 
     @property
     def differentiable(self) -> bool:
@@ -108,6 +113,13 @@ class Encoder:
             if on_samples is not None:
                 on_samples(len(chunk))
         return torch.cat(parts)
+
+    def confirm_unchanged(self, when: str) -> None:
+        """InputError when the model's answers on its fingerprint's inputs have drifted from its first
+        ones (`when` says at which stage); draws seeded, so the caller's random state is left alone."""
+        if self.fingerprint is not None:
+            with seeded_draws(0, self.device):
+                self.fingerprint.confirm(self, when)
 
     def architecture(self) -> nn.Module | None:
         """The torch module (normalisation included) for re-initialised copies, if known."""
@@ -204,6 +216,8 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     device = sample.device
     mean, std = _normalization(normalize, tuple(sample.shape[1:]), device)
     notes: list[str] = list(raw.notes)
+    held = [m for m in (raw.torch_module, raw.saved_module) if m is not None and raw.format != "onnx"]
+    weights = state_digest(held)
     blackbox = _blackbox_fn(raw, mean, std)
     torch_fn = Normalized(raw.torch_module, mean, std, raw.channels_last) if raw.torch_module is not None else None
     parity = None
@@ -240,6 +254,7 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
             "the Jacobian over the encoder's draws (see dfil.notes). Whether a sample's embedding depends on "
             "the rest of its batch could not be checked"
         )
+    check_state_unchanged(weights, held)
     if raw.non_smooth_ops:
         notes.append(
             "non-smooth operators (" + ", ".join(raw.non_smooth_ops) + "): dFIL is only defined almost "
@@ -260,6 +275,7 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
         providers=raw.providers,
         mode=raw.mode,
         training_modules=raw.training_modules,
+        fingerprint=Fingerprint.taken(sample, first, second),
     )
 
 

@@ -10,10 +10,13 @@ calibration.py.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
+from splitaudit.core.errors import InputError
 from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIORS
 from splitaudit.estimators.bounds import (
     bound_mse,
@@ -31,6 +34,7 @@ from splitaudit.estimators.mean_trace import (
     JobRunner,
     MeanOptions,
     MeanTrace,
+    TraceOverflow,
     default_method,
     estimate_mean_trace,
 )
@@ -43,6 +47,7 @@ from splitaudit.estimators.prior import (
     within_work_cap,
 )
 from splitaudit.inputs.context import AuditContext
+from splitaudit.inputs.model_checks import naming_state_edits
 from splitaudit.inputs.stochastic import naming_randomness
 from splitaudit.inputs.tokens import mean_trace_per_mask_pattern
 
@@ -104,7 +109,9 @@ def measure(
     where the traces' shards run (an executor's workers; None: here)."""
     tau = resolve_smoothing(ctx, smoothing)
     candidates = _dfil_sample_index(ctx, dfil_samples)
-    with naming_randomness():  # a random operator the Jacobian products cannot follow: named, exit 2
+    # a random operator the Jacobian products cannot follow, a model editing its weights as it is
+    # differentiated, derivatives too large for float32: the model's faults, named (exit 2)
+    with naming_randomness(), naming_state_edits(), _naming_overflow():
         mask = None if ctx.target.mask is None else ctx.target.mask[candidates]
         mean_trace = mean_trace_per_mask_pattern(  # workers hold no mask binding: masked data runs here
             ctx.tokens,
@@ -121,6 +128,14 @@ def measure(
         n_target=len(ctx.target),
         n_candidates=len(candidates),
     )
+
+
+@contextmanager
+def _naming_overflow() -> Iterator[None]:
+    try:
+        yield
+    except TraceOverflow as exc:
+        raise InputError(str(exc)) from exc
 
 
 def _dfil_sample_index(ctx: AuditContext, cap: int | None = None) -> torch.Tensor:
