@@ -109,9 +109,8 @@ def probe_attack(
     """Fit every probe on part of the aux data, keep the best on the rest, score it on the target."""
     arrays, reduction = reduced(aux, target, seed=seed)
     features, target_features = (a.astype(np.float64) for a in arrays)
-    fit_x, val_x, fit_a, val_a = train_test_split(
-        features, aux_attr, test_size=VALIDATION_FRACTION, random_state=seed, stratify=aux_attr
-    )
+    fit, val = validation_split(aux_attr, seed)
+    fit_x, val_x, fit_a, val_a = features[fit], features[val], aux_attr[fit], aux_attr[val]
     fitted, validation = {}, {}
     with threads_for(features.size), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # the epoch cap is deliberate
@@ -121,6 +120,21 @@ def probe_attack(
         best = max(validation, key=validation.get)
         scores = probe_scores(fitted[best], target_features, target_attr)
     return {"probe": best, "validation_accuracy": validation, "scores": scores, "features": reduction}
+
+
+def validation_split(labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fit, validation) indices, VALIDATION_FRACTION of the samples for validation, stratified by
+    label. A class with one sample cannot be stratified (a class of two split between aux and target
+    leaves one): it goes to the fit part, since a probe predicts only classes it was fitted on. Where
+    either part would be too small to hold every class, the split is random."""
+    values, counts = np.unique(labels, return_counts=True)
+    alone = np.isin(labels, values[counts < 2])
+    rest = np.flatnonzero(~alone)
+    n_val = math.ceil(VALIDATION_FRACTION * len(rest))
+    if len(rest) == 0 or min(n_val, len(rest) - n_val) < int((counts >= 2).sum()):
+        return train_test_split(np.arange(len(labels)), test_size=VALIDATION_FRACTION, random_state=seed)
+    fit, val = train_test_split(rest, test_size=VALIDATION_FRACTION, random_state=seed, stratify=labels[rest])
+    return np.concatenate([fit, np.flatnonzero(alone)]), val
 
 
 def fit_interruptibly(probe: Pipeline, x: np.ndarray, y: np.ndarray) -> Pipeline:

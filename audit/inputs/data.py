@@ -20,6 +20,10 @@ from splitaudit.core.safety import describe_bytes, display_path, memory_limit_by
 MIN_PART_SAMPLES = 4  # attacks and estimators need a few samples in each of the aux and target parts
 MAX_COMPRESSION_RATIO = 500  # deflate peaks near 1032:1 on constant bytes; real data is far below
 REAL_KINDS = "biuf"  # numpy dtype kinds an input may hold: bool, integers, floats (no complex)
+# The range of values the audit's float32 arithmetic carries honestly: a squared error of data spanning
+# less than MIN_DATA_RANGE nears float32's smallest normal number (1.2e-38) and reads as 0; the
+# squares of values beyond MAX_DATA_MAGNITUDE, summed over a sample, near its largest (3.4e38).
+MIN_DATA_RANGE, MAX_DATA_MAGNITUDE = 1e-15, 1e15
 IMAGE_CHANNELS = {1: "L", 3: "RGB"}  # image-folder channels, and the PIL mode each is read in
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
@@ -132,9 +136,7 @@ def _load_npz(path: Path) -> Dataset:
         raise InputError(f"cannot read {display_path(path)} as .npz ({reason}); it must hold numeric arrays") from exc
     if "x" not in arrays:
         raise InputError(f"{path} has no array 'x' (found: {', '.join(arrays) or 'nothing'})")
-    x = arrays["x"]
-    if x.dtype.kind not in REAL_KINDS:
-        raise InputError(f"{path}: 'x' must hold real numbers (bool, integer or float), got {x.dtype}")
+    x = _real(arrays["x"], path)
     y, names = _labels(arrays.get("y"), "y", len(x), path)
     attr, _ = _labels(arrays.get("attr"), "attr", len(x), path)
     return Dataset(x=torch.as_tensor(x, dtype=torch.float32), y=y, attr=attr, class_names=names, source=str(path))
@@ -286,7 +288,33 @@ def _validated(data: Dataset, input_shape) -> Dataset:
         raise InputError(
             f"{data.source}: every sample of 'x' is the same (constant data): nothing to reconstruct or classify"
         )
+    _check_scale(data)
     return data if input_shape is None else _conformed(data, tuple(input_shape))
+
+
+def _real(x: np.ndarray, source) -> np.ndarray:
+    """x, or InputError when it holds complex (or other non-real) values: float32 would keep their real part."""
+    if x.dtype.kind not in REAL_KINDS:
+        raise InputError(f"{source}: 'x' must hold real numbers (bool, integer or float), got {x.dtype}")
+    return x
+
+
+def _check_scale(data: Dataset) -> None:
+    """InputError when the values of 'x' span less than MIN_DATA_RANGE or reach beyond
+    MAX_DATA_MAGNITUDE: the MSEs, variances and prior terms computed from them would underflow to 0
+    or overflow to inf in float32, and a bound from them would be void."""
+    low, high = float(data.x.min()), float(data.x.max())
+    if high - low < MIN_DATA_RANGE:
+        raise InputError(
+            f"{data.source}: the values of 'x' span only {high - low:.3g} ({low:.3g} to {high:.3g}); below "
+            f"{MIN_DATA_RANGE:.0e} their squared errors underflow float32, so MSEs and bounds would read 0: rescale "
+            "the data (and the model's input with it)"
+        )
+    if max(-low, high) > MAX_DATA_MAGNITUDE:
+        raise InputError(
+            f"{data.source}: the values of 'x' reach {max(-low, high):.3g} in magnitude; beyond {MAX_DATA_MAGNITUDE:.0e} "
+            "their squared errors overflow float32: rescale the data (and the model's input with it)"
+        )
 
 
 def _conformed(data: Dataset, wanted: tuple[int, ...]) -> Dataset:
@@ -340,6 +368,7 @@ def dataset_from_arrays(x, y=None, attr=None, source: str = "<in-memory arrays>"
     x = np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x)
     if not np.issubdtype(x.dtype, np.number) or x.ndim < 2:
         raise InputError(f"{source}: x must be a numeric array of samples (N, ...), got {x.dtype} of shape {x.shape}")
+    x = _real(x, source)
     as_numpy = lambda v: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
     labels, names = _labels(as_numpy(y), "y", len(x), Path(source))
     attrs, _ = _labels(as_numpy(attr), "attr", len(x), Path(source))
