@@ -36,6 +36,7 @@ from splitaudit.inputs.stochastic import refuse_onnx_randomness
 ONNX2TORCH_OPSET = 13  # onnx2torch gets older graphs upgraded to this opset (its converters start there)
 ONNX_FLOAT_TYPES = {"tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"}
 ONNX_ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
+ORT_FATAL = 4  # onnxruntime log severity: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
 
 
 # Operators whose derivative jumps: dFIL is then only defined almost everywhere (Maeng et al., NeurIPS 2023).
@@ -226,11 +227,15 @@ def _ort_session(path: Path, device: torch.device, proto=None, stored: torch.dty
     """An onnxruntime session on the CUDA provider when the device is CUDA and ORT can use it; on
     `proto` (the graph as rewritten in memory) when given, else on the file. On a float16 or
     bfloat16 graph, ORT's NCHWc layout pass (a float32 optimisation) is off: onnxruntime 1.31
-    crashes the process with a segmentation fault in it on a float16 ViT stem's graph."""
+    crashes the process with a segmentation fault in it on a float16 ViT stem's graph.
+    onnxruntime's C++ logger writes its errors straight to stderr (in colour) before raising them;
+    it is kept to fatal messages, for this session and for those onnxslim and the converters open,
+    so that a failure reaches the terminal as splitaudit's one line."""
     import onnxruntime as ort
 
+    ort.set_default_logger_severity(ORT_FATAL)
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = ORT_FATAL
     wanted = ["CPUExecutionProvider"]
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         wanted.insert(0, "CUDAExecutionProvider")
