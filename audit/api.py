@@ -132,12 +132,15 @@ audit.__signature__ = inspect.Signature(
 )
 
 
-def run(options: AuditOptions, progress: Callable | None = None, on_cost: Callable | None = None) -> AuditResult:
-    """Run the audit that `options` describe (the CLI's and audit()'s one code path)."""
+def run(
+    options: AuditOptions, progress: Callable | None = None, on_cost: Callable | None = None, invocation=None
+) -> AuditResult:
+    """Run the audit that `options` describe (the CLI's and audit()'s one code path); invocation
+    (splitaudit.engine.provenance.Invocation) says how the CLI was called."""
     from splitaudit.engine.pipeline import run_audit
     from splitaudit.inputs.context import silent_progress
 
-    return AuditResult(run_audit(options, progress=progress or silent_progress, on_cost=on_cost))
+    return AuditResult(run_audit(options, progress=progress or silent_progress, on_cost=on_cost, invocation=invocation))
 
 
 def _stderr_progress(**kwargs):

@@ -165,7 +165,7 @@ def cli() -> None:
 def run(model: str | None, **flags) -> None:
     """Audit MODEL (.onnx, TorchScript .pt or torch.export .pt2) with auxiliary data."""
     options = build_options(model, given_flags(flags))
-    _audit_and_report(options)
+    _audit_and_report(options, invocation(flags))
 
 
 @cli.command()
@@ -210,12 +210,21 @@ def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool, worker
     if as_sweep:
         from splitaudit.engine.sweep import demo_sweep_options
 
-        _sweep_and_report(demo_sweep_options(options))
+        _sweep_and_report(demo_sweep_options(options), invocation({}))
         return
-    _audit_and_report(options)
+    _audit_and_report(options, invocation({}))
 
 
-def _audit_and_report(options: AuditOptions) -> None:
+def invocation(flags: dict):
+    """The command line as typed (main passes it as the click context's obj) and the --config file,
+    for the result's provenance section."""
+    from splitaudit.engine.provenance import Invocation
+
+    argv = click.get_current_context().find_root().obj
+    return Invocation(["splitaudit", *argv] if isinstance(argv, list) else None, flags.get("config_file"))
+
+
+def _audit_and_report(options: AuditOptions, invocation) -> None:
     from splitaudit.api import run as run_api
     from splitaudit.reports import terminal_summary, write_junit
     from splitaudit.reports.writer import claim_output_folder, output_lock
@@ -223,7 +232,7 @@ def _audit_and_report(options: AuditOptions) -> None:
     if options.junit:
         claim_output_folder(Path(options.junit).parent)
     with output_lock(claim_output_folder(options.out)):  # checked before any computation
-        outcome = run_api(options, progress=cli_progress, on_cost=print_long_cost)
+        outcome = run_api(options, progress=cli_progress, on_cost=print_long_cost, invocation=invocation)
         written = outcome.write(options.out, options.formats)
         if options.junit:
             written.append(write_junit(outcome.data, Path(options.junit)))
@@ -299,6 +308,43 @@ def compare(before: str, after: str, formats: list[str], out: str, debug: bool) 
     _echo_written(written)
 
 
+@cli.command()
+@click.argument("report", type=click.Path(dir_okay=False))
+@click.option("--model", help="The model file (default: the path the report records).")
+@click.option("--aux", help="The auxiliary data (default: the recorded path).")
+@click.option("--target", help="The target data, when the audit had a separate one.")
+@click.option("--top-model", "top_model", help="The top model, when the audit had one.")
+@click.option("--vocab", help="The vocabulary or tokenizer.json, when the audit had one.")
+@click.option("--config", "config", help="The --config file, when the audit had one.")
+@click.option(
+    "--recompute", is_flag=True, help="Also measure the dFIL again and check it lies in the report's interval."
+)
+@click.option("--device", type=click.Choice(DEVICES), help="Where to recompute (default: the recorded option).")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+def verify(report: str, recompute: bool, device: str | None, debug: bool, **paths) -> None:
+    """Check that the files are the ones REPORT (report.json or sweep.json) audited: exit 0 verified,
+    1 at the first file that differs (or, with --recompute, a dFIL outside its interval), 2 bad input."""
+    from splitaudit.engine.verify import check_files, provenance_of, recompute_dfil
+    from splitaudit.reports import load_result
+
+    result = load_result(Path(report))
+    provenance = provenance_of(result, display_path(report))
+    overrides = {role.replace("_", "-"): path for role, path in paths.items()}
+    checks = check_files(provenance, overrides)
+    for check in checks:
+        click.echo(check.describe())
+    if checks and not checks[-1].matches:
+        _fail(f"verify: NOT the audited files: {checks[-1].describe()}", EXIT_GATE_FAILED)
+    if recompute:
+        outcomes = recompute_dfil(result, provenance, checks, device)
+        for _, line in outcomes:
+            click.echo(line)
+        failed = next((line for ok, line in outcomes if not ok), None)
+        if failed:
+            _fail(f"verify: the dFIL does not reproduce: {failed}", EXIT_GATE_FAILED)
+    click.echo(f"verified: {len(checks)} file(s) match report fingerprint {provenance['fingerprint']}")
+
+
 def _echo_written(paths: list[Path]) -> None:
     click.echo("wrote " + ", ".join(display_path(p) for p in paths))
 
@@ -316,10 +362,10 @@ def schema() -> None:
 @audit_options(SWEEP)
 def sweep(model: str | None, **flags) -> None:
     """Audit MODEL at several noise sigmas: bounds, attacks and utility, and a recommended sigma."""
-    _sweep_and_report(build_options(model, given_flags(flags)))
+    _sweep_and_report(build_options(model, given_flags(flags)), invocation(flags))
 
 
-def _sweep_and_report(options: AuditOptions) -> None:
+def _sweep_and_report(options: AuditOptions, invocation) -> None:
     from splitaudit.engine.sweep import run_sweep
     from splitaudit.reports import write_junit
     from splitaudit.reports.sweep import sweep_summary, write_sweep_reports
@@ -329,7 +375,7 @@ def _sweep_and_report(options: AuditOptions) -> None:
         claim_output_folder(Path(options.junit).parent)
     out_dir = claim_output_folder(options.out)
     with output_lock(out_dir):  # checked before any computation
-        result = run_sweep(options, progress=cli_progress)
+        result = run_sweep(options, progress=cli_progress, invocation=invocation)
         written = write_sweep_reports(result, out_dir, options.formats)
         if options.junit:
             written.append(write_junit(result, Path(options.junit)))
@@ -363,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
 
     previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = cli.main(args=args, prog_name="splitaudit", standalone_mode=False)
+        code = cli.main(args=args, prog_name="splitaudit", standalone_mode=False, obj=list(args))
     except (click.exceptions.Abort, KeyboardInterrupt):
         _fail_on_signal(signal.SIGINT)
     except Terminated:

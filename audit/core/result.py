@@ -404,6 +404,41 @@ class Utility(TypedDict):
     loss: NotRequired[float | None]
 
 
+InputRole = Literal["model", "model-external-data", "top-model", "aux", "target", "vocab", "config"]
+
+
+class InputDigest(TypedDict):
+    """One file (or folder) the audit read, by its SHA-256 (splitaudit.inputs.digests)."""
+
+    role: InputRole
+    path: str  # as given (external data: in the model's folder)
+    kind: Literal["file", "folder"]
+    sha256: str  # a folder's: over the sorted `sha256sum` lines of the files under it
+    bytes: int
+    files: NotRequired[int]  # a folder's file count
+    location: NotRequired[str]  # ONNX external data: the name the graph gives, relative to the model's folder
+
+
+class Provenance(TypedDict):
+    """What was audited, by what, where, how and when (splitaudit.engine.provenance); `splitaudit
+    verify` checks files against it."""
+
+    fingerprint: str  # 12 hex digits over the files' roles and digests and splitaudit's version
+    files: list[InputDigest]
+    in_memory: list[str]  # inputs given in memory (Python API): no file to verify
+    versions: dict[str, str | None]
+    converter: str | None  # the converter whose module was audited (ONNX), None for none
+    platform: str
+    device: str
+    device_name: str
+    seed: int
+    seeds: list[int]
+    options: dict[str, Any]
+    command_line: list[str] | None  # None from the Python API
+    started: str
+    ended: str
+
+
 class Result(TypedDict):
     """A splitaudit report: everything the HTML, Markdown, SARIF and terminal outputs show."""
 
@@ -421,6 +456,7 @@ class Result(TypedDict):
     gate: Gate
     utility: NotRequired[Utility]
     tokens: NotRequired[TokenStatement]
+    provenance: NotRequired[Provenance]
 
 
 # --- sweep.json (splitaudit sweep) ----------------------------------------------------------
@@ -491,6 +527,7 @@ class Sweep(TypedDict):
     points: list[SweepPoint]
     recommendation: Recommendation
     gate: SweepGate
+    provenance: NotRequired[Provenance]
 
 
 @lru_cache(maxsize=1)

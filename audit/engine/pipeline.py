@@ -22,6 +22,7 @@ from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.core.result import SCHEMA_VERSION
 from splitaudit.core.version import __version__
+from splitaudit.engine.provenance import Invocation, provenance_section
 from splitaudit.execution.executor import (
     Executor,
     ShardRunner,
@@ -33,6 +34,7 @@ from splitaudit.execution.executor import (
 )
 from splitaudit.inputs.context import AuditContext, build_context, silent_progress
 from splitaudit.inputs.data import Dataset, split_dataset
+from splitaudit.inputs.digests import InputFiles
 from splitaudit.inputs.model_checks import within_time_limit
 from splitaudit.inputs.models import resolve_device
 from splitaudit.inputs.raw_model import RawModel
@@ -126,22 +128,40 @@ class AuditEngine:
         names: list[str],
         executor: Executor | None,
         progress: Callable[..., tqdm],
+        inputs: InputFiles | None = None,
     ) -> None:
         self.options, self.ctx, self.names, self.executor, self.progress = options, ctx, names, executor, progress
+        self.inputs = inputs or InputFiles({})
         self._measured: tuple[Measurement, ShardRunner | None] | None = None
         self._clean_utility: dict | None = None
 
     @classmethod
     @contextmanager
     def prepared(
-        cls, options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, attacks: bool = True
+        cls,
+        options: AuditOptions,
+        progress: Callable[..., tqdm] = silent_progress,
+        attacks: bool = True,
+        config_file: str | None = None,
     ) -> Iterator["AuditEngine"]:
         """The engine for `options`, its executor (when `attacks`) closed however the audit ends; once
-        the audit is done, the model is asked again for its first answers (Encoder.confirm_unchanged)."""
+        the audit is done, the model is asked again for its first answers (Encoder.confirm_unchanged),
+        and the input files, hashed once loaded, are confirmed unchanged since before they were loaded
+        (splitaudit.inputs.digests)."""
+        inputs = InputFiles.before_loading(options, config_file)
         ctx, names = prepare_audit(options, progress)
+        inputs.hash_all()
         with opened_executor(options, ctx) if attacks else nullcontext() as executor:
-            yield cls(options, ctx, names, executor, progress)
+            yield cls(options, ctx, names, executor, progress, inputs)
         ctx.encoder.confirm_unchanged("at the end of the audit")
+        inputs.confirm_unchanged()
+
+    def provenance(self, started: datetime, invocation: Invocation | None) -> dict:
+        """The result's provenance section (splitaudit.engine.provenance), ended now."""
+        ctx = self.ctx
+        return provenance_section(
+            self.options, self.inputs.records, ctx.device, ctx.seeds, ctx.encoder.converter, invocation, started
+        )
 
     @property
     def measurement(self) -> Measurement:
@@ -193,16 +213,21 @@ class AuditEngine:
 
 
 def run_audit(
-    options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, on_cost: Callable[..., None] | None = None
+    options: AuditOptions,
+    progress: Callable[..., tqdm] = silent_progress,
+    on_cost: Callable[..., None] | None = None,
+    invocation: Invocation | None = None,
 ) -> dict:
     """Run the whole audit and return the result object (report.json's content): one audit point
     at options.noise_sigma, and its gate.
 
     on_cost, when given, receives the up-front cost estimate (splitaudit.stages.cost.CostEstimate)
-    before the long stages start."""
+    before the long stages start; invocation (the command line and --config file) goes into the
+    provenance section."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    with AuditEngine.prepared(options, progress) as engine:
+    invocation = invocation or Invocation()
+    with AuditEngine.prepared(options, progress, config_file=invocation.config_file) as engine:
         ctx, names = engine.ctx, engine.names
         header = describe_run(ctx, options, started)
         from splitaudit.stages.utility import utility_section
@@ -235,6 +260,7 @@ def run_audit(
         "calibration": point["calibration"],
         **statement_section,
         "attacks": point["attacks"],
+        "provenance": engine.provenance(started, invocation),
     }
     gate = evaluate_gate(
         result,

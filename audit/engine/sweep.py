@@ -20,6 +20,7 @@ from splitaudit.attacks import ATTACK_NAMES
 from splitaudit.core.config import AuditOptions, sigma_key
 from splitaudit.core.errors import InputError
 from splitaudit.engine.pipeline import AuditEngine, describe_run
+from splitaudit.engine.provenance import Invocation
 from splitaudit.inputs.context import AuditContext, silent_progress
 from splitaudit.stages.recommend import recommend, sweep_gate
 
@@ -41,14 +42,17 @@ def sweep_sigmas(grid: list[float], calibrated: float | None) -> list[tuple[floa
     return sorted(points.values())
 
 
-def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
-    """The whole sweep: sweep.json's content (points, recommendation, gate)."""
+def run_sweep(
+    options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, invocation: Invocation | None = None
+) -> dict:
+    """The whole sweep: sweep.json's content (points, recommendation, gate, provenance)."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     options.validate()  # before the sigma check below, whose message assumes valid options
     if not options.noise_sigmas and not options.auto_sigma:
         raise InputError("no noise sigmas to sweep: pass --noise-sigma S1,S2,... and/or --auto-sigma")
-    with AuditEngine.prepared(options, progress) as engine:
+    invocation = invocation or Invocation()
+    with AuditEngine.prepared(options, progress, config_file=invocation.config_file) as engine:
         ctx, clean_utility = engine.ctx, engine.clean_utility
         header = describe_sweep(ctx, options, started)
         target = options.target_mse if options.target_mse is not None else options.fail_under_mse
@@ -86,6 +90,7 @@ def run_sweep(options: AuditOptions, progress: Callable[..., tqdm] = silent_prog
         "calibration": calibration,
         "utility_clean": clean_utility,
         "points": points,
+        "provenance": engine.provenance(started, invocation),
     }
     auto_reason = calibration["reason"] if options.auto_sigma else None
     sweep = {

@@ -78,6 +78,7 @@ class Encoder:
     stochastic: bool
     warnings: list[str]
     providers: list[str]
+    converter: str | None = None  # the converter whose module is audited (an ONNX model's), if any
     mode: str = "saved"
     training_modules: list[str] = field(default_factory=list)
     fingerprint: Fingerprint | None = None  # its first answers on the loading checks' inputs (None: not rechecked)
@@ -273,6 +274,7 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
         stochastic=stochastic,
         warnings=notes,
         providers=raw.providers,
+        converter=raw.converter if torch_fn is not None else None,
         mode=raw.mode,
         training_modules=raw.training_modules,
         fingerprint=Fingerprint.taken(sample, first, second),

@@ -1,0 +1,146 @@
+"""SHA-256 digests of the files an audit reads, so that a report names exactly what it audited.
+
+Every input is hashed through one chunked reader (file_sha256: a model may be many GiB): a file by
+its bytes, a folder (an image folder, or a folder holding one .npz/.csv) by a digest over the sorted
+list of (relative name, file digest) of every regular file under it, written as `sha256sum` writes
+it, so that a reviewer can reproduce it with the shell commands the README gives.
+
+Race between hashing and loading: the loaders (onnx, torch, numpy, PIL) open the files themselves,
+so their bytes cannot be the bytes hashed without reading every model twice into memory. Instead,
+each file's identity (size, modification time in ns, inode, device) is taken before the loaders
+open it (`InputFiles.before_loading`) and checked again when the audit ends (`confirm_unchanged`):
+a file written or replaced anywhere between loading, hashing and the end of the audit refuses the
+run (InputError, no report), so the digests recorded are those of the bytes that were audited.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from splitaudit.core.errors import InputError
+from splitaudit.core.safety import display_path
+
+CHUNK_BYTES = 4 * 1024**2  # read this much at a time: memory stays flat whatever the file's size
+# The inputs an audit reads, in the order a report lists them and verification checks them.
+ROLES = ("model", "model-external-data", "top-model", "aux", "target", "vocab", "config")
+OPTION_OF_ROLE = {"model": "model", "top-model": "top_model", "aux": "aux", "target": "target", "vocab": "vocab"}
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, read in CHUNK_BYTES pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def folder_files(folder: Path) -> list[tuple[str, Path]]:
+    """(relative POSIX name, path) of every regular file under folder, sorted by the name's bytes
+    (as `LC_ALL=C sort` sorts); symlinked folders are not followed, as the loaders do not follow them."""
+    found = [(p.relative_to(folder).as_posix(), p) for p in folder.rglob("*") if p.is_file()]
+    return sorted(found, key=lambda item: os.fsencode(item[0]))
+
+
+def folder_sha256(folder: str | Path) -> tuple[str, int, int]:
+    """A folder's digest: SHA-256 over one `sha256sum` line ("HEX  NAME\\n") per file of folder_files,
+    and the number of files and their total bytes."""
+    digest, count, size = hashlib.sha256(), 0, 0
+    for name, path in folder_files(Path(folder)):
+        digest.update(f"{file_sha256(path)}  ".encode() + os.fsencode(name) + b"\n")
+        count, size = count + 1, size + path.stat().st_size
+    return digest.hexdigest(), count, size
+
+
+def identity(path: Path) -> tuple:
+    """What changes when a file (or any file of a folder) is written, replaced or removed."""
+    if path.is_dir():
+        return tuple((name, identity(p)) for name, p in folder_files(path))
+    try:
+        st = path.stat()
+    except OSError:
+        return ("missing",)
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+
+def digest_record(role: str, path: Path, location: str | None = None) -> dict:
+    """One input's entry of provenance.files: its role, path as given, kind, bytes and SHA-256."""
+    if path.is_dir():
+        sha, count, size = folder_sha256(path)
+        record = {"role": role, "path": display_path(path), "kind": "folder", "sha256": sha, "bytes": size}
+        record["files"] = count
+    else:
+        record = {"role": role, "path": display_path(path), "kind": "file", "sha256": file_sha256(path)}
+        record["bytes"] = path.stat().st_size
+    if location is not None:
+        record["location"] = location
+    return record
+
+
+def onnx_external_locations(model: Path) -> list[str]:
+    """The external data files an ONNX model's tensors name (data_location EXTERNAL), relative to the
+    model's folder, each once, in the order first named: the files onnx.load reads besides the model."""
+    if model.suffix.lower() != ".onnx":
+        return []
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    proto = onnx.load(str(model), load_external_data=False)
+    locations: list[str] = []
+    for tensor in filter(uses_external_data, _get_all_tensors(proto)):
+        location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+        if location is not None and location not in locations:
+            locations.append(location)
+    return locations
+
+
+@dataclass
+class InputFiles:
+    """The files of one audit: taken before the loaders open them, hashed after they did."""
+
+    paths: dict[str, Path]  # by role: the files named by the options (and the config file)
+    identities: dict[str, tuple] = field(default_factory=dict)
+    records: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def before_loading(cls, options, config_file: str | None = None) -> "InputFiles":
+        """The options' input files (paths only: a model or data given in memory has no file), with
+        their identities as they are before anything reads them."""
+        paths = {
+            role: Path(value)
+            for role, name in OPTION_OF_ROLE.items()
+            if isinstance(value := getattr(options, name), (str, os.PathLike)) and str(value)
+        }
+        if config_file:
+            paths["config"] = Path(config_file)
+        return cls(paths, {role: identity(path) for role, path in paths.items()})
+
+    def hash_all(self) -> list[dict]:
+        """Every input's digest record in ROLES order, an ONNX model's external data files after it
+        (found once the model has loaded, so the graph is known to be valid)."""
+        records, paths = [], dict(self.paths)
+        for role in ROLES:
+            if role == "model-external-data" and "model" in paths:
+                for location in onnx_external_locations(paths["model"]):
+                    path = paths["model"].parent / location
+                    self.identities[f"{role}:{location}"] = identity(path)
+                    records.append(digest_record(role, path, location))
+            elif role in paths:
+                records.append(digest_record(role, paths[role]))
+        self.records = records
+        return records
+
+    def confirm_unchanged(self) -> None:
+        """InputError when a file changed between the moment before loading and now: the report
+        would otherwise record digests of bytes that were not the ones audited."""
+        for key, before in self.identities.items():
+            role, _, location = key.partition(":")
+            path = self.paths["model"].parent / location if location else self.paths[role]
+            if identity(path) != before:
+                raise InputError(
+                    f"{display_path(path)} ({role}) changed while it was being audited; its digest would not "
+                    "describe what was measured: rerun on files nobody is writing"
+                )
