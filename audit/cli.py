@@ -23,6 +23,7 @@ from splitaudit.attacks import ATTACK_NAMES, attack_class
 from splitaudit.core.config import (
     AUDITING,
     CALIBRATE,
+    CUTS,
     DEVICES,
     RUN,
     SWEEP,
@@ -107,7 +108,7 @@ def _click_option(f, command: str):
     OptionSpec."""
     spec = option_spec(f)
     words = spec.help_in(command).format(
-        attacks=",".join(ATTACK_NAMES), formats=",".join(formats_of("sweep" if command == SWEEP else "report"))
+        attacks=",".join(ATTACK_NAMES), formats=",".join(formats_of(command if command in (SWEEP, CUTS) else "report"))
     )
     kwargs = {"help": words, "metavar": spec.metavar, "required": command in spec.required_in}
     if f.type == "bool":
@@ -274,12 +275,14 @@ def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> N
 def render(report: str, formats: list[str], out: str | None, debug: bool) -> None:
     """Re-render a saved report.json (or sweep.json) as HTML and/or Markdown."""
     from splitaudit.reports import load_result, write_reports
+    from splitaudit.reports.cuts import write_cuts_reports
     from splitaudit.reports.sweep import write_sweep_reports
     from splitaudit.reports.writer import claim_output_folder, output_lock
 
     result = load_result(Path(report))
-    check_formats(formats, "sweep" if result.get("kind") == "sweep" else "report")
-    write = write_sweep_reports if result.get("kind") == "sweep" else write_reports
+    kind = result.get("kind") if result.get("kind") in ("sweep", "cuts") else "report"
+    check_formats(formats, kind)
+    write = {"sweep": write_sweep_reports, "cuts": write_cuts_reports}.get(kind, write_reports)
     out_dir = claim_output_folder(Path(report).parent if out is None else out)
     with output_lock(out_dir):
         written = write(result, out_dir, formats)
@@ -380,6 +383,33 @@ def _sweep_and_report(options: AuditOptions, invocation) -> None:
         if options.junit:
             written.append(write_junit(result, Path(options.junit)))
     click.echo(sweep_summary(result))
+    _echo_written(written)
+    if not result["gate"]["passed"]:
+        raise SystemExit(EXIT_GATE_FAILED)
+
+
+@cli.command()
+@click.argument("model", required=False)
+@audit_options(CUTS)
+def cuts(model: str | None, **flags) -> None:
+    """Audit every candidate split point of a whole ONNX MODEL and recommend where to split."""
+    from splitaudit.engine.cuts import run_cuts
+    from splitaudit.reports import write_junit
+    from splitaudit.reports.cuts import cuts_summary, write_cuts_reports
+    from splitaudit.reports.writer import claim_output_folder, output_lock
+
+    options = build_options(model, given_flags(flags))
+    check_formats(options.formats, CUTS)
+    if options.junit:
+        claim_output_folder(Path(options.junit).parent)
+    with output_lock(claim_output_folder(options.out)) as out_dir:  # checked before any computation
+        result = run_cuts(
+            options, progress=cli_progress, on_cost=lambda line: click.echo(f"splitaudit: {line}", err=True)
+        )
+        written = write_cuts_reports(result, out_dir, options.formats)
+        if options.junit:
+            written.append(write_junit(result, Path(options.junit)))
+    click.echo(cuts_summary(result))
     _echo_written(written)
     if not result["gate"]["passed"]:
         raise SystemExit(EXIT_GATE_FAILED)

@@ -12,6 +12,7 @@ from splitaudit.core.errors import InputError
 from splitaudit.core.registries import GATED_BOUND
 from splitaudit.stages.gate import evaluate_gate
 from splitaudit.stages.recommend import recommend, sweep_gate
+from splitaudit.stages.recommend_cut import cuts_gate, recommend_cut
 
 RUN_THRESHOLDS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage")
 SWEEP_THRESHOLDS = (*RUN_THRESHOLDS, "max_utility_loss")
@@ -21,7 +22,10 @@ MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)  # a f
 def check_consistency(document: dict, source: str) -> None:
     """InputError naming the first place where the document contradicts its own numbers."""
     try:
-        problem = _sweep_problem(document) if document.get("kind") == "sweep" else _report_problem(document)
+        problems = {"sweep": _sweep_problem, "cuts": _cuts_problem}
+        problem = problems.get(document.get("kind") if isinstance(document.get("kind"), str) else "", _report_problem)(
+            document
+        )
     except MALFORMED as exc:
         problem = f"its gate cannot be recomputed from its numbers ({type(exc).__name__}: {exc})"
     if problem:
@@ -74,6 +78,21 @@ def _sweep_problem(sweep: dict) -> str | None:
         )
     gate = sweep["gate"]
     return _threshold_problem(gate, SWEEP_THRESHOLDS) or _gate_problem(gate, _sweep_gate(sweep))
+
+
+def _cuts_problem(document: dict) -> str | None:
+    """cuts.json: its recommended cut and its gate are what its cuts' numbers give."""
+    cuts, rec = document["cuts"], document["recommendation"]
+    if not cuts:
+        return "it has no cuts (no cut was audited)"
+    again = recommend_cut(cuts, rec["target_mse"], rec["max_accuracy_loss"])
+    for key in ("cut_index", "cut", "noise_sigma", "flops", GATED_BOUND.key, "accuracy_loss"):
+        if again[key] != rec[key] and not _same(again[key], rec[key]):
+            return f"recommendation.{key} {rec[key]!r} is not what its cuts give ({again[key]!r})"
+    gate = document["gate"]
+    stored = {k: gate.get(k) for k in RUN_THRESHOLDS}
+    recomputed = cuts_gate(document, **stored, strict=gate.get("strict", False))
+    return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(gate, recomputed)
 
 
 def _recommendation_problem(rec: dict, points: list[dict]) -> str | None:

@@ -24,6 +24,7 @@ from splitaudit.reports.view_elements import (
     gate_section,
     section,
 )
+from splitaudit.reports.view_provenance import ProvenanceView, provenance_view
 from splitaudit.reports.view_summary import summary_items
 from splitaudit.reports.view_verdict import alert_lines, gate_table, headline, verdict_class
 
@@ -83,6 +84,7 @@ class ReportView:
     run: Table | None
     not_run: Table | None
     figures: list[Figure]
+    provenance: ProvenanceView | None = None
 
 
 def build_view(result: dict, with_figures: bool = True) -> ReportView:
@@ -113,6 +115,7 @@ def build_view(result: dict, with_figures: bool = True) -> ReportView:
         ),
         not_run=not_run_table(attacks),
         figures=figures.made,
+        provenance=provenance_view(result),
     )
 
 

@@ -17,7 +17,7 @@ from markupsafe import Markup, escape
 from tabulate import tabulate
 
 from splitaudit.core.errors import InputError
-from splitaudit.core.result import READABLE_VERSIONS, SCHEMA_VERSION, first_error, sweep_json_schema, upgraded
+from splitaudit.core.result import READABLE_VERSIONS, SCHEMA_VERSION, first_error, schema_of_kind, upgraded
 from splitaudit.core.safety import display_path, displayable, nested_deeper_than, require_regular_file
 from splitaudit.reports.consistency import check_consistency, regated
 from splitaudit.reports.files import from_strict_json, to_strict_json, write_atomic, write_json
@@ -70,7 +70,7 @@ def checked_result(stored, source: str) -> dict:
             "version that wrote it)"
         )
     older, stored = stored["schema_version"] != SCHEMA_VERSION, upgraded(stored)
-    error = first_error(stored, sweep_json_schema() if stored.get("kind") == "sweep" else None)
+    error = first_error(stored, schema_of_kind(stored.get("kind")))
     if error:
         raise InputError(f"{source}: {error}")
     restored = from_strict_json(stored)

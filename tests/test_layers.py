@@ -44,7 +44,7 @@ def layer_of(module: str) -> int | None:
 
 
 # What a report may import besides the core and other reports: pure functions of a result's numbers.
-RESULT_FUNCTIONS = {"splitaudit.stages.gate", "splitaudit.stages.recommend"}
+RESULT_FUNCTIONS = {"splitaudit.stages.gate", "splitaudit.stages.recommend", "splitaudit.stages.recommend_cut"}
 
 LAYER_OF = {module: layer for module in package_modules() if (layer := layer_of(module)) is not None}
 

@@ -13,10 +13,10 @@ import pytest
 
 from splitaudit.api import audit
 from splitaudit.cli import cli, main
-from splitaudit.core.config import CALIBRATE, CLI_CONTROLS, RUN, SWEEP, AuditOptions, load_config, option_spec
+from splitaudit.core.config import CALIBRATE, CLI_CONTROLS, CUTS, RUN, SWEEP, AuditOptions, load_config, option_spec
 
 FIELDS = {f.name: f for f in fields(AuditOptions)}
-COMMAND_OWN = {RUN: set(), SWEEP: set(), CALIBRATE: {"as_json"}}  # flags a command adds for itself
+COMMAND_OWN = {RUN: set(), SWEEP: set(), CALIBRATE: {"as_json"}, CUTS: set()}  # flags a command adds for itself
 
 
 def _default(name: str):
@@ -28,13 +28,14 @@ def _taken_by(command: str) -> set[str]:
     return {name for name, f in FIELDS.items() if command in option_spec(f).commands}
 
 
-@pytest.mark.parametrize("command", [RUN, SWEEP, CALIBRATE])
+@pytest.mark.parametrize("command", [RUN, SWEEP, CALIBRATE, CUTS])
 def test_each_command_takes_the_options_the_table_gives_it(command):
     params = {p.name for p in cli.commands[command].params} - {"model"}
     controls = set(CLI_CONTROLS) if command != CALIBRATE else set(CLI_CONTROLS) - {"attack_option"}
     assert params == _taken_by(command) | controls | COMMAND_OWN[command]
-    # run and sweep together take every option but the model (an argument) and the file's own
-    assert set(FIELDS) - _taken_by(RUN) - _taken_by(SWEEP) == {"model", "target_fraction", "attack_options"}
+    # run, sweep and cuts together take every option but the model (an argument) and the file's own
+    taken = _taken_by(RUN) | _taken_by(SWEEP) | _taken_by(CUTS)
+    assert set(FIELDS) - taken == {"model", "target_fraction", "attack_options"}
 
 
 def test_the_api_takes_the_table_s_keywords_with_their_defaults():

@@ -179,3 +179,13 @@ def test_a_file_rewritten_during_the_audit_is_refused(tmp_path):
         stream.write(b"\0")
     with pytest.raises(InputError, match="changed while it was being audited"):
         inputs.confirm_unchanged()
+
+
+def test_html_and_markdown_show_the_fingerprint_files_and_a_sign_off_block(audited, tmp_path, capsys):
+    code, _, _ = run_cli(["render", audited, "--format", "html,md", "--out", tmp_path], capsys)
+    assert code == 0
+    quoted = json.loads(audited.read_text())["provenance"]["fingerprint"]
+    for name in ("report.html", "report.md"):
+        page = (tmp_path / name).read_text()
+        assert page.count(quoted) >= 3, name  # under the title, in the provenance section, in the statement
+        assert sha256_of(MODEL) in page and "Sign-off" in page and "Signature" in page

@@ -37,9 +37,10 @@ MAX_QUERIES = 1000  # --queries: repeated queries of one input a query-access at
 # its `option(...)` says which commands take it as a flag (with its help), and whether
 # splitaudit.audit() takes it as a keyword. cli.py makes the click options from this table and
 # api.py the keywords of audit(); tests/test_options.py checks that the three accept one set.
-RUN, SWEEP, CALIBRATE = "run", "sweep", "calibrate"
-MEASURING = frozenset({RUN, SWEEP, CALIBRATE})  # the commands that load a model and its data
-AUDITING = frozenset({RUN, SWEEP})  # ... and run attacks
+RUN, SWEEP, CALIBRATE, CUTS = "run", "sweep", "calibrate", "cuts"
+MEASURING = frozenset({RUN, SWEEP, CALIBRATE, CUTS})  # the commands that load a model and its data
+AUDITING = frozenset({RUN, SWEEP, CUTS})  # ... and run attacks
+DEFAULT_CUTS = 6  # candidate cuts audited when --cuts is not given: enough to see the trend
 CLI_CONTROLS = ("attack_option", "config_file", "debug")  # flags that are not options of the audit
 
 
@@ -101,13 +102,14 @@ class AuditOptions:
     top_model: str | None = option(
         None,
         "The top model g (TorchScript/ONNX), for attacks that use one.",
+        commands=frozenset({RUN, SWEEP}),  # cuts extracts the top from the whole model
         help_for=((SWEEP, "The top model g; utility is its accuracy under noise (else a probe's)."),),
     )
     input_shape: list[int] | None = option(None, "Per-sample input shape, e.g. 3,32,32.", commands=MEASURING)
     normalize: list[float] | None = option(
         None,
         "MEAN,STD (or C means then C stds) folded into the encoder; MSEs stay in data space.",
-        commands=MEASURING,
+        commands=frozenset({RUN, SWEEP, CALIBRATE}),  # cuts: the whole model takes the data as it is
     )
     label_column: str | None = option(None, "CSV column with class labels.", commands=MEASURING)
     attr_column: str | None = option(None, "CSV column with the sensitive attribute.", commands=MEASURING)
@@ -214,13 +216,41 @@ class AuditOptions:
     target_mse: float | None = option(
         None,
         "The bound MSE the recommended sigma must guarantee (default --fail-under-mse, else half the mean-guess MSE).",
-        commands=frozenset({SWEEP, CALIBRATE}),
+        commands=frozenset({SWEEP, CALIBRATE, CUTS}),
         api=False,
-        help_for=((CALIBRATE, "The bound MSE the noise should guarantee."),),
+        help_for=(
+            (CALIBRATE, "The bound MSE the noise should guarantee."),
+            (
+                CUTS,
+                "The bound MSE each cut's noise must guarantee (default --fail-under-mse, else half the mean-guess MSE).",
+            ),
+        ),
         required_in=frozenset({CALIBRATE}),
     )
     max_utility_loss: float | None = option(
         None, "Gate: fail when the recommended sigma costs more accuracy.", commands=frozenset({SWEEP}), api=False
+    )
+    # splitaudit cuts
+    cuts: list[str] = option(
+        help=f"Tensor names to cut at (comma list), or a number of candidate cuts spread over the depth "
+        f"(default {DEFAULT_CUTS}).",
+        factory=list,
+        commands=frozenset({CUTS}),
+        api=False,
+        metavar="NAMES|N",
+    )
+    cut_noise_sigma: float | None = option(
+        None,
+        "Audit every cut at this noise sigma (default: each cut at the sigma calibrated for --target-mse).",
+        commands=frozenset({CUTS}),
+        api=False,
+        flag="--noise-sigma",
+    )
+    max_accuracy_loss: float = option(
+        0.02,
+        "The task accuracy the recommended cut may lose to its noise (default 0.02).",
+        commands=frozenset({CUTS}),
+        api=False,
     )
 
     def validate(self) -> "AuditOptions":
@@ -359,6 +389,8 @@ NUMERIC_RANGES = {  # every numeric option, run and sweep alike (None means "not
     "max_advantage": Range(-MAX_THRESHOLD, MAX_THRESHOLD),
     "target_mse": Range(0.0, MAX_THRESHOLD, open_low=True),
     "max_utility_loss": Range(0.0, 1.0),
+    "max_accuracy_loss": Range(0.0, 1.0),
+    "cut_noise_sigma": SCALE,
     "seed": Range(0, MAX_SEED),
     "task_timeout": Range(0.0, MAX_TIMEOUT_SECONDS, open_low=True),
     "workers": Range(1, MAX_WORKERS),
@@ -387,7 +419,7 @@ def _shown(number: float) -> str:
 
 def option_flag(name: str) -> str:
     """The command-line spelling of an option (a sweep's list of sigmas is --noise-sigma)."""
-    return "--noise-sigma" if name == "noise_sigmas" else f"--{name.replace('_', '-')}"
+    return "--noise-sigma" if name in ("noise_sigmas", "cut_noise_sigma") else f"--{name.replace('_', '-')}"
 
 
 def load_config(path: str | Path) -> dict:

@@ -112,7 +112,7 @@ PRIOR_NAMES = tuple(PRIORS)
 @dataclass(frozen=True)
 class ReportFormat:
     """A file a result can be written as: its name (--format), what it is, the documents it
-    renders ("report": splitaudit run and render; "sweep"; "comparison": splitaudit compare), and
+    renders ("report": splitaudit run and render; "sweep"; "cuts"; "comparison": splitaudit compare), and
     whether run and sweep write it when --format is not given."""
 
     name: str
@@ -121,7 +121,7 @@ class ReportFormat:
     default: bool = False
 
 
-_ALL = frozenset({"report", "sweep", "comparison"})
+_ALL = frozenset({"report", "sweep", "cuts", "comparison"})
 FORMATS: dict[str, ReportFormat] = {
     fmt.name: fmt
     for fmt in (
@@ -129,7 +129,7 @@ FORMATS: dict[str, ReportFormat] = {
         ReportFormat("md", "Markdown, its figures beside it", _ALL, default=True),
         ReportFormat("json", "the result itself (report.json), checked against its schema", _ALL, default=True),
         ReportFormat("sarif", "SARIF 2.1.0 findings for code-scanning tools", frozenset({"report"})),
-        ReportFormat("junit", "the gate's checks as JUnit XML test cases", frozenset({"report", "sweep"})),
+        ReportFormat("junit", "the gate's checks as JUnit XML test cases", frozenset({"report", "sweep", "cuts"})),
     )
 }
 DEFAULT_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.default)

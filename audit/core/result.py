@@ -541,6 +541,121 @@ def sweep_json_schema() -> dict:
     }
 
 
+# --- cuts.json (splitaudit cuts) ------------------------------------------------------------
+
+
+class CandidateCut(TypedDict):
+    """A tensor every input-to-output path of the whole model passes through, and the client's cost there."""
+
+    name: str
+    op: str  # the operator that writes it
+    depth: int  # its writer's index in the graph's node order
+    flops: int
+    params: int
+
+
+class WholeModel(TypedDict):
+    """The whole model that was cut, and every candidate cut found in its graph."""
+
+    path: str
+    format: Literal["onnx"]
+    input_name: str
+    output_name: str
+    input_shape: list[int]
+    params: int
+    flops: int  # 2 x multiply-accumulates of Conv, ConvTranspose, MatMul, Gemm per sample
+    candidates: list[CandidateCut]
+
+
+class BottomModel(TypedDict):
+    """How the bottom at a cut loaded (as report.json's model section says it)."""
+
+    gradient_mode: Literal["autograd", "finite-difference"]
+    parity_max_abs_err: float | None
+    warnings: list[str]
+
+
+class WholeAccuracy(TypedDict):
+    """The whole model's accuracy on the labelled target data, by onnxruntime."""
+
+    status: Literal["ok", "skipped"]
+    accuracy: float | None
+    n: int
+    reason: str
+
+
+class Cut(TypedDict):
+    """One audited cut: where it is, what the client pays there, and an audit point of its bottom."""
+
+    name: str
+    op: str
+    depth: int
+    shape: list[int]  # the embedding's per-sample shape
+    params: int  # the bottom's weights
+    flops: int  # the bottom's 2 x multiply-accumulates per sample
+    bytes_sent: int  # per sample, float32
+    parity_max_abs_err: float  # bottom then top against the whole model, by onnxruntime
+    sigma_source: Literal["calibrated", "--noise-sigma", "uncalibrated"]
+    noise_sigma: float
+    dfil: Dfil
+    bounds: Bounds
+    calibration: Calibration
+    attacks: dict[str, Attack]
+    utility: Utility
+    bottom: BottomModel
+    seconds: float
+
+
+class CutRecommendation(TypedDict):
+    """The qualifying cut with the fewest client FLOPs (bound reached, unbeaten, accuracy loss in budget)."""
+
+    target_mse: float
+    max_accuracy_loss: float
+    cut: str | None
+    cut_index: int | None
+    noise_sigma: float | None
+    van_trees_mse: float | None
+    accuracy_loss: float | None
+    flops: int | None
+    reason: str
+
+
+class Cuts(TypedDict):
+    """A splitaudit cuts audit (cuts.json): one audit per cut of a whole model and a recommended cut."""
+
+    schema_version: Literal[SCHEMA_VERSION]
+    kind: Literal["cuts"]
+    tool: Tool
+    run: Run
+    model: WholeModel
+    data: Data
+    target_mse: float
+    target_source: str
+    max_accuracy_loss: float
+    noise_sigma: float | None  # --noise-sigma, or None: each cut at its calibrated sigma
+    prior: Prior
+    whole_accuracy: WholeAccuracy
+    cuts: list[Cut]
+    recommendation: CutRecommendation
+    gate: Gate
+
+
+@lru_cache(maxsize=1)
+def cuts_json_schema() -> dict:
+    """The JSON Schema of cuts.json, generated from `Cuts` (checked when written and read)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"splitaudit cuts.json, schema_version {SCHEMA_VERSION}",
+        **_schema_of(Cuts),
+    }
+
+
+def schema_of_kind(kind) -> dict:
+    """The schema a stored document of this `kind` is checked against (report.json's when it has none)."""
+    readers = {"sweep": sweep_json_schema, "cuts": cuts_json_schema}
+    return readers.get(kind if isinstance(kind, str) else "", shipped_schema)()
+
+
 # --- JSON Schema ---------------------------------------------------------------------------
 # A small generator over the typing constructs used above (about 40 lines) instead of a
 # library such as pydantic: it encodes report.json's non-finite numbers as one flat

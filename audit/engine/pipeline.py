@@ -44,6 +44,7 @@ from splitaudit.stages.gate import evaluate_gate
 from splitaudit.stages.token_statement import checked_against_attacks, token_statement
 
 if TYPE_CHECKING:
+    from splitaudit.estimators.prior import PriorEstimate
     from splitaudit.stages.leakage import Measurement
 
 
@@ -133,6 +134,7 @@ class AuditEngine:
         self.options, self.ctx, self.names, self.executor, self.progress = options, ctx, names, executor, progress
         self.inputs = inputs or InputFiles({})
         self._measured: tuple[Measurement, ShardRunner | None] | None = None
+        self.known_prior: PriorEstimate | None = None  # a prior term measured on the same aux data (cuts share it)
         self._clean_utility: dict | None = None
 
     @classmethod
@@ -171,7 +173,9 @@ class AuditEngine:
 
             shards = trace_runner(self.executor, self.ctx) if self.executor is not None else None
             o = self.options
-            measured = leakage.measure(self.ctx, o.prior, o.smoothing, o.dfil_rtol, o.dfil_samples, runner=shards)
+            measured = leakage.measure(
+                self.ctx, o.prior, o.smoothing, o.dfil_rtol, o.dfil_samples, runner=shards, known_prior=self.known_prior
+            )
             self.ctx.encoder.confirm_unchanged("after the dFIL and bounds stage")
             self._measured = measured, shards
         return self._measured[0]

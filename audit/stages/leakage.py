@@ -101,12 +101,14 @@ def measure(
     dfil_rtol: float = DFIL_RTOL,
     dfil_samples: int | None = None,
     runner: JobRunner | None = None,
+    known_prior: PriorEstimate | None = None,
 ) -> Measurement:
     """Jacobian traces on (smoothed) target samples and J(pi_tau)/d from the aux data.
 
     dfil_rtol: target relative standard error of the mean trace (randomised estimates);
     dfil_samples: at most this many target samples (default 2048, 256 with --quick); runner:
-    where the traces' shards run (an executor's workers; None: here)."""
+    where the traces' shards run (an executor's workers; None: here); known_prior: the prior term
+    already estimated on the same aux data, method and smoothing (the cuts of one model share it)."""
     tau = resolve_smoothing(ctx, smoothing)
     candidates = _dfil_sample_index(ctx, dfil_samples)
     # a random operator the Jacobian products cannot follow, a model editing its weights as it is
@@ -123,7 +125,7 @@ def measure(
         smoothing=tau,
         index=candidates[mean_trace.index],
         mean_trace=mean_trace,
-        prior=_prior(ctx, prior, tau),
+        prior=known_prior or _prior(ctx, prior, tau),
         d=ctx.target.x[0].numel(),
         n_target=len(ctx.target),
         n_candidates=len(candidates),

@@ -1,0 +1,242 @@
+"""`splitaudit cuts`: the candidate cuts of a whole model, its halves, one audit per cut, and a
+recommendation that follows from the numbers.
+
+Closed form: on a chain of linear layers x -> A1 x -> A2 A1 x -> ... the Jacobian at cut k is
+P_k = A_k ... A_1, so dFIL = ||P_k||_F^2 / (d sigma^2) exactly, and with the Gaussian prior N(0, s^2 I)
+the van Trees bound is 1 / (dFIL + 1/s^2) (Maeng et al., NeurIPS 2023)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from architectures import build, export_onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from splitaudit.cli import main
+from splitaudit.core.config import AuditOptions
+from splitaudit.engine.cuts import run_cuts
+from splitaudit.inputs.onnx_cuts import candidate_cuts, open_whole_model, run_onnx, split_at
+from splitaudit.stages.recommend_cut import qualifies, recommend_cut
+
+D, SIGMA, S = 6, 0.5, 0.8  # input size, --noise-sigma, the data's per-dimension std
+
+
+def _exit_code(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    return exit_info.value.code
+
+
+def _chain(path: Path) -> tuple[Path, list[np.ndarray]]:
+    """x [N, D] -> MatMul W1 -> h1 -> Gemm (W2, transB) -> h2 -> MatMul W3 -> logits [N, 3]; returns the
+    maps A_k (h_k = A_k h_{k-1}) as matrices."""
+    rng = np.random.default_rng(0)
+    w1 = rng.normal(size=(D, 5)).astype(np.float32)  # h1 = x @ w1: A1 = w1.T
+    w2 = rng.normal(size=(4, 5)).astype(np.float32)  # Gemm transB: h2 = h1 @ w2.T: A2 = w2
+    w3 = rng.normal(size=(4, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"]),
+        helper.make_node("Gemm", ["h1", "w2"], ["h2"], transB=1),
+        helper.make_node("MatMul", ["h2", "w3"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", D])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2"), (w3, "w3"))],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path, [w1.T, w2, w3.T]
+
+
+def _gaussian_data(path: Path, n: int, seed: int, model: Path) -> Path:
+    """N(0, S^2 I) samples standardised to per-dimension variance exactly S^2, labelled by the model."""
+    x = np.random.default_rng(seed).normal(size=(n, D))
+    x = (x - x.mean(0)) / x.std(0, ddof=1) * S
+    whole = open_whole_model(model, (D,))
+    y = run_onnx(whole.proto, x.astype(np.float32)).argmax(1)
+    np.savez(path, x=x.astype(np.float32), y=y)
+    return path
+
+
+@pytest.fixture
+def chain(tmp_path):
+    model, maps = _chain(tmp_path / "chain.onnx")
+    aux = _gaussian_data(tmp_path / "aux.npz", 400, 1, model)
+    target = _gaussian_data(tmp_path / "target.npz", 200, 2, model)
+    return model, maps, aux, target
+
+
+def _options(model, aux, target=None, **extra) -> AuditOptions:
+    return AuditOptions(model=str(model), aux=str(aux), target=target and str(target), quick=True, **extra)
+
+
+def test_linear_chain_matches_the_closed_form_at_every_cut(chain):
+    model, maps, aux, target = chain
+    options = _options(model, aux, target, prior="gaussian", attacks=["none"], cut_noise_sigma=SIGMA)
+    document = run_cuts(options)
+    assert [c["name"] for c in document["cuts"]] == ["h1", "h2"]  # the output is no cut; x is the input
+    assert document["prior"]["J_over_d"] == pytest.approx(1 / S**2, rel=0.01)
+    product = np.eye(D)
+    for cut, a in zip(document["cuts"], maps):
+        product = a.astype(np.float64) @ product
+        dfil = np.sum(product**2) / (D * SIGMA**2)
+        assert cut["noise_sigma"] == SIGMA and cut["sigma_source"] == "--noise-sigma"
+        assert cut["dfil"]["mean"] == pytest.approx(dfil, rel=0.01)
+        assert cut["bounds"]["van_trees_mse"] == pytest.approx(1 / (dfil + 1 / S**2), rel=0.01)
+        assert cut["bytes_sent"] == 4 * product.shape[0]
+        assert cut["parity_max_abs_err"] <= 1e-5
+    # client cost from the shapes: h1 = x @ w1 is D*5 MACs, h2 adds 5*4
+    assert [c["flops"] for c in document["cuts"]] == [2 * D * 5, 2 * (D * 5 + 5 * 4)]
+    assert [c["params"] for c in document["cuts"]] == [D * 5, D * 5 + 4 * 5]
+    assert document["whole_accuracy"]["accuracy"] == 1.0  # labels are the model's own answers
+
+
+def test_calibrated_cuts_reach_the_target_and_a_second_call_gives_the_same_document(chain):
+    model, _, aux, target = chain
+    options = _options(model, aux, target, prior="gaussian", attacks=["none"], target_mse=0.3)
+    first, second = run_cuts(options), run_cuts(options)
+    strip = lambda d: {**d, "run": {}, "cuts": [{**c, "seconds": 0} for c in d["cuts"]]}  # noqa: E731
+    assert json.dumps(strip(first), sort_keys=True) == json.dumps(strip(second), sort_keys=True)
+    for cut in first["cuts"]:
+        assert cut["sigma_source"] == "calibrated"
+        assert cut["bounds"]["van_trees_mse"] == pytest.approx(0.3, rel=1e-6)
+    rec = first["recommendation"]
+    assert rec == recommend_cut(first["cuts"], 0.3, 0.02)
+    good = [i for i, c in enumerate(first["cuts"]) if qualifies(c, 0.3, 0.02)]
+    if good:
+        assert rec["cut_index"] == min(good, key=lambda i: first["cuts"][i]["flops"])
+    else:
+        assert rec["cut"] is None and "accuracy" in rec["reason"]
+
+
+def test_recommendation_is_the_cheapest_qualifying_cut_or_says_what_would_qualify():
+    def cut(name, flops, bound, loss, violated=()):
+        return {
+            "name": name,
+            "op": "Conv",
+            "params": 1,
+            "flops": flops,
+            "bytes_sent": 4,
+            "noise_sigma": 1.0,
+            "bounds": {"van_trees_mse": bound, "violated_by": list(violated)},
+            "utility": {"loss": loss, "accuracy": 0.9 - loss, "clean_accuracy": 0.9},
+        }
+
+    cuts = [cut("a", 10, 0.01, 0.0), cut("b", 20, 0.05, 0.3), cut("c", 30, 0.05, 0.01), cut("d", 40, 0.05, 0.0)]
+    rec = recommend_cut(cuts, 0.05, 0.02)
+    assert (rec["cut"], rec["cut_index"], rec["flops"]) == ("c", 2, 30)  # a misses the bound, b loses too much
+    rec = recommend_cut(cuts[:2], 0.05, 0.02)
+    assert rec["cut"] is None and "allow --max-accuracy-loss 0.3" in rec["reason"]
+    rec = recommend_cut([cut("c", 30, 0.05, 0.01, ["decoder"])], 0.05, 0.02)
+    assert rec["cut"] is None and "beaten" in rec["reason"]
+    rec = recommend_cut(cuts[:1], 0.05, 0.02)
+    assert rec["cut"] is None and "add more noise" in rec["reason"]
+
+
+class _Whole(nn.Module):
+    """The small ResNet stem (conv 7x7/2, BatchNorm, ReLU, MaxPool, two residual blocks) with a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = build("resnet", width=4, blocks=2, in_channels=1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.stem(x).mean((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory):
+    """A briefly trained whole ResNet-style model on 16x16 images of three classes (bright half)."""
+    torch.manual_seed(0)
+    y = torch.arange(240) % 3
+    x = 0.3 * torch.rand(240, 1, 16, 16)
+    x[y == 0, :, :8] += 0.5
+    x[y == 1, :, 8:] += 0.5
+    x[y == 2, :, :, :8] += 0.5
+    model = _Whole()
+    optimizer = torch.optim.Adam(model.parameters(), 1e-2)
+    for _ in range(15):
+        optimizer.zero_grad()
+        F.cross_entropy(model.train()(x), y).backward()
+        optimizer.step()
+    folder = tmp_path_factory.mktemp("resnet")
+    np.savez(folder / "images.npz", x=x.numpy(), y=y.numpy())
+    path = export_onnx(model.eval(), x[:2], folder / "resnet.onnx", exporter="legacy", opset=17)
+    return path, folder / "images.npz", x[:32].numpy()
+
+
+def _brute_force_cuts(proto, input_name: str, output_name: str) -> set[str]:
+    """Tensors whose removal disconnects the output from the input's values (Shape/Size carry none)."""
+    nodes = [n for n in proto.graph.node if n.op_type not in ("Shape", "Size")]
+
+    def reachable(removed: str) -> bool:
+        seen, frontier = {input_name}, [input_name]
+        while frontier:
+            tensor = frontier.pop()
+            for node in nodes:
+                if tensor in node.input:
+                    for out in node.output:
+                        if out not in seen and out != removed:
+                            seen.add(out)
+                            frontier.append(out)
+        return output_name in seen
+
+    tensors = {out for node in nodes for out in node.output} - {output_name}
+    return {t for t in tensors if not reachable(t)}
+
+
+def test_resnet_candidates_are_the_dominators_and_the_halves_are_the_model(resnet):
+    path, _, x = resnet
+    whole = open_whole_model(path, (1, 16, 16))
+    cuts = candidate_cuts(whole)
+    names = [c.name for c in cuts]
+    assert set(names) == _brute_force_cuts(whole.proto, whole.input_name, whole.output_name)
+    assert any("layer1.0/Add" in n for n in names) and any("MaxPool" in n for n in names)
+    assert not [n for n in names if "layer1.0/conv" in n or "layer1.1/conv" in n]  # inside a residual block
+    assert [c.depth for c in cuts] == sorted(c.depth for c in cuts)
+    assert [c.flops for c in cuts] == sorted(c.flops for c in cuts)
+    expected = run_onnx(whole.proto, x)
+    for cut in cuts:
+        bottom, top = split_at(whole, cut)
+        embedding = run_onnx(bottom, x)
+        assert list(embedding.shape[1:]) == cut.shape and cut.bytes_sent == 4 * embedding[0].size
+        np.testing.assert_allclose(run_onnx(top, embedding), expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_cuts_cli_on_a_resnet_recommends_from_its_numbers_and_renders(resnet, capsys):
+    path, data, _ = resnet
+    args = ["cuts", str(path), "--aux", str(data), "--quick", "--prior", "gaussian", "--attacks", "none"]
+    code = _exit_code([*args, "--cuts", "2", "--target-mse", "0.02", "--fail-under-mse", "0.02", "--out", "out"])
+    document = json.loads(Path("out/cuts.json").read_text())
+    assert code == (0 if document["recommendation"]["cut"] else 1)
+    assert len(document["cuts"]) == 2 and Path("out/cuts.html").exists() and Path("out/cuts.md").exists()
+    rec = document["recommendation"]
+    assert rec == recommend_cut(document["cuts"], 0.02, 0.02)
+    for cut in document["cuts"]:
+        assert cut["utility"]["clean_accuracy"] == pytest.approx(document["whole_accuracy"]["accuracy"], abs=0.01)
+    assert "Recommendation:" in capsys.readouterr().out
+    assert _exit_code(["render", "out/cuts.json", "--out", "again"]) == 0
+    assert Path("again/cuts.html").exists()
+    if rec["cut"] is not None:  # a tampered recommendation is refused on render
+        document["recommendation"]["cut_index"] = 1 - rec["cut_index"]
+        Path("out/cuts.json").write_text(json.dumps(document))
+        assert _exit_code(["render", "out/cuts.json"]) == 2
+        assert "contradicts itself" in capsys.readouterr().err
+
+
+def test_bad_cut_names_exit_2_listing_the_candidates(chain, capsys):
+    model, _, aux, _ = chain
+    assert _exit_code(["cuts", str(model), "--aux", str(aux), "--cuts", "h1,nosuch", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "'nosuch'" in err and "h1, h2" in err and len(err.strip().splitlines()) == 1
