@@ -210,11 +210,11 @@ def cuts_chart(document: dict) -> bytes:
     client's cost."""
     cuts = _cuts(document)
     x = list(range(len(cuts)))
-    labels = [_tail(charts.chart_text(c.get("name"))) for c in cuts]
+    labels = [_tail(c.get("name")) for c in cuts]
     whole = (document.get("whole_accuracy") or {}).get("accuracy")
     target = document.get("target_mse")
     with charts.plt.rc_context(charts.STYLE):
-        fig, axes = charts._subplots(6.5, 7.2, nrows=4, sharex=True)
+        fig, axes = charts.plt.subplots(nrows=4, sharex=True, figsize=(6.5, 7.2))
         _line(axes[0], x, [c.get("noise_sigma") for c in cuts], "noise σ at the cut", log=True)
         if document.get("noise_sigma") is None:  # every cut calibrated to the target: its leakage before noise differs
             _line(axes[1], x, [(c.get("dfil") or {}).get("trace_over_d") for c in cuts], "dFIL at σ = 1", log=True)
@@ -244,9 +244,12 @@ def cuts_chart(document: dict) -> bytes:
         return charts._png(fig)
 
 
-def _tail(name: str, chars: int = 24) -> str:
-    """The end of a tensor name (where exporters put what distinguishes one cut from the next)."""
-    return name if len(name) <= chars else "…" + name[-(chars - 1) :]
+def _tail(name, chars: int = 24) -> str:
+    """The end of a tensor name (where exporters put what distinguishes one cut from the next), on one
+    line, with '$' escaped so that matplotlib never reads it as mathtext."""
+    name = " ".join(str(name).split())
+    name = name if len(name) <= chars else "…" + name[-(chars - 1) :]
+    return name.replace("$", r"\$")
 
 
 def _line(ax, x: list[int], values: list, label: str, log: bool = False, color: str = charts.ATTACK_COLOR) -> None:
