@@ -65,7 +65,6 @@ def open_token_model(
     """The model cut after its token-embedding lookup, as a RawModel on embeddings [T, D] whose
     `tokens` holds the table and vocabulary; InputError naming what was looked for when the lookup
     cannot be located."""
-    vocab = load_vocab(vocab_path)
     path = require_regular_file(path, "model file")
     kind = detect_format(path)
     if kind == "exported":
@@ -80,8 +79,7 @@ def open_token_model(
         slot = module.slot
     else:
         raw, table, slot = _onnx_from_embeddings(path, device, output_name)
-    if len(vocab) > len(table):
-        raise InputError(f"--vocab names {len(vocab)} tokens but the model's embedding table has {len(table)} rows")
+    vocab = load_vocab(vocab_path, len(table))
     return replace(raw, tokens=TokenSpace(table.float().to(device), vocab, slot))
 
 

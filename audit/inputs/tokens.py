@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from splitaudit.core.errors import InputError
-from splitaudit.core.safety import display_path, require_regular_file
+from splitaudit.core.safety import describe_bytes, display_path, require_regular_file
 from splitaudit.estimators.jacobian import concatenated
 from splitaudit.estimators.mean_trace import MeanTrace, summarised
 from splitaudit.estimators.prior import PriorEstimate
@@ -44,6 +44,7 @@ MASK_NOTE = (
     "bounds and the attacks concern the token embeddings under each sample's own mask, and the token "
     "metrics count real (unpadded) positions only"
 )
+MAX_VOCAB_BYTES = 256 * 1024**2  # a tokenizer.json is tens of MB at most (a 256k vocabulary with merges)
 NEAREST_CHUNK = 4096  # embeddings decoded to tokens at a time (distances to every row of the table)
 # Default smoothing tau for token embeddings, as a fraction of the table's per-dimension spread:
 # the 0.25 that works for [0, 1] pixels (Maeng et al., NeurIPS 2023, A.1) read as a fraction of the data's scale.
@@ -132,34 +133,51 @@ class TokenSpace:
         return " ".join(self.vocab[i] if i < len(self.vocab) else f"<{i}>" for i in (int(t) for t in ids))
 
 
-def load_vocab(path: str | Path) -> list[str]:
+def load_vocab(path: str | Path, rows: int) -> list[str]:
     """A JSON list of strings (index = id), or a `tokenizers` tokenizer.json (model.vocab as
-    {token: id} or Unigram's [[token, score], ...], plus added_tokens)."""
+    {token: id} or Unigram's [[token, score], ...], plus added_tokens), naming at most `rows` tokens
+    (the model's embedding table): ids are checked before the list they index is built, so a tiny
+    file cannot declare an id of 10^12."""
     path = require_regular_file(path, "vocabulary file")
+    if path.stat().st_size > MAX_VOCAB_BYTES:
+        raise InputError(
+            f"--vocab {display_path(path)} is {describe_bytes(path.stat().st_size)}; a vocabulary file is at most "
+            f"{describe_bytes(MAX_VOCAB_BYTES)}"
+        )
     try:
         content = json.loads(Path(path).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"--vocab {display_path(path)} is not JSON ({exc})") from exc
     if isinstance(content, list) and all(isinstance(t, str) for t in content):
+        if len(content) > rows:
+            raise InputError(f"--vocab names {len(content)} tokens but the model's embedding table has {rows} rows")
         return content
     if isinstance(content, dict) and isinstance(content.get("model"), dict):
-        return _tokenizer_json_vocab(content, path)
+        return _tokenizer_json_vocab(content, path, rows)
     raise InputError(
         f"--vocab {display_path(path)} must be a JSON list of strings (index = token id) or a tokenizer.json"
     )
 
 
-def _tokenizer_json_vocab(content: dict, path) -> list[str]:
+def _tokenizer_json_vocab(content: dict, path, rows: int) -> list[str]:
+    """The vocabulary by id; every id an integer in [0, rows), checked before the list is allocated."""
     vocab = content["model"].get("vocab")
     if isinstance(vocab, list):  # Unigram: [[token, score], ...] in id order
-        by_id = {i: str(entry[0]) for i, entry in enumerate(vocab)}
+        pairs = [(entry[0] if isinstance(entry, list) and entry else entry, i) for i, entry in enumerate(vocab)]
     elif isinstance(vocab, dict):
-        by_id = {int(i): str(token) for token, i in vocab.items()}
+        pairs = list(vocab.items())
     else:
         raise InputError(f"--vocab {display_path(path)}: tokenizer.json has no model.vocab")
-    for added in content.get("added_tokens") or []:
-        by_id[int(added["id"])] = str(added["content"])
-    return [by_id.get(i, f"<{i}>") for i in range(max(by_id) + 1)]
+    added = content.get("added_tokens") or []
+    pairs += [(a.get("content"), a.get("id")) if isinstance(a, dict) else (a, None) for a in added]
+    for token, i in pairs:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < rows:
+            raise InputError(
+                f"--vocab {display_path(path)} gives token {str(token)[:40]!r} the id {str(i)[:40]}; ids must be "
+                f"integers from 0 to {rows - 1} (the model's embedding table has {rows} rows)"
+            )
+    by_id = {i: str(token) for token, i in pairs}
+    return [by_id.get(i, f"<{i}>") for i in range(max(by_id, default=-1) + 1)]
 
 
 @dataclass
