@@ -7,6 +7,7 @@ undecodable bytes ends in one clear InputError instead of a hang, a memory blow-
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from splitaudit.core.errors import InputError
 
 GIB = 1024**3
+MEMORY_LIMIT_VARIABLE = "SPLITAUDIT_MEMORY_LIMIT_GIB"  # overrides memory_limit_bytes()
 
 
 def machine_memory_bytes() -> int:
@@ -26,8 +28,25 @@ def machine_memory_bytes() -> int:
 
 def memory_limit_bytes() -> int:
     """What one loaded input may declare: a quarter of this machine's memory (arrays are copied
-    while loading, e.g. to float32 and to the device), at least 1 GiB."""
-    return max(GIB, machine_memory_bytes() // 4)
+    while loading, e.g. to float32 and to the device), at least 1 GiB; the environment variable
+    SPLITAUDIT_MEMORY_LIMIT_GIB sets it instead (more for a user who needs it, less on a shared machine)."""
+    given = os.environ.get(MEMORY_LIMIT_VARIABLE)
+    if given is None:
+        return max(GIB, machine_memory_bytes() // 4)
+    try:
+        gib = float(given)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and gib > 0):
+        raise InputError(f"{MEMORY_LIMIT_VARIABLE}={given!r} is not a number of GiB above 0")
+    return int(gib * GIB)
+
+
+def memory_limit_source() -> str:
+    """Where memory_limit_bytes() comes from and how to change it, for the line that names the limit."""
+    if MEMORY_LIMIT_VARIABLE in os.environ:
+        return f"set by {MEMORY_LIMIT_VARIABLE}"
+    return f"a quarter of this machine's memory; {MEMORY_LIMIT_VARIABLE}=N sets it to N GiB"
 
 
 def describe_bytes(n: float) -> str:

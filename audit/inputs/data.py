@@ -7,7 +7,9 @@ InputError with a one-line reason otherwise.
 from __future__ import annotations
 
 import csv
+import warnings
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -15,7 +17,13 @@ import numpy as np
 import torch
 
 from splitaudit.core.errors import InputError
-from splitaudit.core.safety import describe_bytes, display_path, memory_limit_bytes, require_regular_file
+from splitaudit.core.safety import (
+    describe_bytes,
+    display_path,
+    memory_limit_bytes,
+    memory_limit_source,
+    require_regular_file,
+)
 
 MIN_PART_SAMPLES = 4  # attacks and estimators need a few samples in each of the aux and target parts
 MAX_COMPRESSION_RATIO = 500  # deflate peaks near 1032:1 on constant bytes; real data is far below
@@ -26,6 +34,7 @@ REAL_KINDS = "biuf"  # numpy dtype kinds an input may hold: bool, integers, floa
 MIN_DATA_RANGE, MAX_DATA_MAGNITUDE = 1e-15, 1e15
 IMAGE_CHANNELS = {1: "L", 3: "RGB"}  # image-folder channels, and the PIL mode each is read in
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+MAX_IMAGE_PIXELS = 89_478_485  # PIL's decompression-bomb threshold (Image.MAX_IMAGE_PIXELS): 1 GiB as 32-bit pixels
 
 
 @dataclass
@@ -158,7 +167,7 @@ def check_npz_sizes(path: Path, limit: int | None = None) -> None:
     if max(declared, arrays) > limit:
         raise InputError(
             f"{display_path(path)} declares {describe_bytes(max(declared, arrays))} of arrays; "
-            f"splitaudit loads at most {describe_bytes(limit)} (a quarter of this machine's memory)"
+            f"splitaudit loads at most {describe_bytes(limit)} ({memory_limit_source()})"
         )
     if declared > 64 * 1024**2 and declared > MAX_COMPRESSION_RATIO * max(compressed, 1):
         raise InputError(
@@ -183,8 +192,7 @@ def _npy_declared_bytes(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> in
 
 
 def _load_csv(path: Path, label_column: str | None, attr_column: str | None) -> Dataset:
-    with path.open(newline="") as handle:
-        rows = list(csv.reader(handle, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+    rows = _csv_rows(path)
     if len(rows) < 2:
         raise InputError(f"{path} has no data rows (a header line and at least one row are needed)")
     header, body = [h.strip() for h in rows[0]], rows[1:]
@@ -212,6 +220,20 @@ def _load_csv(path: Path, label_column: str | None, attr_column: str | None) -> 
     return Dataset(x=torch.from_numpy(x), y=y, attr=attr, class_names=names, source=str(path))
 
 
+def _csv_rows(path: Path) -> list[list[str]]:
+    """The rows of a UTF-8 CSV/TSV file; a byte-order mark (as Excel writes) is dropped, not read
+    as part of the first column's name."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            return list(csv.reader(handle, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{display_path(path)} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8 CSV"
+        ) from exc
+    except csv.Error as exc:
+        raise InputError(f"cannot read {display_path(path)} as CSV: {exc}") from exc
+
+
 def _column(columns: dict, name: str | None) -> np.ndarray | None:
     return None if name is None else np.array(columns[name])
 
@@ -237,33 +259,91 @@ def _labels(values, name, n: int, path: Path) -> tuple[torch.Tensor | None, list
 
 
 def _load_image_folder(path: Path, input_shape) -> Dataset:
-    """class_name/*.png|jpg, as torchvision's ImageFolder lays it out; scaled to [0, 1]."""
-    from PIL import Image, UnidentifiedImageError
-
+    """class_name/*.png|jpg, as torchvision's ImageFolder lays it out; scaled to [0, 1]. The memory
+    the images take at the audit's size is checked before any image is decoded."""
     classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-    files = [
-        (f, c)
-        for c, name in enumerate(classes)
-        for f in sorted((path / name).rglob("*"))
-        if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()
-    ]  # no FIFOs or devices
+    files = _image_files(path, classes)
     if not files:
         raise InputError(f"no images found in {path}: expected class_name/*.png or *.jpg, or one .npz/.csv file")
     channels, size = _image_geometry(input_shape, files[0][0])
     mode = IMAGE_CHANNELS.get(channels)
     if mode is None:
         raise InputError(f"image folders need a model with 1 or 3 input channels, not {channels}")
-    images = []
-    for file, _ in files:
-        try:
-            with Image.open(file) as img:
-                img = img.convert(mode).resize(size, Image.BILINEAR)
-                images.append(np.asarray(img, dtype=np.float32).reshape(size[1], size[0], channels))
-        except (UnidentifiedImageError, OSError) as exc:
-            raise InputError(f"cannot read image {file}: {exc}") from exc
-    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2) / 255.0
+    _check_image_memory(path, len(files), channels, size, input_shape is None)
+    x = np.empty((len(files), channels, size[1], size[0]), dtype=np.float32)  # filled in place: one copy in memory
+    for i, (file, _) in enumerate(files):
+        x[i] = _decoded(file, mode, size).reshape(size[1], size[0], channels).transpose(2, 0, 1)
     y = torch.tensor([c for _, c in files], dtype=torch.long)
-    return Dataset(x=x.contiguous(), y=y, class_names=classes, source=str(path))
+    return Dataset(x=torch.from_numpy(x).div_(255.0), y=y, class_names=classes, source=str(path))
+
+
+def _image_files(path: Path, classes: list[str]) -> list[tuple[Path, int]]:
+    """(file, class index) of every regular image file under path/class_name (no FIFOs or devices).
+    A file reached through a symlink that leads out of the folder is refused: a data folder from
+    elsewhere must not make the audit read, and show in its report, files the folder does not hold."""
+    root = path.resolve()
+    files = []
+    for index, name in enumerate(classes):
+        for file in sorted((path / name).rglob("*")):
+            if file.suffix.lower() in IMAGE_SUFFIXES and file.is_file():
+                target = file.resolve()
+                if not target.is_relative_to(root):
+                    raise InputError(
+                        f"image {display_path(file)} leads out of the data folder {display_path(path)} (a symlink to "
+                        f"{display_path(target)}); splitaudit reads only images inside it: copy the file in"
+                    )
+                files.append((file, index))
+    return files
+
+
+def _check_image_memory(path: Path, count: int, channels: int, size: tuple[int, int], from_first: bool) -> None:
+    """Refuse, before decoding, images whose float32 array at the audit's size would exceed the memory limit."""
+    needed = count * channels * size[0] * size[1] * 4
+    limit = memory_limit_bytes()
+    if needed > limit:
+        origin, remedy = (
+            (
+                "the first image's size (the model declares none)",
+                "pass --input-shape C,H,W to resize them, or use fewer images",
+            )
+            if from_first
+            else ("the model's input size", "use fewer images")
+        )
+        raise InputError(
+            f"the {count} images in {display_path(path)} take {describe_bytes(needed)} as float32 at "
+            f"{channels}x{size[1]}x{size[0]}, {origin}; splitaudit loads at most {describe_bytes(limit)} "
+            f"({memory_limit_source()}): {remedy}"
+        )
+
+
+def _decoded(file: Path, mode: str, size: tuple[int, int]) -> np.ndarray:
+    """One image in PIL `mode`, resized to `size` (width, height): float32 values 0..255, H x W (x C)."""
+    from PIL import Image
+
+    with _opened_image(file) as img:
+        return np.asarray(img.convert(mode).resize(size, Image.BILINEAR), dtype=np.float32)
+
+
+@contextmanager
+def _opened_image(file: Path):
+    """The image at `file` with its header read and nothing decoded; refused when it has more pixels than
+    MAX_IMAGE_PIXELS (a decompression bomb: a few KB on disk, GBs decoded). Any read error is an InputError."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # checked below, with our own words
+            img = Image.open(file)
+        with img:
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise InputError(
+                    f"image {display_path(file)} is {width}x{height} pixels, over the {MAX_IMAGE_PIXELS} pixels "
+                    "splitaudit decodes (a decompression bomb, or an image to shrink first)"
+                )
+            yield img
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise InputError(f"cannot read image {display_path(file)}: {exc}") from exc
 
 
 def _image_geometry(input_shape, first_image: Path) -> tuple[int, tuple[int, int]]:
@@ -273,9 +353,7 @@ def _image_geometry(input_shape, first_image: Path) -> tuple[int, tuple[int, int
         if len(input_shape) != 3:
             raise InputError(f"an image folder needs a model input of shape C,H,W, not {input_shape}")
         return input_shape[0], (input_shape[2], input_shape[1])
-    from PIL import Image
-
-    with Image.open(first_image) as img:
+    with _opened_image(first_image) as img:
         return (1 if img.mode in {"1", "L", "I", "F"} else 3), img.size
 
 

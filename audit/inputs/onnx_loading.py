@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from splitaudit.core.errors import InputError
-from splitaudit.core.safety import describe_bytes, display_path, memory_limit_bytes
+from splitaudit.core.safety import describe_bytes, display_path, memory_limit_bytes, memory_limit_source
 from splitaudit.inputs.onnx_graph import (
     declare_dynamic_dims,
     slimmed,
@@ -167,7 +167,7 @@ def check_onnx_declared_sizes(proto, path: Path, limit: int | None = None) -> No
     if weights > limit:
         raise InputError(
             f"{display_path(path)} declares {describe_bytes(weights)} of weights; splitaudit loads at "
-            f"most {describe_bytes(limit)} (a quarter of this machine's memory)"
+            f"most {describe_bytes(limit)} ({memory_limit_source()})"
         )
     for info in (*inferred.graph.value_info, *inferred.graph.output):
         tensor = info.type.tensor_type
@@ -177,7 +177,7 @@ def check_onnx_declared_sizes(proto, path: Path, limit: int | None = None) -> No
             raise InputError(
                 f"{display_path(path)}: tensor {info.name!r} declares shape {dims} "
                 f"({describe_bytes(size)}), over the {describe_bytes(limit)} a "
-                "model may allocate here (a quarter of this machine's memory)"
+                f"model may allocate here ({memory_limit_source()})"
             )
 
 
