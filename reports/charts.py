@@ -12,22 +12,51 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 
+from splitaudit.core.errors import InputError  # noqa: E402
+
 ATTACK_COLOR, BASELINE_COLOR, VIOLATION_COLOR = "#2b6cb0", "#a0aec0", "#c53030"
-STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
+# text.usetex off: a matplotlibrc that turns it on would hand every label to LaTeX
+STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "text.usetex": False}
+DPI = 130
+MAX_LABEL_CHARS = 60  # longer text from a report is cut: with bbox_inches="tight" a label's length sizes the canvas
+MAX_FIGURE_PIXELS = 25_000_000  # 100 MB as RGBA; the largest chart of a real report is under 1 million pixels
 
 
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=130, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
     return buffer.getvalue()
+
+
+def chart_text(value) -> str:
+    """A string from a report (attack name, example label, axis words) as matplotlib text: one line of at
+    most MAX_LABEL_CHARS, every '$' escaped so that matplotlib never parses it as mathtext (a
+    malformed formula such as '$\\foo{$' raises while the figure is saved)."""
+    text = " ".join(str(value).split())
+    if len(text) > MAX_LABEL_CHARS:
+        text = text[: MAX_LABEL_CHARS - 1] + "…"
+    return text.replace("$", r"\$")
+
+
+def _subplots(width: float, height: float, **kwargs):
+    """plt.subplots of figsize (width, height) inches, refused before any canvas is allocated when it
+    would exceed MAX_FIGURE_PIXELS at DPI (sizes grow with the attacks or examples a report holds)."""
+    pixels = width * height * DPI**2
+    if pixels > MAX_FIGURE_PIXELS:
+        raise InputError(
+            f"a chart of this report would be {width:.0f} x {height:.0f} inches ({pixels / 1e6:.0f} million pixels), "
+            f"over the {MAX_FIGURE_PIXELS / 1e6:.0f} million a chart may take: the report holds far more attacks "
+            "or examples than splitaudit writes"
+        )
+    return plt.subplots(figsize=(width, height), **kwargs)
 
 
 def dfil_histogram(values: list[float]) -> bytes:
     """Distribution of per-sample dFIL (finite values); log-scaled when they span decades."""
     data = np.asarray(values, dtype=float)
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(6, 2.6))
+        fig, ax = _subplots(6, 2.6)
         spread = data.min() > 0 and data.max() / data.min() > 50
         bins = np.geomspace(data.min(), data.max(), 40) if spread else 40
         ax.hist(data, bins=bins, color=ATTACK_COLOR, alpha=0.85)
@@ -63,7 +92,7 @@ class BoundLine:
 def bounds_chart(bars: list[MseBar], bounds: list[BoundLine]) -> bytes:
     """Each reconstruction attack's MSE against the bounds and its mean-guess baseline."""
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(6.5, 0.55 * len(bars) + 1.4))
+        fig, ax = _subplots(6.5, 0.55 * len(bars) + 1.4)
         rows = np.arange(len(bars))
         colors = [VIOLATION_COLOR if b.violates else ATTACK_COLOR for b in bars]
         errors = [b.std if math.isfinite(b.std) else 0 for b in bars]
@@ -81,8 +110,10 @@ def bounds_chart(bars: list[MseBar], bounds: list[BoundLine]) -> bytes:
             )
         for line in bounds:
             if line.value is not None and math.isfinite(line.value):
-                ax.axvline(line.value, color=line.color, linestyle="--", label=f"{line.label}: {line.value:.3g}")
-        ax.set_yticks(rows, [b.name + (" (beats the bound!)" if b.violates else "") for b in bars])
+                ax.axvline(
+                    line.value, color=line.color, linestyle="--", label=f"{chart_text(line.label)}: {line.value:.3g}"
+                )
+        ax.set_yticks(rows, [chart_text(b.name) + (" (beats the bound!)" if b.violates else "") for b in bars])
         ax.invert_yaxis()
         ax.set_xlabel("reconstruction MSE per input dimension (lower = attack recovers more)")
         ax.legend(
@@ -108,7 +139,7 @@ def series_chart(
     """An attack's metric against a numeric parameter (fine-tune's accuracy against the labelled
     samples per class), with its baseline; the y axis spans [0, 1] for a metric that lives there."""
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(5, 2.8))
+        fig, ax = _subplots(5, 2.8)
         x = [float(k) for k in ks]
         ax.errorbar(
             x,
@@ -126,15 +157,15 @@ def series_chart(
                 yerr=_finite(baseline_std),
                 marker="s",
                 color=BASELINE_COLOR,
-                label=baseline_label,
+                label=chart_text(baseline_label),
                 capsize=3,
             )
         if len(x) > 1 and min(x) > 0 and max(x) / min(x) >= 10:
             ax.set_xscale("log")
-        ax.set_xticks(x, ks)
+        ax.set_xticks(x, [chart_text(k) for k in ks])
         ax.minorticks_off()
-        ax.set_xlabel(x_label)
-        ax.set_ylabel(y_label)
+        ax.set_xlabel(chart_text(x_label))
+        ax.set_ylabel(chart_text(y_label))
         if all(0 <= v <= 1 for v in attack + baseline):
             ax.set_ylim(0, 1.02)
         ax.legend(frameon=False, fontsize=8)
@@ -166,6 +197,7 @@ def _as_image(array: np.ndarray) -> np.ndarray | None:
 
 def _image_grid(examples: list[dict]):
     """One mosaic (originals on top, reconstructions below) drawn on a single axes: fast to render."""
+    fig, ax = _subplots(1.5 * len(examples) + 0.6, 3.4)
     images = [[_as_image(np.asarray(e[key], dtype=float)) for e in examples] for key in ("original", "reconstruction")]
     height, width = images[0][0].shape[:2]
     gap = max(1, width // 8)
@@ -175,11 +207,10 @@ def _image_grid(examples: list[dict]):
         for col, image in enumerate(line):
             top, left = row * (height + gap), col * (width + gap)
             mosaic[top : top + height, left : left + width] = image
-    fig, ax = plt.subplots(figsize=(1.5 * len(examples) + 0.6, 3.4))
     ax.imshow(mosaic, cmap=None if color else "gray", vmin=0, vmax=1, interpolation="nearest")
     ax.set_xticks(
         [(width + gap) * i + width / 2 - 0.5 for i in range(len(examples))],
-        [f"{e.get('label', '')}\nMSE {e.get('mse', float('nan')):.3g}" for e in examples],
+        [f"{chart_text(e.get('label', ''))}\nMSE {e.get('mse', float('nan')):.3g}" for e in examples],
     )
     ax.xaxis.tick_top()
     ax.set_yticks(
@@ -192,7 +223,7 @@ def _image_grid(examples: list[dict]):
 
 
 def _feature_profiles(examples: list[dict]):
-    fig, axes = plt.subplots(1, len(examples), figsize=(2.6 * len(examples), 2.4), squeeze=False, sharey=True)
+    fig, axes = _subplots(2.6 * len(examples), 2.4, ncols=len(examples), squeeze=False, sharey=True)
     for ax, example in zip(axes[0], examples):
         original = np.ravel(np.asarray(example["original"], dtype=float))
         ax.plot(original, color="black", linewidth=1, label="original")
@@ -203,7 +234,7 @@ def _feature_profiles(examples: list[dict]):
             linestyle="--",
             label="reconstructed",
         )
-        ax.set_title(f"{example.get('label', '')}: MSE {example.get('mse', float('nan')):.3g}", fontsize=9)
+        ax.set_title(f"{chart_text(example.get('label', ''))}: MSE {example.get('mse', float('nan')):.3g}", fontsize=9)
         ax.set_xlabel("feature")
     axes[0][0].legend(frameon=False, fontsize=7)
     fig.tight_layout()
@@ -213,12 +244,12 @@ def _feature_profiles(examples: list[dict]):
 def advantage_comparison_chart(names: list[str], before: list[float], after: list[float]) -> bytes:
     """Each attack's advantage before and after, side by side."""
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(6, 0.5 * len(names) + 1.2))
+        fig, ax = _subplots(6, 0.5 * len(names) + 1.2)
         rows = np.arange(len(names))
         ax.barh(rows - 0.18, _finite(before), height=0.36, color=BASELINE_COLOR, label="before")
         ax.barh(rows + 0.18, _finite(after), height=0.36, color=ATTACK_COLOR, label="after")
         ax.axvline(0, color="black", linewidth=0.8)
-        ax.set_yticks(rows, names)
+        ax.set_yticks(rows, [chart_text(n) for n in names])
         ax.invert_yaxis()
         ax.set_xlabel("advantage over the baseline (lower = better protected)")
         ax.legend(frameon=False, fontsize=8)
@@ -267,7 +298,7 @@ def _plot_series(ax, x: list[float], series: SweepSeries, marker: str, color=Non
         yerr=std if any(std) else None,
         marker=marker,
         color=color,
-        label=series.label,
+        label=chart_text(series.label),
         capsize=3,
         linewidth=1.2,
         markersize=4,
@@ -285,7 +316,7 @@ def sweep_mse_chart(
     log-log, with the mean-guess MSE (what no information gives) and the target bound as
     horizontal lines."""
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(6.5, 3.6))
+        fig, ax = _subplots(6.5, 3.6)
         x = _sigma_axis(ax, sigmas)
         for series, color in bounds:
             _plot_series(ax, x, series, "s", color, positive_only=True)
@@ -304,7 +335,7 @@ def sweep_mse_chart(
 def sweep_utility_chart(sigmas: list[float], advantages: list[SweepSeries], utility: SweepSeries | None) -> bytes:
     """Each label attack's advantage (left axis) and the task accuracy (right axis) against sigma."""
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(6.5, 3.4))
+        fig, ax = _subplots(6.5, 3.4)
         x = _sigma_axis(ax, sigmas)
         for series, marker in zip(advantages, SERIES_MARKERS):
             _plot_series(ax, x, series, marker)

@@ -34,9 +34,25 @@ def check_consistency(document: dict, source: str) -> None:
 
 def _report_problem(report: dict) -> str | None:
     gate = report.get("gate")
-    if not isinstance(gate, dict):
-        return None  # rendered as "NO VERDICT"
+    problem = _violator_problem(report)
+    if problem or not isinstance(gate, dict):
+        return problem  # without a gate: rendered as "NO VERDICT"
     return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(gate, _report_gate(report))
+
+
+def _violator_problem(report: dict) -> str | None:
+    """Every name in bounds.violated_by is an attack of the report that ran and measured what beats a
+    bound: an MSE (the van Trees bound) or a token accuracy (the token statement's ceilings)."""
+    attacks = report.get("attacks") or {}
+    for name in (report.get("bounds") or {}).get("violated_by") or []:
+        attack = attacks.get(name)
+        metrics = attack.get("metrics") or {} if isinstance(attack, dict) and attack.get("status") == "ok" else {}
+        if not any(_finite(metrics.get(key)) for key in ("mse", "token_accuracy")):
+            return (
+                f"bounds.violated_by names {str(name)[:60]!r}, which is no attack of it that measured an MSE "
+                "or a token accuracy"
+            )
+    return None
 
 
 def _report_gate(report: dict) -> dict:

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from splitaudit.core.registries import GATED_BOUND
 from splitaudit.reports.files import to_strict_json, write_atomic
+from splitaudit.reports.formatting import number
 from splitaudit.reports.view_verdict import CAUSE_WORDS, QUICK_ALERT
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -116,8 +117,11 @@ def _gate_finding(check: dict) -> dict:
 
 
 def _violation_finding(name: str, result: dict) -> dict:
+    metrics = result["attacks"][name]["metrics"]
+    if "mse" not in metrics:  # a token attack that beat the token statement's ceilings joins the violators too
+        return _token_violation_finding(name, metrics, result.get("tokens") or {})
     bounds = result["bounds"]
-    mse = result["attacks"][name]["metrics"]["mse"]
+    mse = metrics["mse"]
     causes = "; ".join(bounds.get("violation_causes", []))
     return {
         "ruleId": "bound-violated",
@@ -128,6 +132,22 @@ def _violation_finding(name: str, result: dict) -> dict:
             f"{causes}."
         },
         "properties": {"attack": name, "mse": mse, GATED_BOUND.key: bounds[GATED_BOUND.key]},
+    }
+
+
+def _token_violation_finding(name: str, metrics: dict, statement: dict) -> dict:
+    """An attack that recovered more tokens than the token statement's ceilings allow."""
+    accuracy, ceiling = metrics.get("token_accuracy"), statement.get("token_accuracy_ceiling")
+    match, match_ceiling = metrics.get("exact_match"), statement.get("exact_match_ceiling")
+    return {
+        "ruleId": "bound-violated",
+        "level": VIOLATION_LEVEL,
+        "message": {
+            "text": f"The {name} attack recovers tokens beyond the token statement's ceilings (token accuracy "
+            f"{number(accuracy)} against at most {number(ceiling)}, exact match {number(match)} against at most "
+            f"{number(match_ceiling)}): an estimate the statement rests on does not hold for these inputs."
+        },
+        "properties": {"attack": name, "token_accuracy": accuracy, "token_accuracy_ceiling": ceiling},
     }
 
 

@@ -26,6 +26,10 @@ from splitaudit.reports.view import build_view
 from splitaudit.reports.view_elements import Figure, Table
 
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
+LINE_BREAKS = re.compile(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+")  # what str.splitlines splits at
+# A list item, thematic break, setext underline or fence at the start of a value ('- ', '+ ', '---', '===', '~~~',
+# '1. ', '2) '): its marker is backslash-escaped, as a value may stand at the start of a Markdown line.
+LEADING_MARKER = re.compile(r"^(\s*)([-+=~](?=[-+=~\s]|$)|\d{1,9}(?=[.)](?:\s|$)))")
 MAX_REPORT_BYTES = 256 * 1024**2  # a report.json is a few MB at most; larger is not one of ours
 MAX_JSON_DEPTH = 64  # a report nests about 8 levels; deeper input is hostile
 LOCK_NAME = ".splitaudit.lock"
@@ -81,10 +85,19 @@ def checked_result(stored, source: str) -> dict:
 
 
 def markdown_text(value) -> Markup:
-    """Escape a value for Markdown: HTML entities for <>&" and backslashes for Markdown syntax."""
+    """Escape a value for Markdown: HTML entities for <>&" and backslashes for Markdown syntax; line
+    breaks become spaces and a leading block marker is escaped, so that a string from the data or a
+    report.json (a label, a file name) stays inside its line or table cell and starts no heading or list."""
     if isinstance(value, Markup):
         return value
-    return escape(MARKDOWN_SPECIAL.sub(r"\\\1", "" if value is None else str(value)))
+    text = LINE_BREAKS.sub(" ", "" if value is None else str(value))
+    return escape(LEADING_MARKER.sub(_escaped_marker, MARKDOWN_SPECIAL.sub(r"\\\1", text)))
+
+
+def _escaped_marker(match: re.Match) -> str:
+    """'- ' -> '\\- ', '1. ' -> '1\\. ' (the backslash goes before the punctuation that makes the marker)."""
+    indent, marker = match.groups()
+    return indent + (marker + "\\" if marker.isdigit() else "\\" + marker)
 
 
 def markdown_url(path: str) -> Markup:
