@@ -127,6 +127,7 @@ def test_recommendation_is_the_cheapest_qualifying_cut_or_says_what_would_qualif
             "flops": flops,
             "bytes_sent": 4,
             "noise_sigma": 1.0,
+            "sigma_source": "--noise-sigma",
             "bounds": {"van_trees_mse": bound, "violated_by": list(violated)},
             "utility": {"loss": loss, "accuracy": 0.9 - loss, "clean_accuracy": 0.9},
         }

@@ -85,6 +85,7 @@ def open_whole_model(path: str | Path, sample_shape: tuple[int, ...], output_nam
     ):
         raise InputError(f"{display_path(path)} has If/Loop/Scan subgraphs: cuts of such graphs are not supported")
     shapes, types = _single_sample_shapes(proto, inputs[0], sample_shape)
+    _probe_missing_shapes(proto, inputs[0], sample_shape, shapes, types)
     model = WholeModel(proto, path, inputs[0], output_name or outputs[0], shapes, types, [])
     model.macs = [_node_macs(node, shapes) for node in proto.graph.node]
     return model
@@ -119,6 +120,27 @@ def _single_sample_shapes(proto, input_name: str, sample_shape: tuple[int, ...])
     for init in proto.graph.initializer:
         shapes[init.name], types[init.name] = list(init.dims), init.data_type
     return shapes, types
+
+
+def _probe_missing_shapes(proto, input_name: str, sample_shape: tuple, shapes: dict, types: dict) -> None:
+    """Shapes that inference leaves unknown (reshapes computed at run time, as attention heads are),
+    read off one run of the model on a zero sample with those tensors as outputs."""
+    import onnx
+
+    missing = [out for node in proto.graph.node for out in node.output if out and out not in shapes]
+    if not missing:
+        return
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    copy.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in missing)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(types[input_name])
+    try:
+        values = run_onnx(copy, np.zeros((1, *sample_shape), dtype=dtype), outputs=missing)
+    except Exception as exc:  # onnxruntime raises its own types; the model is checked again when it is split
+        raise InputError(f"the whole model does not run on one sample of shape {tuple(sample_shape)}: {exc}") from exc
+    for name, value in zip(missing, values):
+        shapes[name] = list(np.shape(value))
+        types.setdefault(name, onnx.helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype))
 
 
 def _node_macs(node, shapes: dict[str, list[int]]) -> int:
@@ -356,12 +378,14 @@ def _graph_model(model: WholeModel, nodes: list, graph_input, graph_output, name
     return half
 
 
-def run_onnx(proto, x: np.ndarray) -> np.ndarray:
-    """The model's first output on x, by onnxruntime on the CPU."""
+def run_onnx(proto, x: np.ndarray, outputs: list[str] | None = None):
+    """The model's first output on x (or the named outputs, as a list), by onnxruntime on the CPU."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
+    if outputs is not None:
+        return session.run(outputs, {name: x})
     return session.run(None, {name: x})[0]

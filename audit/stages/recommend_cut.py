@@ -80,6 +80,9 @@ def _no_cut(cuts: list[dict], target_mse: float, max_loss: float) -> str:
     if not cuts:
         return "no cut was audited"
     reaching = [c for c in cuts if reaches(_bound(c), target_mse)]
+    if not reaching and all(c["sigma_source"] == "uncalibrated" for c in cuts):
+        reason = cuts[0]["calibration"]["reason"]
+        return f"no noise sigma makes the {GATED_BOUND.name} bound reach MSE {target_mse:.4g} at any cut ({reason})"
     if not reaching:
         top = max(cuts, key=lambda c: _bound(c) if isinstance(_bound(c), (int, float)) else float("-inf"))
         return (
