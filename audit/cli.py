@@ -298,7 +298,7 @@ def render(report: str, formats: list[str], out: str | None, debug: bool) -> Non
 def compare(before: str, after: str, formats: list[str], out: str, debug: bool) -> None:
     """Render two saved audits side by side (e.g. before and after a defence)."""
     from splitaudit.reports import load_result, write_comparison
-    from splitaudit.reports.compare import check_comparable, differences
+    from splitaudit.reports.compare import check_comparable, differences, regression
     from splitaudit.reports.writer import claim_output_folder, output_lock
 
     check_formats(formats, "comparison")
@@ -306,6 +306,7 @@ def compare(before: str, after: str, formats: list[str], out: str, debug: bool) 
     check_comparable(*results, (display_path(before), display_path(after)))
     for warning in differences(*results):
         click.echo(f"splitaudit: warning: not like for like: {warning}", err=True)
+    click.echo(f"regression test: {regression(*results)[1]}")
     with output_lock(claim_output_folder(out)) as out_dir:
         written = write_comparison(*results, out_dir, formats)
     _echo_written(written)

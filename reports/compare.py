@@ -16,6 +16,7 @@ from splitaudit.reports.view_attacks import attack_title
 from splitaudit.reports.view_elements import METRIC_LABELS, Figure, Figures, Table, outcome
 from splitaudit.reports.view_verdict import headline
 from splitaudit.reports.writer import render_pages
+from splitaudit.stages.regression import Z, baseline_summary, compare_to_baseline
 
 # What makes two audits comparable: the same model (file and shapes) and the same data. A defence
 # usually changes the model file, so a difference is stated, never refused.
@@ -38,6 +39,8 @@ class ComparisonView:
     attacks: Table | None
     chart: Figure | None
     figures: list[Figure]
+    regression: Table | None = None
+    regression_verdict: str = ""
 
 
 def _get(result: dict, *keys):
@@ -134,8 +137,37 @@ def differences(before: dict, after: dict) -> list[str]:
     return found
 
 
+def regression(before: dict, after: dict) -> tuple[Table, str, list[str]]:
+    """The regression gate's test of `after` against `before` as `run --baseline` decides it
+    (splitaudit.stages.regression): its table, its verdict in one line, and the inputs that differ."""
+    comparison = compare_to_baseline(baseline_summary(before, "before"), after)
+    rows, classes = [], []
+    bound = comparison["bound"]
+    named = [("bound", f"{bound['name']} bound MSE", bound)] + [
+        (r["name"], "advantage", r) for r in comparison["attacks"]
+    ]
+    for name, quantity, row in named:
+        if not row["comparable"]:
+            rows.append([name, quantity, "", "", "", "", f"not comparable: {row['reason']}"])
+            classes.append("skipped")
+            continue
+        verdict = "REGRESSED" if row["regressed"] else "within noise"
+        cells = [number(row[k]) for k in ("baseline", "current", "worse_by", "allowed")]
+        rows.append([name, quantity, *cells, verdict])
+        classes.append("failed" if row["regressed"] else "")
+    regressed = [r[0] for r, c in zip(rows, classes) if c == "failed"]
+    verdict = (
+        f"REGRESSION beyond noise: {', '.join(regressed)} (the test of run --baseline)"
+        if regressed
+        else "no regression beyond noise (the test of run --baseline)"
+    )
+    headers = ["", "quantity", "before", "after", "worse by", f"allowed ({Z} x combined stderr)", "verdict"]
+    return Table(headers, rows, classes), verdict, comparison["input_differences"]
+
+
 def build_comparison(before: dict, after: dict, with_figures: bool = True) -> ComparisonView:
     figures = Figures(with_figures)
+    regression_rows, regression_verdict, input_differences = regression(before, after)
     rows, classes = _attack_rows(before, after)
     audits = Table(
         ["", "before", "after"],
@@ -160,7 +192,7 @@ def build_comparison(before: dict, after: dict, with_figures: bool = True) -> Co
     )
     return ComparisonView(
         title="splitaudit comparison",
-        warnings=differences(before, after),
+        warnings=differences(before, after) + input_differences,
         audits=audits,
         bounds=_bounds(before, after),
         attacks=Table(
@@ -172,6 +204,8 @@ def build_comparison(before: dict, after: dict, with_figures: bool = True) -> Co
         else None,
         chart=chart,
         figures=figures.made,
+        regression=regression_rows,
+        regression_verdict=regression_verdict,
     )
 
 

@@ -58,7 +58,12 @@ def _violator_problem(report: dict) -> str | None:
 def _report_gate(report: dict) -> dict:
     """The report's gate recomputed from its numbers and its stored thresholds."""
     gate = report["gate"]
-    return evaluate_gate(report, **{k: gate.get(k) for k in RUN_THRESHOLDS}, strict=gate.get("strict", False))
+    return evaluate_gate(
+        report,
+        **{k: gate.get(k) for k in RUN_THRESHOLDS},
+        strict=gate.get("strict", False),
+        baseline=gate.get("baseline"),
+    )
 
 
 def _sweep_gate(sweep: dict) -> dict:

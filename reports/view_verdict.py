@@ -27,6 +27,8 @@ CAUSE_WORDS = {
     "utility-loss-too-high": "the recommended noise costs too much accuracy",
     "utility-loss-missing": "the utility loss was not measured",
     "no-recommendation": "no noise sigma can be recommended",
+    "regression-bound": "the provable bound fell since the baseline, beyond the noise of the two measurements",
+    "regression-leakage": "the leakage of an attack grew since the baseline, beyond the noise of the two measurements",
 }
 
 
@@ -45,7 +47,8 @@ THRESHOLD_KEYS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage", "m
 def thresholds_set(result: dict) -> bool:
     """Whether any pass/fail threshold (or --strict) was asked for (otherwise "passed" only means "complete")."""
     gate = gate_section(result)
-    return gate.get("strict") is True or any(is_number(gate.get(key)) for key in THRESHOLD_KEYS)
+    thresholds = any(is_number(gate.get(key)) for key in THRESHOLD_KEYS)
+    return gate.get("strict") is True or thresholds or isinstance(gate.get("baseline"), dict)
 
 
 def verdict_class(result: dict) -> str:
@@ -120,6 +123,11 @@ def alert_lines(result: dict, attacks: dict[str, dict]) -> list[str]:
     ]
     alerts += [
         f"{name}: {a['spread_warning']}." for name, a in attacks.items() if ran_ok(a) and a.get("spread_warning")
+    ]
+    alerts += [
+        f"NOT LIKE FOR LIKE: {c.get('message')}."
+        for c in gate_section(result).get("checks") or []
+        if isinstance(c, dict) and c.get("cause") == "baseline-other-inputs"
     ]
     if section(result, "run").get("quick"):
         alerts.append(QUICK_ALERT)

@@ -141,6 +141,14 @@ class AuditOptions:
         "Gate: also fail on any attack that did not learn (inconclusive); by default only the thresholds "
         "resting on such an attack fail.",
     )
+    baseline: str | None = option(
+        None,
+        "Gate: an earlier report.json; fail when the bound fell, or an attack's advantage grew, by more than "
+        "the two audits' uncertainty allows.",
+        commands=frozenset({RUN}),
+        api=False,
+        is_path=True,
+    )
     junit: str | None = option(None, "Also write the gates as JUnit XML test cases.", api=False, is_path=True)
     seed: int = option(0, "Seed for splits, attacks and estimators (default 0).", commands=MEASURING)
     device: str = option("auto", "Where to compute (default auto).", commands=MEASURING, choices=DEVICES)

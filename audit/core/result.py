@@ -361,6 +361,12 @@ CheckCause = Literal[
     "utility-loss-too-high",
     "utility-loss-missing",
     "no-recommendation",
+    "baseline-same-inputs",
+    "baseline-other-inputs",
+    "regression-within",
+    "regression-not-comparable",
+    "regression-bound",
+    "regression-leakage",
 ]
 Severity = Literal["none", "note", "warning", "error"]
 
@@ -377,6 +383,33 @@ class GateCheck(TypedDict):
     severity: Severity
 
 
+class BaselineAttack(TypedDict):
+    """What the regression test reads of one attack of the baseline."""
+
+    status: str | None
+    outcome: str | None
+    advantage: float | None
+    advantage_se: float | None  # advantage_std / sqrt(seeds); None for one seed
+
+
+class BaselineFile(TypedDict):
+    role: str
+    sha256: str
+
+
+class Baseline(TypedDict):
+    """--baseline: what the regression test reads of the earlier report (splitaudit.stages.regression),
+    kept so that the gate is recomputable from this report alone."""
+
+    source: str
+    fingerprint: str | None
+    files: list[BaselineFile]
+    noise_sigma: float | None
+    bound: float | None  # van_trees_mse_point (else van_trees_mse)
+    bound_se: float | None
+    attacks: dict[str, BaselineAttack]
+
+
 class Gate(TypedDict):
     """The CI gate: the thresholds asked for and each check's verdict."""
 
@@ -387,6 +420,7 @@ class Gate(TypedDict):
     passed: bool
     reasons: list[str]
     checks: list[GateCheck]
+    baseline: NotRequired[Baseline]  # --baseline: the earlier report's numbers the regression checks used
 
 
 class Utility(TypedDict):

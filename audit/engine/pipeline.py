@@ -12,6 +12,7 @@ import platform
 import time
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
@@ -231,6 +232,7 @@ def run_audit(
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     invocation = invocation or Invocation()
+    baseline = read_baseline(options.baseline) if options.baseline else None  # bad input before any computation
     with AuditEngine.prepared(options, progress, config_file=invocation.config_file) as engine:
         ctx, names = engine.ctx, engine.names
         header = describe_run(ctx, options, started)
@@ -272,8 +274,24 @@ def run_audit(
         fail_under_attack_mse=options.fail_under_attack_mse,
         max_advantage=options.max_advantage,
         strict=options.strict,
+        baseline=baseline,
     )
     return {**result, "gate": gate, "run": {**result["run"], "seconds": time.perf_counter() - clock}}
+
+
+def read_baseline(path: str) -> dict:
+    """--baseline: an earlier report.json, read as render reads it (schema and consistency checked),
+    and the numbers of it the regression test reads (splitaudit.stages.regression.baseline_summary)."""
+    from splitaudit.core.safety import display_path
+    from splitaudit.reports import load_result
+    from splitaudit.stages.regression import baseline_summary
+
+    document = load_result(Path(path))
+    if document.get("kind") is not None:
+        raise InputError(
+            f"--baseline {display_path(path)} is a {document['kind']}.json; a baseline is a report.json of splitaudit run"
+        )
+    return baseline_summary(document, display_path(path))
 
 
 def _announce_cost(ctx: AuditContext, options: AuditOptions, names: list[str], on_cost: Callable[..., None]) -> None:

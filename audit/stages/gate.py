@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from splitaudit.core.registries import GATED_BOUND
+from splitaudit.stages.regression import compare_to_baseline, describe_row
 
 
 def evaluate_gate(
@@ -16,11 +17,14 @@ def evaluate_gate(
     fail_under_attack_mse: float | None = None,
     max_advantage: float | None = None,
     strict: bool = False,
+    baseline: dict | None = None,
 ) -> dict:
     """Each check says what was measured, the threshold, and by how much it failed. Thresholds
     decide (DESIGN.md section 13): an attack that raised makes the audit incomplete; an attack that
     did not learn (outcome "inconclusive") fails only the thresholds that rest on it, and every check
-    under `strict`; an attack that found no advantage over a raw-input baseline is a finding."""
+    under `strict`; an attack that found no advantage over a raw-input baseline is a finding.
+    baseline (stages.regression.baseline_summary of an earlier report): the bound must not fall, nor
+    any attack's advantage grow, by more than the two audits' uncertainty allows."""
     for name, value in (
         ("fail_under_mse", fail_under_mse),
         ("fail_under_attack_mse", fail_under_attack_mse),
@@ -37,6 +41,8 @@ def evaluate_gate(
         checks.extend(_advantage_checks(result, max_advantage))
     if strict:
         checks.extend(_inconclusive_checks("strict", _inconclusive(result), "--strict"))
+    if baseline is not None:
+        checks.extend(_regression_checks(result, baseline))
     failed = [c for c in checks if not c["passed"]]
     return {
         "fail_under_mse": fail_under_mse,
@@ -46,6 +52,7 @@ def evaluate_gate(
         "passed": not failed,
         "reasons": [c["message"] for c in failed],
         "checks": checks,
+        **({"baseline": baseline} if baseline is not None else {}),
     }
 
 
@@ -224,6 +231,32 @@ def _advantage_checks(result: dict, cap: float) -> list[dict]:
         )
         cause = "advantage-within-cap" if adv <= cap else "advantage-too-high"
         checks.append(_check(f"max-advantage:{name}", adv <= cap, cause, message, adv, cap))
+    return checks
+
+
+def _regression_checks(result: dict, baseline: dict) -> list[dict]:
+    """The regression test against the baseline (stages.regression): whether it audited the same
+    inputs (said, never hidden: a warning when not), then the bound's row and each attack's."""
+    comparison = compare_to_baseline(baseline, result)
+    differ = comparison["input_differences"]
+    against = f"against the baseline {baseline['source']}" + (f" ({'; '.join(differ)})" if differ else "")
+    inputs = _check(
+        "baseline-inputs",
+        True,
+        "baseline-other-inputs" if differ else "baseline-same-inputs",
+        f"compared {against}" if differ else f"compared against the baseline {baseline['source']}: same files audited",
+    )
+    inputs["severity"] = "warning" if differ else "none"
+    checks = [inputs]
+    for row, quantity, cause in [(comparison["bound"], "bound MSE", "regression-bound")] + [
+        (row, "advantage", "regression-leakage") for row in comparison["attacks"]
+    ]:
+        name = "regression:bound" if cause == "regression-bound" else f"regression:{row['name']}"
+        passed_cause = "regression-within" if row["comparable"] else "regression-not-comparable"
+        message = describe_row(row, quantity) + (f" [{against}]" if differ and row["regressed"] else "")
+        value, allowed = (row["worse_by"], row["allowed"]) if row["comparable"] else (None, None)
+        outcome = cause if row["regressed"] else passed_cause
+        checks.append(_check(name, not row["regressed"], outcome, message, value, allowed))
     return checks
 
 
