@@ -31,6 +31,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "optimization": ("optimization", "OptimizationAttack"),
     "sdar": ("sdar", "SDARAttack"),
     "token-inversion": ("token_inversion", "TokenInversionAttack"),
+    "sequential-inversion": ("sequential_inversion", "SequentialInversionAttack"),
 }
 ATTACK_NAMES = tuple(REGISTRY)
 

@@ -208,7 +208,7 @@ def test_the_token_ceiling_says_something_on_the_demo_sample_at_large_noise(caps
     statement = result["tokens"]
     assert 0 < statement["information_nats"] < 1 and 30 < statement["informative_from_sigma"] < 40
     assert statement["token_accuracy_ceiling"] < 1 and statement["exact_match_ceiling"] < 0.5
-    assert set(statement["compared_with"]) == {"decoder", "optimization", "token-inversion"}
+    assert set(statement["compared_with"]) == {"decoder", "optimization", "token-inversion", "sequential-inversion"}
     for name in statement["compared_with"]:
         metrics = result["attacks"][name]["metrics"]
         assert metrics["token_accuracy"] <= statement["token_accuracy_ceiling"], name

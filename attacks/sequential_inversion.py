@@ -1,0 +1,321 @@
+"""Sequential exact inversion: a causal bottom's hidden states back to the text, position by position.
+
+SIPIT (Nikolaou et al., ICLR 2026): in a causal language model the hidden state at position t
+depends on tokens 1..t only, and the map from a prefix to its last state is injective, so the
+sentence is found one position at a time: with the prefix 1..t-1 already recovered, run the
+bottom on [prefix, v] for every vocabulary entry v and keep the v whose state at t is the observed
+one. No training, no auxiliary data beyond the vocabulary: the attacker needs query access to the
+bottom (forward passes) and the observed states.
+
+Causality is checked, not assumed (`causality_violation`): on a few aux sentences, changing the
+token at each position must leave every earlier state unchanged; a bidirectional bottom is
+refused with the first position whose change moved an earlier state.
+
+Under noise z = f(x) + N(0, sigma^2 I) the candidate whose clean state is nearest the observed one
+is the maximum-likelihood choice at that position (the Gaussian log-likelihood is
+-||f_t(prefix, v) - z_t||^2 / (2 sigma^2) plus a constant). An attacker holding aux sentences also
+knows which token tends to follow which: with `prior=aux` (the default) each candidate's score adds
+-log p_t(v | previous token), the aux sentences' bigram at that position smoothed towards the
+position's token frequencies, so the choice is the maximum a posteriori one and, as the noise
+grows, falls back to what the text alone predicts instead of to noise (`prior=none`: maximum
+likelihood). A beam keeps the `beam` prefixes of least summed score (the most probable prefixes),
+so an early wrong choice can be undone. At sigma = 0 the prior is not used: the true prefix is the
+only one at distance 0, so one hypothesis suffices.
+
+Cost: the bottoms splitaudit opens (ONNX and TorchScript graphs) run whole sequences and keep no
+state between calls, so the prefix's states are recomputed: every position costs (candidates x
+beam) forward passes of the full length, V x T (x beam) per sentence. `max_sentences` bounds it,
+and the up-front cost estimate counts it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.text_metrics import token_outcome
+from splitaudit.attacks.token_inversion import sequence_states
+from splitaudit.core.threads import threads_for
+from splitaudit.estimators.token_information import position_counts
+from splitaudit.inputs.context import AuditContext
+from splitaudit.inputs.tokens import bound_mask, mask_groups
+
+CAUSALITY_SAMPLES = 2  # aux sentences the causality check perturbs at every position
+CAUSAL_RTOL = 1e-5  # an earlier state moved by more than this share of the states' largest value: not causal
+CANDIDATE_VALUES = 2**22  # input values per chunk of candidate sequences (16 MiB float32)
+TIMING_SEQUENCES = 32  # candidate sequences per timed pass of the cost estimate
+PREFIX_STATES = (
+    "recomputed: the bottom runs whole sequences and keeps no state between calls, so each position "
+    "costs (candidates x beam) forward passes of the full length"
+)
+# Causality verdicts by encoder (the check runs forward passes; missing() is asked at every stage).
+_CAUSALITY: dict[int, tuple[weakref.ref, str | None]] = {}
+
+
+@dataclass(frozen=True)
+class SequentialInversionOptions:
+    """`[attack.sequential-inversion]`: the search's width and its cost bound."""
+
+    beam: int = option(4, "prefixes kept per sentence under noise (one at sigma 0, where only the truth fits)", low=1)
+    max_sentences: int = option(64, "target sentences inverted (each costs vocabulary x length passes)", low=1)
+    quick_max_sentences: int = option(16, "target sentences inverted under --quick", low=1)
+    candidates: int | None = option(
+        None, "vocabulary entries scored per position: all when unset, else the most frequent aux tokens", low=1
+    )
+    prior: str = option(
+        "aux",
+        "under noise, add the aux bigram prior (maximum a posteriori) or none (maximum likelihood)",
+        choices=("aux", "none"),
+    )
+
+
+class SequentialInversionAttack(Attack):
+    """Exact sequential inversion of a causal bottom (SIPIT, Nikolaou et al., ICLR 2026).
+
+    Each position's token is the vocabulary entry whose state after the recovered prefix is nearest
+    the observed state (maximum likelihood under the deployed Gaussian noise), with a beam of the
+    most likely prefixes. Refused on a bottom whose states depend on later tokens.
+    Options (`[attack.sequential-inversion]`): beam, max_sentences (quick_max_sentences under --quick),
+    candidates, prior.
+    Example: `splitaudit run bottom.onnx --aux tokens.npz --vocab vocab.json --attacks sequential-inversion`.
+    """
+
+    name = "sequential-inversion"
+    kind = "label"
+    primary_metric = "token_accuracy"
+    relative_cost = 5.0
+    input_kinds = frozenset({"tokens"})
+    other_kinds_reason = "needs token inputs (--vocab): it reconstructs token ids"
+    title = "Sequential exact inversion (SIPIT)"
+    baseline_name = "the most frequent aux token at each position"
+    metrics = ("token_accuracy", "exact_match", "rouge_l", "bleu", "rare_token_recall")
+    Options = SequentialInversionOptions
+    assumptions = (
+        "The attacker observes the target hidden states (with the deployed noise), knows the noise level and "
+        "can run the bottom model on token sequences of its choice (query access, no gradients, no training); "
+        "the bottom must be causal (each state depends on the tokens up to its position only), which the audit "
+        "checks. It searches the vocabulary position by position for the most likely sentence."
+    )
+
+    def missing(self, ctx: AuditContext) -> str | None:
+        reason = super().missing(ctx)
+        if reason or ctx.space.kind != "tokens":
+            return reason
+        if ctx.encoder.output_shape[:1] != ctx.aux.token_ids.shape[1:]:
+            return f"needs one hidden state per position; the model outputs shape {list(ctx.encoder.output_shape)}"
+        if ctx.encoder.stochastic:
+            return (
+                "the bottom draws randomness inside forward: a candidate's state cannot be compared exactly with "
+                "the observed one"
+            )
+        return cached_causality(ctx)
+
+    def run_seed(self, ctx: AuditContext, seed: int) -> SeedOutcome:
+        opts = self.options(ctx)
+        index = torch.arange(min(opts.max_sentences, len(ctx.target)), device=ctx.device)
+        observed = sequence_states(ctx.observed_embeddings("target", ctx.generator(seed)))[index]
+        candidates = candidate_ids(ctx, opts.candidates)
+        width = search_width(ctx, opts)
+        mask = None if ctx.target.mask is None else ctx.target.mask[index]
+        start = time.perf_counter()
+        with threads_for(ctx.aux.x.numel(), ctx.device):
+            pred, residual, passes = invert(ctx, observed, mask, candidates, width, opts.prior)
+        seconds = time.perf_counter() - start
+        if ctx.noise_sigma == 0 and residual > exact_tolerance(observed):
+            raise RuntimeError(
+                f"at sigma 0 a recovered sentence's states are {math.sqrt(residual):.3g} from the observed ones, "
+                f"more than rounding leaves ({math.sqrt(exact_tolerance(observed)):.3g}): the bottom did not "
+                "reproduce its own states"
+            )
+        metrics, baseline, token_details = token_outcome(ctx, ctx.target.token_ids[index], pred, index)
+        details = {
+            "tokens": token_details,
+            "sentences_inverted": len(index),
+            "target_sentences": len(ctx.target),
+            "candidates": len(candidates),
+            "vocab_size": ctx.tokens.size,
+            "beam": width,
+            "forward_passes": passes,
+            "seconds_per_sentence": seconds / len(index),
+            "prefix_states": PREFIX_STATES,
+            "prior": opts.prior if ctx.noise_sigma > 0 else "none (sigma 0)",
+        }
+        if ctx.noise_sigma == 0:
+            details["largest_squared_distance"] = residual
+        return SeedOutcome(metrics=metrics, baseline=baseline, details=details)
+
+    def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed) -> float:
+        """Every seed: (candidates x beam) full-length passes at each real position of each inverted
+        sentence, one pass timed on a batch of TIMING_SEQUENCES sequences."""
+        opts = self.options(ctx)
+        n = min(opts.max_sentences, len(ctx.target))
+        positions = n * ctx.target.token_ids.shape[1] if ctx.target.mask is None else int(ctx.target.mask[:n].sum())
+        batch = ctx.target.x[:1].expand(TIMING_SEQUENCES, *ctx.target.x.shape[1:])
+        rows = None if ctx.target.mask is None else ctx.target.mask[0]
+        with bound_mask(ctx.tokens, rows):
+            per_pass = timed(lambda: ctx.encoder.embed(batch)) / TIMING_SEQUENCES
+        passes = positions * len(candidate_ids(ctx, opts.candidates)) * search_width(ctx, opts)
+        return len(ctx.seeds) * passes * per_pass
+
+
+def search_width(ctx: AuditContext, opts: SequentialInversionOptions) -> int:
+    """The beam: one hypothesis at sigma 0, where the true prefix is the only one at distance 0."""
+    return 1 if ctx.noise_sigma == 0 else opts.beam
+
+
+def candidate_ids(ctx: AuditContext, limit: int | None) -> torch.Tensor:
+    """The token ids scored at each position: the whole vocabulary, or its `limit` most frequent aux tokens."""
+    if limit is None or limit >= ctx.tokens.size:
+        return torch.arange(ctx.tokens.size, device=ctx.device)
+    counts = position_counts(ctx.aux.token_ids, ctx.tokens.size, ctx.aux.mask).sum(dim=0)
+    return counts.topk(limit).indices.sort().values.to(ctx.device)
+
+
+def exact_tolerance(observed: torch.Tensor) -> float:
+    """The summed squared distance over a sentence [T, H] that float32 rounding may leave between its
+    states and their recomputation: CAUSAL_RTOL of the states' largest value in every coordinate."""
+    scale = float(observed.abs().max()) if observed.numel() else 0.0
+    return (CAUSAL_RTOL * max(scale, 1.0)) ** 2 * observed[0].numel()
+
+
+def cached_causality(ctx: AuditContext) -> str | None:
+    """causality_violation(ctx), computed once per encoder."""
+    key = id(ctx.encoder)
+    known = _CAUSALITY.get(key)
+    if known is not None and known[0]() is ctx.encoder:
+        return known[1]
+    verdict = causality_violation(ctx)
+    _CAUSALITY[key] = (weakref.ref(ctx.encoder), verdict)
+    return verdict
+
+
+@torch.no_grad()
+def causality_violation(ctx: AuditContext, samples: int = CAUSALITY_SAMPLES) -> str | None:
+    """None when, on the first `samples` aux sentences, changing the token at each position p leaves
+    the states at every real position before p unchanged (within CAUSAL_RTOL of the states' scale);
+    else why not, naming the first position whose change moved an earlier state."""
+    ids = ctx.aux.token_ids[:samples]
+    mask = None if ctx.aux.mask is None else ctx.aux.mask[:samples]
+    length = ids.shape[1]
+    for i, sentence in enumerate(ids):
+        variants = sentence.repeat(length + 1, 1)  # row 0 the sentence, row p + 1 with token p changed
+        positions = torch.arange(length, device=ids.device)
+        variants[positions + 1, positions] = (sentence + 1) % ctx.tokens.size
+        row = None if mask is None else mask[i]
+        with bound_mask(ctx.tokens, row):
+            states = sequence_states(ctx.encoder.embed(ctx.tokens.embed(variants)))
+        moved = (states[1:] - states[0]).abs().amax(dim=-1)  # [changed position, state position]
+        tolerance = CAUSAL_RTOL * max(float(states.abs().max()), 1e-12)
+        earlier = torch.ones(length, length, dtype=torch.bool, device=moved.device).tril(-1)  # state q < changed p
+        if row is not None:
+            earlier &= row.to(moved.device)[None, :]
+        bad = (moved > tolerance) & earlier
+        if bad.any():
+            p, q = (int(v) for v in bad.nonzero()[0])
+            return (
+                f"the bottom is not causal: changing the token at position {p + 1} moved the hidden state at "
+                f"position {q + 1} by {float(moved[p, q]):.3g} (positions counted from 1); the sequential "
+                "inversion needs states that depend on the tokens up to their position only"
+            )
+    return None
+
+
+@torch.no_grad()
+def invert(
+    ctx: AuditContext,
+    observed: torch.Tensor,
+    mask: torch.Tensor | None,
+    candidates: torch.Tensor,
+    width: int,
+    prior: str = "none",
+) -> tuple[torch.Tensor, float, int]:
+    """(recovered ids [N, T], the largest summed score of a kept sentence, forward passes) for
+    observed states [N, T, H], sentence by sentence group of one mask pattern, each under its mask.
+    The score is the squared distance at sigma 0, the negative log posterior (up to a constant) else."""
+    pred = torch.empty(observed.shape[:2], dtype=torch.long, device=observed.device)
+    residual, passes = 0.0, 0
+    for row, positions in mask_groups(mask, len(observed)):
+        positions = positions.to(observed.device)
+        with bound_mask(ctx.tokens, row):
+            ids, scores, used = beam_search(ctx, observed[positions], row, candidates, width, prior)
+        pred[positions] = ids
+        residual, passes = max(residual, float(scores.max())), passes + used
+    return pred, residual, passes
+
+
+def beam_search(
+    ctx: AuditContext,
+    observed: torch.Tensor,
+    row: torch.Tensor | None,
+    candidates: torch.Tensor,
+    width: int,
+    prior: str = "none",
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The most probable sentence of each observed state sequence [S, T, H] (positions where `row` is
+    False are padding, left as the first candidate), its summed score, and the passes run."""
+    n, length = observed.shape[:2]
+    hyps = candidates[:1].expand(n, 1, length).clone()  # [S, B, T]
+    scores = torch.zeros(n, 1, device=observed.device)
+    passes = 0
+    for t in range(length):
+        if row is not None and not bool(row[t]):
+            continue
+        distances = candidate_distances(ctx, hyps, t, candidates, observed[:, t])  # [S, B, K]
+        passes += distances.numel()
+        step = distances
+        if ctx.noise_sigma > 0:
+            step = distances / (2 * ctx.noise_sigma**2)
+            if prior == "aux":
+                step = step - aux_log_prior(ctx, hyps, t, candidates)
+        total = (scores[:, :, None] + step).flatten(1)
+        scores, best = total.topk(min(width, total.shape[1]), dim=1, largest=False)
+        hyps = hyps.gather(1, (best // len(candidates))[:, :, None].expand(-1, -1, length)).clone()
+        hyps[:, :, t] = candidates[best % len(candidates)]
+    return hyps[:, 0], scores[:, 0], passes
+
+
+def candidate_distances(
+    ctx: AuditContext, hyps: torch.Tensor, t: int, candidates: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    """||f_t(hyp with token t = v) - target||^2 for every hypothesis [S, B, T] and candidate v [K]:
+    [S, B, K], the candidate sequences built and run in chunks of CANDIDATE_VALUES input values."""
+    n, width, length = hyps.shape
+    k = len(candidates)
+    table = ctx.tokens.table
+    chunk = max(1, CANDIDATE_VALUES // (length * table.shape[1]))
+    flat = torch.arange(n * width * k, device=hyps.device)
+    out = torch.empty(n * width * k, device=hyps.device)
+    for part in flat.split(chunk):
+        sentence, hyp, cand = part // (width * k), (part // k) % width, part % k
+        ids = hyps[sentence, hyp].clone()
+        ids[:, t] = candidates[cand]
+        states = sequence_states(ctx.encoder.embed(ctx.tokens.embed(ids)))[:, t]
+        out[part] = (states - target[sentence]).pow(2).sum(dim=-1)
+    return out.reshape(n, width, k)
+
+
+def aux_log_prior(ctx: AuditContext, hyps: torch.Tensor, t: int, candidates: torch.Tensor) -> torch.Tensor:
+    """log p_t(v | the hypothesis's token at t - 1) for every hypothesis [S, B, T] and candidate v:
+    [S, B, K]. The aux sentences' bigram counts at position t (real tokens at t - 1 and t),
+    Dirichlet-smoothed with weight 1 towards p_t(v), the add-one frequencies of the tokens at t."""
+    ids = ctx.aux.token_ids
+    valid = torch.ones_like(ids, dtype=torch.bool) if ctx.aux.mask is None else ctx.aux.mask
+    size = ctx.tokens.size
+    here = valid[:, t]
+    unigram = (torch.bincount(ids[here, t], minlength=size).float() + 1) / (int(here.sum()) + size)
+    n, width = hyps.shape[:2]
+    if t == 0:
+        return unigram[candidates].log().expand(n, width, -1)
+    both = here & valid[:, t - 1]
+    before, after = ids[both, t - 1], ids[both, t]
+    match = hyps[:, :, t - 1].reshape(-1, 1) == before[None, :]  # [S * B, pairs]
+    rows, pairs = match.nonzero(as_tuple=True)
+    counts = torch.zeros(n * width, size, device=ids.device)
+    counts.index_put_((rows, after[pairs]), torch.ones(()), accumulate=True)
+    posterior = (counts + unigram) / (counts.sum(dim=1, keepdim=True) + 1)
+    return posterior[:, candidates].log().reshape(n, width, -1)
