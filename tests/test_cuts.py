@@ -241,3 +241,42 @@ def test_bad_cut_names_exit_2_listing_the_candidates(chain, capsys):
     assert _exit_code(["cuts", str(model), "--aux", str(aux), "--cuts", "h1,nosuch", "--quick"]) == 2
     err = capsys.readouterr().err
     assert "'nosuch'" in err and "h1, h2" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("sliced", [False, True])
+def test_a_top_that_reads_the_input_s_shape_gets_it_from_the_cut(tmp_path, sliced):
+    """Dynamic-batch exports read the batch size off the input (Shape(x)) to reshape downstream: that
+    path carries no values, so h is still a cut, and the top computes the same shape from h."""
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32), "w")
+    shape_nodes = (
+        [
+            helper.make_node("Shape", ["x"], ["batch"], start=0, end=1),
+            helper.make_node("Constant", [], ["rest"], value=helper.make_tensor("r", TensorProto.INT64, [1], [4])),
+            helper.make_node("Concat", ["batch", "rest"], ["shape"], axis=0),
+        ]
+        if sliced
+        else [helper.make_node("Shape", ["x"], ["shape"])]
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        *shape_nodes,
+        helper.make_node("Reshape", ["r", "shape"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "reads_shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 4])],
+        [w],
+    )
+    path = tmp_path / "shape.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    whole = open_whole_model(path, (4,))
+    cuts = candidate_cuts(whole)
+    assert [c.name for c in cuts] == ["h", "r"]
+    x = np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)
+    for cut in cuts:
+        bottom, top = split_at(whole, cut)
+        assert "x" not in {i for node in top.graph.node for i in node.input}
+        np.testing.assert_allclose(run_onnx(top, run_onnx(bottom, x)), run_onnx(whole.proto, x), atol=1e-6)
