@@ -13,9 +13,10 @@ the attacks' trained copies then take any batch too.
 from __future__ import annotations
 
 import io
-import json
+import logging
 import warnings
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -23,12 +24,13 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
+from splitaudit.inputs.exported_archive import check_exported_archive, check_program
 from splitaudit.inputs.precision import audit_precision
 from splitaudit.inputs.raw_model import Outputs, RawModel, check_single_input, first_line, in_batches, select_output
+from splitaudit.inputs.torch_archives import read_archive
 from splitaudit.inputs.torchscript_loading import NON_SMOOTH_TORCHSCRIPT
 
 EXPORTED_SUFFIXES = {".pt2"}
-UNPICKLED_OBJECTS = ("custom_obj_", "opaque_obj_")  # constants torch.export.load unpickles as objects
 
 
 def is_exported_archive(path: Path) -> bool:
@@ -62,52 +64,27 @@ class ExportedModule(nn.Module):
         return in_batches(self.program, x, self.static_batch)
 
 
-def check_pickles(path: Path) -> None:
-    """Refuse an archive whose loading would unpickle anything but tensors. torch.export.load reads
-    sample inputs and legacy weight files with torch.load, retrying with weights_only=False when the
-    safe load fails, and weights marked use_pickle with weights_only=False: a crafted archive would
-    run code. Every such member must load with weights_only=True (then torch's own load meets only
-    the same tensors), and constants that torch unpickles as Python objects are refused."""
-    with zipfile.ZipFile(path) as archive:
-        names = archive.namelist()
-        pickled = [name for name in names if name.endswith(".pt")]
-        for config in [name for name in names if name.endswith("_config.json") and "/data/" in name]:
-            folder = config.rsplit("/", 1)[0]
-            for entry in json.loads(archive.read(config)).get("config", {}).values():
-                if entry.get("path_name", "").startswith(UNPICKLED_OBJECTS):
-                    raise InputError(
-                        f"{display_path(path)} holds a Python object constant ({entry['path_name']}), which loading "
-                        "would unpickle; splitaudit never unpickles (export a model whose constants are tensors)"
-                    )
-                if entry.get("use_pickle"):
-                    pickled.append(f"{folder}/{entry.get('path_name', '')}")
-        for name in pickled:
-            try:
-                torch.load(io.BytesIO(archive.read(name)), weights_only=True)
-            except Exception as exc:
-                raise InputError(
-                    f"{display_path(path)}: {name} is not plain tensors ({first_line(exc)}); loading it would "
-                    "unpickle arbitrary objects, which splitaudit never does"
-                ) from exc
-
-
 def open_exported(path: Path, device: torch.device, mode: str = "saved", output_name: str | None = None) -> RawModel:
     if mode == "train":
         raise InputError(
             "--model-mode train applies to TorchScript and torch modules; a torch.export program runs in the "
             "mode it was exported in"
         )
+    label, logged = display_path(path), []
     try:
-        check_pickles(path)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), torch_logs_kept(logged):
             warnings.simplefilter("ignore")
-            program = torch.export.load(str(path))
+            data = read_archive(path)
+            check_exported_archive(data, label)  # before torch reads it: see exported_archive
+            program = torch.export.load(io.BytesIO(data))
+            check_program(program, label)  # before anything runs it
             module = program.module()
     except InputError:
         raise
     except Exception as exc:  # torch and zipfile raise anything from RuntimeError to KeyError on a bad archive
+        cause = next((record.exc_info[1] for record in logged if record.exc_info), exc)
         raise InputError(
-            f"{display_path(path)} is not a loadable torch.export program ({first_line(exc)}); "
+            f"{label} is not a loadable torch.export program ({first_line(cause)}); "
             "save it with torch.export.save(torch.export.export(model, (x,)), path)"
         ) from exc
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
@@ -137,6 +114,33 @@ def open_exported(path: Path, device: torch.device, mode: str = "saved", output_
         stored_dtype=dtype,
         saved_module=saved,
     )
+
+
+class KeptRecords(logging.Handler):
+    """A log handler that keeps the records in a list instead of printing them."""
+
+    def __init__(self, records: list) -> None:
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def torch_logs_kept(records: list):
+    """Torch's log records, appended to `records` instead of printed, while it loads a program (an
+    error is one line on stderr): torch.export.load logs the error it met as a warning, traceback
+    included, then raises a generic one, so the kept record is what the message can name."""
+    names = ["torch", *(name for name in logging.root.manager.loggerDict if name.startswith("torch."))]
+    saved = [(logger, logger.handlers) for logger in map(logging.getLogger, names)]
+    for logger, handlers in saved:
+        logger.handlers = [KeptRecords(records)] if handlers else []
+    try:
+        yield
+    finally:
+        for logger, handlers in saved:
+            logger.handlers = handlers
 
 
 def _outputs(spec) -> Outputs:

@@ -4,6 +4,7 @@ it with the graph executor's optimisation off (Unoptimized) so that torch.func s
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 
@@ -11,9 +12,12 @@ import torch
 import torch.nn as nn
 
 from splitaudit.core.errors import InputError
+from splitaudit.core.safety import display_path
 from splitaudit.inputs.precision import audit_precision
 from splitaudit.inputs.raw_model import Outputs, RawModel, check_single_input, first_line, select_output
 from splitaudit.inputs.stochastic import apply_model_mode
+from splitaudit.inputs.torch_archives import read_archive
+from splitaudit.inputs.torchscript_archive import check_operators, check_torchscript_archive, graph_nodes
 
 TORCHSCRIPT_SUFFIXES = {".pt", ".pth", ".ts", ".jit", ".torchscript"}
 
@@ -53,16 +57,22 @@ NON_SMOOTH_TORCHSCRIPT = {
 def open_torchscript(
     path: Path, device: torch.device, mode: str = "saved", mask_input: bool = False, output_name: str | None = None
 ) -> RawModel:
-    """The TorchScript model at `path`, its audited output chosen by `output_name` (select_output)."""
+    """The TorchScript model at `path`, its audited output chosen by `output_name` (select_output).
+    Its archive passes torchscript_archive's allow-list before torch reads it, and its operators
+    after torch compiled it, before anything runs it."""
+    label = display_path(path)
+    data = read_archive(path)
+    check_torchscript_archive(data, label)
     try:
         with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; users still ship it
             warnings.simplefilter("ignore", DeprecationWarning)
-            module = torch.jit.load(str(path), map_location=device)
+            module = torch.jit.load(io.BytesIO(data), map_location=device)
     except Exception as exc:  # torch raises RuntimeError/ValueError/pickle errors alike
         raise InputError(
-            f"{path} is not a loadable TorchScript model ({first_line(exc)}); "
+            f"{label} is not a loadable TorchScript model ({first_line(exc)}); "
             "save it with torch.jit.trace(...).save() or torch.jit.script(...).save()"
         ) from exc
+    check_operators(module, label)
     training = apply_model_mode(module, mode)  # TorchScript keeps each module's .training as saved
     required = [a.name for a in module.forward.schema.arguments[1:] if not a.has_default_value()]
     check_single_input(required[:1] if mask_input and len(required) == 2 else required, path)
@@ -93,13 +103,11 @@ def tensor_op_kinds(graph) -> set[str]:
     included: a scripted module's F.relu sits in a prim::If's block (its inplace branch), where
     graph.nodes() does not look. Operators on Python numbers are left out: a scripted
     F.interpolate floors its float output size (aten::floor -> int), a kink of no tensor."""
-    kinds, pending = set(), [graph]
-    while pending:
-        for node in pending.pop().nodes():
-            if any(isinstance(out.type(), torch.TensorType) for out in node.outputs()):
-                kinds.add(node.kind())
-            pending.extend(node.blocks())
-    return kinds
+    return {
+        node.kind()
+        for node in graph_nodes(graph)
+        if any(isinstance(out.type(), torch.TensorType) for out in node.outputs())
+    }
 
 
 def returned_outputs(returns) -> Outputs:
