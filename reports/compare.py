@@ -115,12 +115,16 @@ def _attack_verdict(before: dict, after: dict) -> str:
 
 
 def check_comparable(before: dict, after: dict, sources: tuple[str, str]) -> None:
-    """Only two report.json files compare (a sweep has no single bound or attack table)."""
+    """Only two report.json files compare (a sweep or a cuts audit has no single bound or attack table)."""
+    side_by_side = {
+        "sweep": "a sweep already sets its sigmas side by side",
+        "cuts": "it already sets its cuts side by side",
+    }
     for document, source in zip((before, after), sources):
-        if document.get("kind") == "sweep":
+        if document.get("kind") in side_by_side:
             raise InputError(
-                f"{source} is a sweep.json; compare takes two report.json files of splitaudit run "
-                "(a sweep already sets its sigmas side by side)"
+                f"{source} is a {document['kind']}.json; compare takes two report.json files of splitaudit run "
+                f"({side_by_side[document['kind']]})"
             )
 
 

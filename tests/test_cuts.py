@@ -229,6 +229,8 @@ def test_cuts_cli_on_a_resnet_recommends_from_its_numbers_and_renders(resnet, ca
     assert "Recommendation:" in capsys.readouterr().out
     assert _exit_code(["render", "out/cuts.json", "--out", "again"]) == 0
     assert Path("again/cuts.html").exists()
+    assert _exit_code(["compare", "out/cuts.json", "out/cuts.json"]) == 2  # its cuts are already side by side
+    assert "is a cuts.json" in capsys.readouterr().err
     if rec["cut"] is not None:  # a tampered recommendation is refused on render
         document["recommendation"]["cut_index"] = 1 - rec["cut_index"]
         Path("out/cuts.json").write_text(json.dumps(document))
