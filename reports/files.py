@@ -44,10 +44,13 @@ def from_strict_json(value):
 def write_atomic(out_dir: Path, relative: Path | str, data: bytes) -> Path:
     """Write out_dir/relative through a temporary file in the same folder and an atomic rename, so
     that a crash or a full disk leaves either the old file or the whole new one, never a cut one.
-    Refuses any path that would land outside out_dir."""
+    Refuses any path that would land outside out_dir. The file's own name is not followed: a
+    symlink planted there is replaced, never written through (the temporary file is created
+    exclusively, and the rename replaces the name itself)."""
     root = out_dir.resolve()
-    path = (root / relative).resolve()
-    if path.parent != root and root not in path.parents:
+    target = root / relative
+    path = target.parent.resolve() / target.name
+    if target.name in ("", ".", "..") or (path.parent != root and root not in path.parents):
         raise InputError(
             f"refusing to write {display_path(path)}: it is outside the output folder {display_path(root)}"
         )

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from urllib.parse import quote
 
@@ -247,24 +248,27 @@ def claim_output_folder(out: str | os.PathLike) -> Path:
 @contextlib.contextmanager
 def output_lock(out_dir: Path):
     """Hold an exclusive lock on out_dir for one run; a second run on the same folder fails fast
-    (two runs would otherwise mix their files). The lock file is removed when the run ends."""
+    (two runs would otherwise mix their files). The lock file is never followed out of out_dir
+    (see _open_lock_file) and is removed when the run ends only if this run created it."""
     lock = out_dir / LOCK_NAME
-    fd = _locked_file(lock, out_dir)
+    fd, created = _locked_file(lock, out_dir)
     try:
         yield out_dir
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(lock)  # while still holding it: a waiting run then sees a new file (below)
+        if created and _names(lock, fd):
+            with contextlib.suppress(OSError):
+                os.unlink(lock)  # while still holding it: a waiting run then sees a new file (below)
         os.close(fd)
 
 
-def _locked_file(lock: Path, out_dir: Path) -> int:
-    """An open descriptor holding flock on `lock`, retried when the file was replaced meanwhile."""
+def _locked_file(lock: Path, out_dir: Path) -> tuple[int, bool]:
+    """An open descriptor holding flock on `lock`, and whether this run created the file; retried
+    when the file was removed or replaced meanwhile."""
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise InputError(f"cannot create the lock file {display_path(lock)}: {exc.strerror or exc}") from exc
+            fd, created = _open_lock_file(lock, out_dir)
+        except FileNotFoundError:  # removed between the exclusive creation and the opening
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -275,7 +279,50 @@ def _locked_file(lock: Path, out_dir: Path) -> int:
                 f"another splitaudit run is writing to {display_path(out_dir)} (it holds "
                 f"{display_path(lock)}); wait for it or choose another --out"
             ) from exc
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                return fd
+        if _names(lock, fd):
+            return fd, created
         os.close(fd)  # the holder removed the file after we opened it: lock the new one
+
+
+def _open_lock_file(lock: Path, out_dir: Path) -> tuple[int, bool]:
+    """A read-only descriptor on the lock file, and whether this call created it: created
+    exclusively when absent, else opened without following a symlink (a planted link would make
+    splitaudit create or lock its target anywhere) or blocking on a FIFO, and refused unless it is
+    a regular file with no other name (a hard link to a file elsewhere)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        return os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise InputError(f"cannot create the lock file {display_path(lock)}: {exc.strerror or exc}") from exc
+    try:
+        fd = os.open(lock, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        kind = "a symbolic link" if lock.is_symlink() else f"unreadable ({exc.strerror or exc})"
+        raise InputError(_foreign_lock(lock, out_dir, kind)) from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        kind = "a hard link to another file" if stat.S_ISREG(info.st_mode) else "not a regular file"
+        raise InputError(_foreign_lock(lock, out_dir, kind))
+    return fd, False
+
+
+def _foreign_lock(lock: Path, out_dir: Path, kind: str) -> str:
+    return (
+        f"the lock file {display_path(lock)} is {kind}, not one splitaudit made; splitaudit writes "
+        f"through no link inside {display_path(out_dir)}: remove it, or choose another --out"
+    )
+
+
+def _names(lock: Path, fd: int) -> bool:
+    """Whether the name `lock` (not followed) still names the file open as `fd`."""
+    try:
+        named = os.stat(lock, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)

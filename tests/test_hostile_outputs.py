@@ -1,14 +1,15 @@
-"""Hostile places to write: nothing outside --out is created, opened for writing or deleted, and a
-run that does not finish leaves no report that reads as its own (issue 39, items 3, 4 and 7).
+"""Hostile places to write: nothing outside --out is created, opened for writing or deleted (issue
+39, items 3 and 4).
 
 Every fixture is tiny and made here: the sample breast-cancer MLP with its tensors moved or
-relabelled, planted symlinks, a stale passing report.
+relabelled, planted symlinks and links.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -16,7 +17,7 @@ import pytest
 import torch
 from conftest import sample
 from onnx.external_data_helper import set_external_data
-from test_hostile_inputs import assert_refused, run_cli
+from test_hostile_inputs import FIXTURES, assert_refused, fake_audit, run_cli  # noqa: F401 (fake_audit: a fixture)
 from test_hostile_inputs_2 import private_tmp  # noqa: F401 (a fixture)
 
 from splitaudit.core.config import AuditOptions
@@ -94,30 +95,105 @@ def test_a_hostile_external_location_is_refused_by_the_recipe(tmp_path, kind):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["escape", "fifo", "symlink"])
-def test_a_run_with_workers_refuses_a_hostile_external_location_promptly(tmp_path, capsys, private_tmp, kind):  # noqa: F811
+@pytest.mark.usefixtures("private_tmp")
+def test_a_run_with_workers_refuses_a_hostile_external_location_promptly(tmp_path, capsys, kind):
     model = relabelled_mlp(tmp_path / "models" / "deep", external_location=planted(tmp_path, kind))
     args = ["run", model, "--aux", CANCER, *QUICK, "--workers", "2", "--out", tmp_path / "out"]
     assert_refused(args, capsys, tmp_path, "is not a valid ONNX model")
-    assert not (private_tmp / "escape.bin").exists()
+    assert not (Path(tempfile.gettempdir()) / "escape.bin").exists()
 
 
 @pytest.mark.timeout(180)
-def test_workers_rebuild_external_data_and_write_nothing_a_location_names(tmp_path, capsys, private_tmp):  # noqa: F811
-    """--workers 2: the workers open the model from their copy (graph and m.onnx.data) and give the
-    parent's numbers; the inline tensor's '../../escape.bin', which the old recipe copied to two
-    folders above each worker's folder (the temp directory itself), is written nowhere."""
+@pytest.mark.usefixtures("private_tmp")
+def test_workers_rebuild_external_data_and_write_nothing_a_location_names(tmp_path, capsys):
+    """--workers 2: the workers open the model from their copy (graph and m.onnx.data) and run the
+    dFIL shards; the inline tensor's '../../escape.bin', which the old recipe copied to two folders
+    above each worker's folder (the temp directory itself), is written nowhere."""
     model = relabelled_mlp(tmp_path / "models" / "deep", inline_location=planted(tmp_path, "escape"))
     code, _, err = run_cli(["run", model, "--aux", CANCER, *QUICK, "--workers", "2", "--out", tmp_path / "out"], capsys)
     assert code == 0, err
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["run"]["workers"] == 2 and report["run"]["dfil_shards"]["tasks"] >= 1
-    assert not (private_tmp / "escape.bin").exists()
-    assert sorted(p.name for p in private_tmp.iterdir() if p.name.startswith("splitaudit")) == []
+    temp = Path(tempfile.gettempdir())
+    assert not (temp / "escape.bin").exists() and not list(temp.glob("splitaudit-*"))
 
 
-def test_a_rebuilt_worker_context_embeds_as_the_parent(tmp_path, private_tmp):  # noqa: F811
+@pytest.mark.usefixtures("private_tmp")
+def test_a_rebuilt_worker_context_embeds_as_the_parent(tmp_path):
     model = relabelled_mlp(tmp_path / "models" / "deep", inline_location="../../escape.bin")
     options = AuditOptions(model=str(model), aux=CANCER, quick=True).validate()
     parent = prepare_context(options)
     worker = rebuild_context(make_recipe(options, parent), "cpu")
     assert torch.equal(worker.clean_embeddings("target"), parent.clean_embeddings("target"))
+
+
+# --- 4. nothing planted in --out is followed out of it ------------------------------------------------
+
+
+def outside_file(tmp_path: Path, text: str | None) -> Path:
+    """A file outside --out that a planted link points at (absent when text is None)."""
+    target = tmp_path / "elsewhere" / "victim"
+    target.parent.mkdir(exist_ok=True)
+    if text is not None:
+        target.write_text(text)
+    return target
+
+
+@pytest.mark.parametrize("exists", [False, True])
+@pytest.mark.usefixtures("fake_audit")
+def test_a_planted_lock_symlink_is_refused_and_left_alone(tmp_path, capsys, exists):
+    """Before: the lock's target was created (or opened) wherever the link pointed, then the link deleted."""
+    out, victim = tmp_path / "out", outside_file(tmp_path, "precious" if exists else None)
+    out.mkdir()
+    (out / ".splitaudit.lock").symlink_to(victim)
+    assert_refused(["run", MLP, "--aux", CANCER, "--out", out], capsys, tmp_path, "is a symbolic link")
+    assert (out / ".splitaudit.lock").is_symlink()
+    assert victim.read_text() == "precious" if exists else not victim.exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind, fragment", [("fifo", "not a regular file"), ("hard link", "a hard link")])
+@pytest.mark.usefixtures("fake_audit")
+def test_a_planted_fifo_or_hard_link_lock_is_refused_promptly(tmp_path, capsys, kind, fragment):
+    out, victim = tmp_path / "out", outside_file(tmp_path, "precious")
+    out.mkdir()
+    os.mkfifo(out / ".splitaudit.lock") if kind == "fifo" else os.link(victim, out / ".splitaudit.lock")
+    assert_refused(["run", MLP, "--aux", CANCER, "--out", out], capsys, tmp_path, fragment)
+    assert (out / ".splitaudit.lock").exists() and victim.read_text() == "precious"
+
+
+@pytest.mark.usefixtures("fake_audit")
+def test_a_lock_file_splitaudit_did_not_create_is_locked_but_never_removed(tmp_path, capsys):
+    """A regular lock file already there (left by a killed run, or put there by someone) is used
+    and kept: splitaudit deletes only the lock file it created."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".splitaudit.lock").write_text("")
+    code, _, err = run_cli(["run", MLP, "--aux", CANCER, "--out", out], capsys)
+    assert code == 0, err
+    assert (out / ".splitaudit.lock").is_file()
+
+
+@pytest.mark.parametrize("name", ["report.json", "report.html", "report.md", "report.sarif"])
+@pytest.mark.usefixtures("fake_audit")
+def test_planted_report_symlinks_are_replaced_not_written_through(tmp_path, capsys, name):
+    out, victim = tmp_path / "out", outside_file(tmp_path, "precious")
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    code, _, err = run_cli(["run", MLP, "--aux", CANCER, "--out", out, "--format", "json,html,md,sarif"], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["victim"] and victim.read_text() == "precious"
+    assert not (out / name).is_symlink() and (out / name).exists()
+
+
+@pytest.mark.parametrize("name", ["report.html", "report.md"])
+def test_render_replaces_a_planted_page_symlink(tmp_path, capsys, name):
+    """render writes into the report's folder without clearing it: the page itself is written to
+    a temporary file and renamed over the link (before: refused after rendering, as outside --out)."""
+    out, victim = tmp_path / "out", outside_file(tmp_path, "precious")
+    out.mkdir()
+    (out / "report.json").write_bytes((FIXTURES / "image_audit.json").read_bytes())
+    (out / name).symlink_to(victim)
+    code, _, err = run_cli(["render", out / "report.json"], capsys)
+    assert code == 0, err
+    assert victim.read_text() == "precious" and (out / name).is_file() and not (out / name).is_symlink()
