@@ -135,6 +135,7 @@ def test_recommendation_is_the_cheapest_qualifying_cut_or_says_what_would_qualif
     cuts = [cut("a", 10, 0.01, 0.0), cut("b", 20, 0.05, 0.3), cut("c", 30, 0.05, 0.01), cut("d", 40, 0.05, 0.0)]
     rec = recommend_cut(cuts, 0.05, 0.02)
     assert (rec["cut"], rec["cut_index"], rec["flops"]) == ("c", 2, 30)  # a misses the bound, b loses too much
+    assert recommend_cut([cut("e", 5, 0.05, 1 - 0.98)], 0.05, 0.02)["cut"] == "e"  # a loss at the budget is in it
     rec = recommend_cut(cuts[:2], 0.05, 0.02)
     assert rec["cut"] is None and "allow --max-accuracy-loss 0.3" in rec["reason"]
     rec = recommend_cut([cut("c", 30, 0.05, 0.01, ["decoder"])], 0.05, 0.02)

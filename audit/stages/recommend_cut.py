@@ -14,6 +14,8 @@ from splitaudit.core.registries import GATED_BOUND
 from splitaudit.stages.gate import evaluate_gate, no_recommendation_check
 from splitaudit.stages.recommend import reaches
 
+LOSS_ATOL = 1e-9  # an accuracy loss equal to the budget qualifies (1 - 0.98 is 0.020000000000000018 in floats)
+
 
 def _loss(cut: dict) -> float | None:
     loss = (cut.get("utility") or {}).get("loss")
@@ -31,7 +33,7 @@ def qualifies(cut: dict, target_mse: float, max_accuracy_loss: float) -> bool:
         reaches(_bound(cut), target_mse)
         and not cut["bounds"]["violated_by"]
         and loss is not None
-        and loss <= max_accuracy_loss
+        and loss <= max_accuracy_loss + LOSS_ATOL
     )
 
 
