@@ -49,7 +49,7 @@ def _chain(path: Path) -> tuple[Path, list[np.ndarray]]:
     graph = helper.make_graph(
         nodes,
         "chain",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", D])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "features"])],  # the size from the data
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
         [numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2"), (w3, "w3"))],
     )

@@ -115,11 +115,25 @@ def _sample_shape(options: AuditOptions) -> tuple[int, ...]:
     )
     if dims and all(d > 0 for d in dims[1:]):
         return tuple(dims[1:])
-    if str(options.aux).endswith(".npz"):
-        with np.load(options.aux, allow_pickle=False, mmap_mode="r") as data:
-            if "x" in data:
-                return tuple(data["x"].shape[1:])
-    raise InputError("the model's input has sizes set at run time: give one sample's shape with --input-shape")
+    shape = _npz_sample_shape(options.aux) if str(options.aux).endswith(".npz") else None
+    if shape is None:
+        raise InputError("the model's input has sizes set at run time: give one sample's shape with --input-shape")
+    return shape
+
+
+def _npz_sample_shape(path: str) -> tuple[int, ...] | None:
+    """The per-sample shape of the .npz's x, from its header alone (nothing is allocated; the data
+    loader checks the file in full later)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open("x.npy") as stream:
+            version = np.lib.format.read_magic(stream)
+            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape = reader(stream)[0]
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None  # the data loader names what is wrong with the file
+    return tuple(int(d) for d in shape[1:])
 
 
 def _audit_cut(
