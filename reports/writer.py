@@ -213,8 +213,13 @@ def write_reports(result: dict, out_dir: Path, formats: list[str]) -> list[Path]
         with contextlib.suppress(FileNotFoundError):
             (out_dir / "report.json").unlink()
     written = []
+    view = build_view(result) if {"html", "md", "pdf"} & set(formats) else None
     if "html" in formats or "md" in formats:
-        written += render_pages(build_view(result), out_dir, formats, "report")
+        written += render_pages(view, out_dir, formats, "report")
+    if "pdf" in formats:
+        from splitaudit.reports.pdf import write_pdf
+
+        written.append(write_pdf(view, out_dir))
     if "sarif" in formats:
         from splitaudit.reports.sarif import write_sarif
 

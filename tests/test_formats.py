@@ -48,8 +48,13 @@ def _junit(path: Path) -> None:
     assert suite.tag == "testsuite" and int(suite.get("tests")) == len(suite.findall("testcase")) > 0
 
 
-PARSES = {"html": _html, "md": _md, "json": _json, "sarif": _sarif, "junit": _junit}
-SUFFIX = {"html": ".html", "md": ".md", "json": ".json", "sarif": ".sarif", "junit": ".junit.xml"}
+def _pdf(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")  # tests/test_pdf.py reads it back
+
+
+PARSES = {"html": _html, "md": _md, "json": _json, "sarif": _sarif, "junit": _junit, "pdf": _pdf}
+SUFFIX = {"html": ".html", "md": ".md", "json": ".json", "sarif": ".sarif", "junit": ".junit.xml", "pdf": ".pdf"}
 
 
 def _cli(argv: list[str]) -> int:

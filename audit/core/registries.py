@@ -130,6 +130,9 @@ FORMATS: dict[str, ReportFormat] = {
         ReportFormat("json", "the result itself (report.json), checked against its schema", _ALL, default=True),
         ReportFormat("sarif", "SARIF 2.1.0 findings for code-scanning tools", frozenset({"report"})),
         ReportFormat("junit", "the gate's checks as JUnit XML test cases", frozenset({"report", "sweep", "cuts"})),
+        ReportFormat(
+            "pdf", "a PDF for a reviewer to sign: the HTML's content, provenance, sign-off", frozenset({"report"})
+        ),
     )
 }
 DEFAULT_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.default)
