@@ -163,6 +163,11 @@ class AuditOptions:
         "Token inputs: vocabulary (JSON list of strings, or tokenizer.json); x holds token ids [N, T].",
         commands=MEASURING,
     )
+    split_layer: int | None = option(
+        None,
+        "A Hugging Face checkpoint folder as MODEL: the client keeps the embedding and the first N blocks.",
+        commands=MEASURING,
+    )
     output_name: str | None = option(
         None,
         "Which output is the embedding when the model has several: an ONNX output name, a TorchScript tuple's "

@@ -84,6 +84,7 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> Au
         options.vocab,
         options.model_mode,
         options.input_shape,
+        options.split_layer,
         what="loading the model",
     )
     shape = raw.declared_input_shape

@@ -39,6 +39,12 @@ def model_files(path) -> dict[str, bytes]:
     if not isinstance(path, (str, Path)):
         return {}
     path = Path(path)
+    if path.is_dir():  # a Hugging Face checkpoint folder: its regular files, under the folder's name
+        return {
+            f"{path.name}/{p.name}": p.read_bytes()
+            for p in sorted(path.iterdir())
+            if p.is_file() and not p.is_symlink()
+        }
     return onnx_files(path) if path.suffix.lower() == ".onnx" else {path.name: path.read_bytes()}
 
 
@@ -99,6 +105,7 @@ def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditConte
 
     for files in (recipe.model_files, recipe.top_model_files):
         for name, data in files.items():
+            (folder / name).parent.mkdir(exist_ok=True)
             (folder / name).write_bytes(data)
     options = replace(
         recipe.options,
@@ -108,7 +115,13 @@ def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditConte
     )
     resolved = resolve_device(options.device)
     raw = open_audited_model(
-        options.model, resolved, options.output_name, options.vocab, options.model_mode, options.input_shape
+        options.model,
+        resolved,
+        options.output_name,
+        options.vocab,
+        options.model_mode,
+        options.input_shape,
+        options.split_layer,
     )
     return build_context(options, raw, recipe.aux, recipe.target, resolved)
 

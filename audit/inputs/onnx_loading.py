@@ -7,10 +7,7 @@ else onnx2torch). Which converted module is used is decided against onnxruntime 
 
 from __future__ import annotations
 
-import importlib.machinery
 import re
-import sys
-import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +26,7 @@ from splitaudit.inputs.onnx_graph import (
     straight_through,
     value_op_types,
 )
+from splitaudit.inputs.optional_imports import import_torchvision_or_stub
 from splitaudit.inputs.precision import LOW_PRECISION, audit_precision, float32_graph, onnx_stored_dtype
 from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
 from splitaudit.inputs.stochastic import refuse_onnx_randomness
@@ -312,38 +310,6 @@ def _unsupported_op(exc: Exception) -> str | None:
     """The operator a converter names when it has no converter for it."""
     match = re.search(r"op_type=(\w+)|operation_type='(\w+)'", str(exc))
     return next(g for g in match.groups() if g) if isinstance(exc, NotImplementedError) and match else None
-
-
-def import_torchvision_or_stub() -> None:
-    """onnx2pytorch imports torchvision for a few detection ops (RoiAlign, NMS, DeformConv).
-
-    PyPI's torchvision is a CUDA build whose extension cannot load next to a CPU-only torch;
-    its import then fails. Those ops are then unavailable (conversion of a model that uses
-    them fails, and the model runs black-box); every other operator converts as usual.
-    """
-    try:
-        import torchvision  # noqa: F401
-
-        return
-    except Exception:
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-
-    def unavailable(attr: str):
-        if attr.startswith("__"):  # module metadata (__file__, __spec__...) stays absent
-            raise AttributeError(attr)
-
-        def fail(*_args, **_kwargs):
-            raise RuntimeError(f"torchvision.{attr} is unavailable: torchvision does not load here")
-
-        return fail
-
-    for name in ("torchvision", "torchvision.ops", "torchvision.io"):
-        stub = types.ModuleType(name)
-        stub.__spec__ = importlib.machinery.ModuleSpec(name, None)  # find_spec() callers (torch.onnx) need one
-        stub.__getattr__ = unavailable
-        stub.__path__ = []
-        sys.modules[name] = stub
 
 
 def check_onnx_output_type(session, name: str | None) -> None:

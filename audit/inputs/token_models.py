@@ -21,6 +21,7 @@ import torch.nn as nn
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path, require_regular_file
 from splitaudit.inputs.data import Dataset, load_dataset
+from splitaudit.inputs.hf_checkpoints import is_checkpoint_folder, open_checkpoint
 from splitaudit.inputs.models import detect_format, open_model
 from splitaudit.inputs.raw_model import RawModel, audit_layout, select_output
 from splitaudit.inputs.tokens import ALL_ONES_NOTE, MASK_NOTE, MaskSlot, TokenSpace, load_token_data, load_vocab
@@ -30,11 +31,22 @@ ONNX_INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # uint8, int8, uint16, int16, i
 
 
 def open_audited_model(
-    model, device: torch.device, output_name: str | None, vocab, mode: str = "saved", input_shape=None
+    model,
+    device: torch.device,
+    output_name: str | None,
+    vocab,
+    mode: str = "saved",
+    input_shape=None,
+    split_layer: int | None = None,
 ) -> RawModel:
     """The model as the audit sees it (in --model-mode `mode`, on inputs of --input-shape or its
-    declared shape, channels first: audit_layout): cut after its token-embedding lookup when --vocab
-    declares token inputs, as it is otherwise."""
+    declared shape, channels first: audit_layout): a Hugging Face checkpoint folder cut after block
+    --split-layer; cut after its token-embedding lookup when --vocab declares token inputs; as it is
+    otherwise."""
+    if is_checkpoint_folder(model):
+        return open_checkpoint(model, device, split_layer, vocab)
+    if split_layer is not None:
+        raise InputError("--split-layer cuts a Hugging Face checkpoint folder (config.json + *.safetensors)")
     if vocab is None:
         return audit_layout(open_model(model, device, output_name, mode), input_shape)
     if isinstance(model, nn.Module):

@@ -58,6 +58,7 @@ class TokenSpace:
     table: torch.Tensor
     vocab: list[str]
     masked: MaskSlot | None = None  # the mask the cut model runs with, when it takes one
+    tokenizer: object | None = None  # a Hugging Face checkpoint's tokenizer: raw text is tokenised with it
 
     def to(self, device) -> "TokenSpace":
         return replace(self, table=self.table.to(device))
