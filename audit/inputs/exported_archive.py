@@ -54,19 +54,13 @@ PAYLOADS = (  # config member, folder of its payloads, name torch gives each pay
     ("data/weights/model_weights_config.json", "data/weights/", r"weight_\d+"),
     ("data/constants/model_constants_config.json", "data/constants/", r"tensor_\d+"),
 )
-SIZE_OPERATORS = {  # what a program computes on symbolic sizes (torch's _SYM_OPS), by serialized name
-    "_operator.getitem", "_operator.add", "_operator.sub", "_operator.mul", "_operator.truediv",
-    "_operator.floordiv", "_operator.mod", "_operator.neg", "_operator.pos", "_operator.eq", "_operator.ne",
-    "_operator.le", "_operator.ge", "_operator.lt", "_operator.gt", "_operator.and_", "_operator.or_",
-    "_operator.not_", "_operator.abs", "math.ceil", "math.floor", "math.trunc", "torch.sym_int",
-    "torch.sym_float", "torch.sym_ite", "torch.sym_max", "torch.sym_min", "torch.sym_not", "torch.sym_sum",
-}  # fmt: skip
-SIZE_FUNCTIONS = {
+SIZE_FUNCTIONS = {  # what a program computes on symbolic sizes (torch's _SYM_OPS and getitem)
     operator.getitem, operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod,
     operator.neg, operator.pos, operator.eq, operator.ne, operator.le, operator.ge, operator.lt, operator.gt,
     operator.and_, operator.or_, operator.not_, operator.abs, math.ceil, math.floor, math.trunc, torch.sym_int,
     torch.sym_float, torch.sym_ite, torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_sum,
 }  # fmt: skip
+SIZE_OPERATORS = {f"{function.__module__}.{function.__name__}" for function in SIZE_FUNCTIONS}  # _operator.mul
 ATEN_TARGET = re.compile(r"torch\.ops\.aten\.(?!__)(\w+)\.(?!_)(\w+)")
 # sympy constructors and torch's size functions an expr_str may call: no powers or left shifts (a
 # tiny string could ask for a number of 10^9 digits), nothing that is not a number or a symbol.
@@ -85,6 +79,7 @@ EXPRESSION_OPERATORS = (
     ast.BitOr, ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.BoolOp, ast.And, ast.Or,
 )  # fmt: skip
 SYMBOL = re.compile(r"[a-z]+\d{1,6}")  # s77, u0, zuf3: torch's shape symbols
+NUMBER = re.compile(r"[-+]?\d{1,30}(\.\d{0,30})?([eE][-+]?\d{1,4})?")  # Float('1.5', precision=53)
 SPEC_TYPES = {None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
               "collections.namedtuple"}  # fmt: skip
 
@@ -107,7 +102,9 @@ def check_program_document(document: dict, label: str) -> None:
     """Refuse a serialized program (models/model.json) with guards code, an expression outside the
     grammar, a pytree spec that imports, a symbol counter beyond reason, or a node that calls
     anything but an aten operator or a size builtin."""
-    if not isinstance(document, dict) or document.get("guards_code"):
+    if not isinstance(document, dict):
+        raise InputError(f"{label}: models/model.json is no serialized program; {ADVICE}")
+    if document.get("guards_code"):
         raise InputError(f"{label}: the program carries guards code, which building its module would exec; {ADVICE}")
     for symbol in document.get("range_constraints") or {}:
         if not SYMBOL.fullmatch(str(symbol)):
@@ -144,13 +141,14 @@ def _runs(target) -> bool:
 def check_expression(text: str, label: str) -> None:
     """Refuse a symbolic-shape expression outside a closed grammar (numbers, shape symbols, the
     sympy and torch size functions, arithmetic and comparisons): torch reads it with sympy.sympify,
-    which evals the string."""
+    which evals the string. Strings stand only as the name of a Symbol or the digits of a Float."""
     try:
-        tree = ast.parse(text, mode="eval")
+        nodes = list(ast.walk(ast.parse(text, mode="eval")))
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise InputError(f"{label}: shape expression '{text[:80]}' does not parse ({first_line(exc)})") from exc
-    for node in ast.walk(tree):
-        if not isinstance(node, EXPRESSION_OPERATORS) or not _expression_part_allowed(node):
+    names = {id(node.args[0]) for node in nodes if _names_itself(node)}
+    for node in nodes:
+        if not isinstance(node, EXPRESSION_OPERATORS) or id(node) not in names and not _expression_part_allowed(node):
             raise InputError(
                 f"{label}: shape expression '{text[:80]}' holds {type(node).__name__} "
                 f"{ast.unparse(node)[:60] if isinstance(node, ast.expr) else ''}, outside the expressions torch "
@@ -158,28 +156,28 @@ def check_expression(text: str, label: str) -> None:
             )
 
 
+def _names_itself(node: ast.AST) -> bool:
+    """Symbol('s77', ...) or Float('1.5', ...): a call whose first argument is a string of its kind."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+        return False
+    pattern = {"Symbol": SYMBOL, "Float": NUMBER}.get(node.func.id)
+    first = node.args[0]
+    return pattern is not None and isinstance(first, ast.Constant) and pattern.fullmatch(str(first.value)) is not None
+
+
 def _expression_part_allowed(node: ast.AST) -> bool:
     if isinstance(node, ast.Call):
-        symbol_name = isinstance(node.func, ast.Name) and node.func.id == "Symbol"
         return (
             isinstance(node.func, ast.Name)
             and node.func.id in EXPRESSION_FUNCTIONS
-            and all(isinstance(k.value, ast.Constant) and isinstance(k.value.value, bool) for k in node.keywords)
-            and all(k.arg is not None for k in node.keywords)
-            and (not symbol_name or len(node.args) == 1 and _is_symbol_string(node.args[0]))
+            and all(k.arg is not None and isinstance(k.value, ast.Constant) for k in node.keywords)
         )
     if isinstance(node, ast.Name):
         return node.id in EXPRESSION_NAMES or node.id in EXPRESSION_FUNCTIONS or SYMBOL.fullmatch(node.id) is not None
     if isinstance(node, ast.Constant):
         value = node.value
-        return (
-            isinstance(value, (bool, float)) or isinstance(value, int) and abs(value) < 2**63 or _is_symbol_string(node)
-        )
+        return isinstance(value, (bool, float)) or isinstance(value, int) and abs(value) < 2**63
     return True
-
-
-def _is_symbol_string(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, str) and SYMBOL.fullmatch(node.value) is not None
 
 
 def _check_target_name(target: str, label: str) -> None:
@@ -200,8 +198,9 @@ def _check_spec(text: str, label: str) -> None:
         pending = [root]
         while pending:
             spec = pending.pop()
-            if isinstance(spec["context"], str):
-                json.loads(spec["context"], object_hook=_no_enum)
+            context = json.loads(spec["context"]) if isinstance(spec["context"], str) else None
+            if any(key == "__enum__" for key, _ in _json_items(context)):
+                raise InputError(f"{label}: a pytree context of the program names an enum, which loading would import")
             if spec["type"] not in SPEC_TYPES:
                 raise InputError(
                     f"{label}: the program's inputs or outputs are a {spec['type']}, which splitaudit does not read"
@@ -211,12 +210,6 @@ def _check_spec(text: str, label: str) -> None:
         raise
     except Exception as exc:  # malformed JSON or a spec without its keys
         raise InputError(f"{label}: the program's input or output structure is unreadable ({first_line(exc)})") from exc
-
-
-def _no_enum(obj: dict) -> dict:
-    if "__enum__" in obj:
-        raise InputError(f"a pytree context names the enum {obj.get('fqn')}, which loading would import")
-    return obj
 
 
 def _check_payloads(archive: Archive, config: str, folder: str, payload: str) -> None:

@@ -77,7 +77,10 @@ class Archive:
         return [name for name, found in self.kinds.items() if found == kind]
 
     def read(self, name: str) -> bytes:
-        return self._reader.get_record(name)
+        try:
+            return self._reader.get_record(name)
+        except Exception as exc:  # a corrupt record (CRC, inflate) raises RuntimeError
+            raise InputError(f"{self.label}: {name} cannot be read ({first_line(exc)})") from exc
 
 
 def read_archive(path: Path) -> bytes:
@@ -126,7 +129,7 @@ def _check_same_members_for_zipfile(data: bytes, names: list[str], label: str, l
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             listed = archive.namelist()
-    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+    except Exception as exc:  # BadZipFile, struct.error, ... on a crafted directory
         raise InputError(f"{label} is not a {layout.what} ({first_line(exc)}); {layout.advice}") from exc
     root = listed[0].split("/", 1)[0] if listed else ""
     if sorted(listed) != sorted(f"{root}/{name}" for name in names):
