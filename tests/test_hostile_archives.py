@@ -28,6 +28,7 @@ from test_exported import Touches, export
 from test_hostile_inputs import assert_refused
 
 from splitaudit.core.errors import InputError
+from splitaudit.inputs.exported_archive import check_expression
 from splitaudit.inputs.models import open_model
 
 CPU = torch.device("cpu")
@@ -303,6 +304,29 @@ def test_programs_that_would_run_code_are_refused(program, marker, tmp_path, cap
     hostile = edit_program(program, tmp_path / "hostile.pt2", edit(marker))
     refused(["run", hostile, "--aux", DIGITS, "--attacks", "none", "--quick"], capfd, tmp_path, fragment)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Min(Integer(16), Mul(Integer(16), Symbol('s77', positive=True, integer=True)))", "Float('1.5', precision=53)"],
+)
+def test_shape_expressions_torch_writes_are_accepted(text):
+    check_expression(text, "program.pt2")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('true')",
+        "Integer(1).__class__",
+        "Integer('1' * 999999999)",  # a string of a billion digits
+        "Pow(Integer(10), Integer(999999999))",  # a number of a billion digits
+        "Symbol('s0', positive='s0')",
+    ],
+)
+def test_shape_expressions_outside_the_grammar_are_refused(text):
+    with pytest.raises(InputError, match="shape expression .* outside the expressions torch writes"):
+        check_expression(text, "program.pt2")
 
 
 # --- item 2, TorchScript: what torch.jit.load's unpickler reaches -------------------------------------
