@@ -255,7 +255,7 @@ def _tail(name, chars: int = 24) -> str:
 def _line(ax, x: list[int], values: list, label: str, log: bool = False, color: str = charts.ATTACK_COLOR) -> None:
     keep = [i for i, v in enumerate(values) if is_finite(v) and (v > 0 or not log)]
     ax.plot([x[i] for i in keep], [values[i] for i in keep], marker="o", color=color, linewidth=1.2, markersize=4)
-    ax.set_ylabel(label)
+    ax.set_ylabel(label, color=color)
     if log and keep:
         ax.set_yscale("log")
 
