@@ -232,13 +232,22 @@ def _audit_and_report(options: AuditOptions, invocation) -> None:
 
     if options.junit:
         claim_output_folder(Path(options.junit).parent)
+    logging = options.mlflow or options.mlflow_uri is not None
     with output_lock(claim_output_folder(options.out)):  # checked before any computation
+        if logging:
+            from splitaudit.reports.mlflow_log import require_mlflow
+
+            require_mlflow(options.mlflow_uri)  # installed and its store usable, before any computation
         outcome = run_api(options, progress=cli_progress, on_cost=print_long_cost, invocation=invocation)
         written = outcome.write(options.out, options.formats)
         if options.junit:
             written.append(write_junit(outcome.data, Path(options.junit)))
     click.echo(terminal_summary(displayable(outcome.data)))
     _echo_written(written)
+    if logging:
+        from splitaudit.reports.mlflow_log import log_run
+
+        click.echo(f"logged to MLflow run {log_run(outcome.data, written, options.mlflow_uri)}")
     if not outcome.passed:
         raise SystemExit(EXIT_GATE_FAILED)
 

@@ -87,6 +87,7 @@ def test_every_flag_reaches_its_option(tmp_path, monkeypatch, capsys):
         raise SystemExit(0)
 
     monkeypatch.setattr(api, "run", stop)
+    monkeypatch.setattr("splitaudit.reports.mlflow_log.require_mlflow", lambda uri: None)  # no store is opened here
     flags = {
         "aux": "a.npz",
         "target": "t.npz",
@@ -106,6 +107,8 @@ def test_every_flag_reaches_its_option(tmp_path, monkeypatch, capsys):
         "max_advantage": "0.3",
         "junit": str(tmp_path / "j.xml"),
         "baseline": str(tmp_path / "old.json"),
+        "mlflow": None,
+        "mlflow_uri": "file:///mlruns",
         "strict": None,
         "seed": "7",
         "device": "cpu",

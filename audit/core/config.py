@@ -150,6 +150,16 @@ class AuditOptions:
         is_path=True,
     )
     junit: str | None = option(None, "Also write the gates as JUnit XML test cases.", api=False, is_path=True)
+    mlflow: bool = option(
+        False,
+        "Log the audit as an MLflow run: headline numbers as metrics, options as params, reports as artifacts "
+        '(pip install "splitaudit[mlflow]"); to MLflow\'s active tracking URI unless --mlflow-uri.',
+        commands=frozenset({RUN}),
+        api=False,
+    )
+    mlflow_uri: str | None = option(
+        None, "The MLflow tracking URI to log to (implies --mlflow).", commands=frozenset({RUN}), api=False
+    )
     seed: int = option(0, "Seed for splits, attacks and estimators (default 0).", commands=MEASURING)
     device: str = option("auto", "Where to compute (default auto).", commands=MEASURING, choices=DEVICES)
     quick: bool = option(False, "Smoke run: fewer seeds, epochs and probes.", commands=MEASURING)
