@@ -189,3 +189,11 @@ def test_html_and_markdown_show_the_fingerprint_files_and_a_sign_off_block(audit
         page = (tmp_path / name).read_text()
         assert page.count(quoted) >= 3, name  # under the title, in the provenance section, in the statement
         assert sha256_of(MODEL) in page and "Sign-off" in page and "Signature" in page
+
+
+def test_a_file_removed_before_it_is_hashed_is_bad_input_not_a_crash(tmp_path):
+    shutil.copy(DATA, tmp_path / "data.npz")
+    inputs = InputFiles.before_loading(AuditOptions(model=MODEL, aux=str(tmp_path / "data.npz")))
+    (tmp_path / "data.npz").unlink()
+    with pytest.raises(InputError, match="could not be read again to record its digest"):
+        inputs.hash_all()

@@ -122,14 +122,20 @@ class InputFiles:
         """Every input's digest record in ROLES order, an ONNX model's external data files after it
         (found once the model has loaded, so the graph is known to be valid)."""
         records, paths = [], dict(self.paths)
-        for role in ROLES:
-            if role == "model-external-data" and "model" in paths:
-                for location in onnx_external_locations(paths["model"]):
-                    path = paths["model"].parent / location
-                    self.identities[f"{role}:{location}"] = identity(path)
-                    records.append(digest_record(role, path, location))
-            elif role in paths:
-                records.append(digest_record(role, paths[role]))
+        try:
+            for role in ROLES:
+                if role == "model-external-data" and "model" in paths:
+                    for location in onnx_external_locations(paths["model"]):
+                        path = paths["model"].parent / location
+                        self.identities[f"{role}:{location}"] = identity(path)
+                        records.append(digest_record(role, path, location))
+                elif role in paths:
+                    records.append(digest_record(role, paths[role]))
+        except OSError as exc:  # removed or made unreadable since the loaders read it
+            raise InputError(
+                f"{display_path(exc.filename or '')} could not be read again to record its digest ({exc.strerror}): "
+                "rerun on files nobody is changing"
+            ) from exc
         self.records = records
         return records
 
