@@ -197,22 +197,48 @@ def _brute_force_cuts(proto, input_name: str, output_name: str) -> set[str]:
     return {t for t in tensors if not reachable(t)}
 
 
-def test_resnet_candidates_are_the_dominators_and_the_halves_are_the_model(resnet):
-    path, _, x = resnet
+class _Classifier(nn.Module):
+    """A stem of tests/architectures.py with a classification head on its pooled output."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.stem = build(name, image_size=16, in_channels=1) if name == "vit" else build(name, in_channels=1)
+        self.fc = nn.Linear(16 if name in ("vit", "mobilenet") else 8, 3)
+        self.tokens = name == "vit"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.stem(x)
+        return self.fc(z.mean(1) if self.tokens else z.mean((2, 3)))
+
+
+@pytest.mark.parametrize(
+    "name, exporter", [("resnet", "legacy"), ("resnet", "dynamo"), ("mobilenet", "legacy"), ("vit", "dynamo")]
+)
+def test_candidates_are_the_dominators_and_the_halves_are_the_model(tmp_path, name, exporter):
+    """ResNet-, MobileNet- and ViT-style whole models from both exporters: the candidates are exactly the
+    tensors whose removal cuts the output off the input (no tensor inside a residual block), and bottom
+    then top reproduces the whole model at every one."""
+    x = torch.rand(5, 1, 16, 16)
+    path = export_onnx(_Classifier(name).eval(), x[:2], tmp_path / f"{name}.onnx", exporter=exporter, opset=18)
     whole = open_whole_model(path, (1, 16, 16))
     cuts = candidate_cuts(whole)
     names = [c.name for c in cuts]
-    assert set(names) == _brute_force_cuts(whole.proto, whole.input_name, whole.output_name)
-    assert any("layer1.0/Add" in n for n in names) and any("MaxPool" in n for n in names)
-    assert not [n for n in names if "layer1.0/conv" in n or "layer1.1/conv" in n]  # inside a residual block
+    assert len(cuts) >= 3 and set(names) == _brute_force_cuts(whole.proto, whole.input_name, whole.output_name)
     assert [c.depth for c in cuts] == sorted(c.depth for c in cuts)
     assert [c.flops for c in cuts] == sorted(c.flops for c in cuts)
-    expected = run_onnx(whole.proto, x)
+    expected = run_onnx(whole.proto, x.numpy())
     for cut in cuts:
         bottom, top = split_at(whole, cut)
-        embedding = run_onnx(bottom, x)
+        embedding = run_onnx(bottom, x.numpy())
         assert list(embedding.shape[1:]) == cut.shape and cut.bytes_sent == 4 * embedding[0].size
         np.testing.assert_allclose(run_onnx(top, embedding), expected, atol=1e-5)
+
+
+def test_resnet_cuts_are_the_block_boundaries(resnet):
+    whole = open_whole_model(resnet[0], (1, 16, 16))
+    names = [c.name for c in candidate_cuts(whole)]
+    assert any("layer1.0/Add" in n for n in names) and any("MaxPool" in n for n in names)
+    assert not [n for n in names if "layer1.0/conv" in n or "layer1.1/conv" in n]  # inside a residual block
 
 
 @pytest.mark.slow
