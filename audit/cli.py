@@ -7,6 +7,7 @@ Exit codes: 0 audit done and every gate passed; 1 a gate failed (reports still w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -228,12 +229,9 @@ def invocation(flags: dict):
 def _audit_and_report(options: AuditOptions, invocation) -> None:
     from splitaudit.api import run as run_api
     from splitaudit.reports import terminal_summary, write_junit
-    from splitaudit.reports.writer import claim_output_folder, output_lock
 
-    if options.junit:
-        claim_output_folder(Path(options.junit).parent)
     logging = options.mlflow or options.mlflow_uri is not None
-    with output_lock(claim_output_folder(options.out)):  # checked before any computation
+    with held_output(options.out, "report", options.junit):
         if logging:
             from splitaudit.reports.mlflow_log import require_mlflow
 
@@ -250,6 +248,27 @@ def _audit_and_report(options: AuditOptions, invocation) -> None:
         click.echo(f"logged to MLflow run {log_run(outcome.data, written, options.mlflow_uri)}")
     if not outcome.passed:
         raise SystemExit(EXIT_GATE_FAILED)
+
+
+@contextlib.contextmanager
+def held_output(out: str, document: str, junit: str | None):
+    """--out (and --junit's folder) checked and locked for one run, before any computation. The
+    earlier run's reports are removed first, and this run's again when a signal arrived, even one
+    whose exception a library swallowed so that the run went on to write them (CPython loses an
+    exception raised while compile() runs, as in a lazy import); the signal then ends the command.
+    So a run that does not finish leaves no report (exit 2, 3, 130, 143)."""
+    from splitaudit.reports.writer import claim_output_folder, output_lock, remove_previous_reports
+
+    if junit:
+        claim_output_folder(Path(junit).parent)
+    with output_lock(claim_output_folder(out)) as out_dir:
+        try:
+            remove_previous_reports(out_dir, document, junit)
+            yield out_dir
+        finally:
+            if RECEIVED_SIGNALS:  # its exception raised on the way here, or lost on the way
+                remove_previous_reports(out_dir, document, junit)
+                raise signal_exception(RECEIVED_SIGNALS[0])
 
 
 def print_long_cost(estimate) -> None:
@@ -382,12 +401,8 @@ def _sweep_and_report(options: AuditOptions, invocation) -> None:
     from splitaudit.engine.sweep import run_sweep
     from splitaudit.reports import write_junit
     from splitaudit.reports.sweep import sweep_summary, write_sweep_reports
-    from splitaudit.reports.writer import claim_output_folder, output_lock
 
-    if options.junit:
-        claim_output_folder(Path(options.junit).parent)
-    out_dir = claim_output_folder(options.out)
-    with output_lock(out_dir):  # checked before any computation
+    with held_output(options.out, "sweep", options.junit) as out_dir:
         result = run_sweep(options, progress=cli_progress, invocation=invocation)
         written = write_sweep_reports(result, out_dir, options.formats)
         if options.junit:
@@ -406,13 +421,10 @@ def cuts(model: str | None, **flags) -> None:
     from splitaudit.engine.cuts import run_cuts
     from splitaudit.reports import write_junit
     from splitaudit.reports.cuts import cuts_summary, write_cuts_reports
-    from splitaudit.reports.writer import claim_output_folder, output_lock
 
     options = build_options(model, given_flags(flags))
     check_formats(options.formats, CUTS)
-    if options.junit:
-        claim_output_folder(Path(options.junit).parent)
-    with output_lock(claim_output_folder(options.out)) as out_dir:  # checked before any computation
+    with held_output(options.out, "cuts", options.junit) as out_dir:
         result = run_cuts(
             options, progress=cli_progress, on_cost=lambda line: click.echo(f"splitaudit: {line}", err=True)
         )
@@ -441,11 +453,12 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: maps errors to one line and the documented exit codes."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
-    received: list[int] = []
+    received = RECEIVED_SIGNALS
+    received.clear()
 
     def on_signal(signum: int, _frame) -> None:
         received.append(signum)
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        raise signal_exception(signum)
 
     previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -480,6 +493,13 @@ class Terminated(BaseException):
     """SIGTERM as an exception, so that every `with` and `finally` on the way out runs (worker
     pools stop their workers and remove their model copies); a BaseException, like
     KeyboardInterrupt, so that no `except Exception` (a task's failure handler) swallows it."""
+
+
+RECEIVED_SIGNALS: list[int] = []  # SIGINT/SIGTERM received by the command main runs (held_output reads it)
+
+
+def signal_exception(signum: int) -> BaseException:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def _fail_on_signal(signum: int) -> None:

@@ -18,6 +18,7 @@ from markupsafe import Markup, escape
 from tabulate import tabulate
 
 from splitaudit.core.errors import InputError
+from splitaudit.core.registries import formats_of
 from splitaudit.core.result import READABLE_VERSIONS, SCHEMA_VERSION, first_error, schema_of_kind, upgraded
 from splitaudit.core.safety import display_path, displayable, nested_deeper_than, require_regular_file
 from splitaudit.reports.consistency import check_consistency, regated
@@ -248,6 +249,32 @@ def claim_output_folder(out: str | os.PathLike) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise InputError(f"the output folder {display_path(path)} is not writable")
     return path
+
+
+def document_file_name(document: str, fmt: str) -> str:
+    """The file a document is written to in a format: report.json, sweep.junit.xml..."""
+    return f"{document}.junit.xml" if fmt == "junit" else f"{document}.{fmt}"
+
+
+def remove_previous_reports(out_dir: Path, document: str, junit: str | None = None) -> None:
+    """Remove what an earlier run wrote as `document` ("report", "sweep", "cuts") in out_dir, in every
+    format, by name (and the --junit file): a run that stops before it writes its own (SIGTERM, bad
+    data found mid-way, a crash) then leaves no report that reads as its result. Only those names
+    are touched; a symlink among them is removed itself, never followed; the figures folder is
+    kept unless it is a symlink (its images are no report)."""
+    names = [document_file_name(document, fmt) for fmt in formats_of(document)]
+    paths = [out_dir / name for name in names] + ([Path(junit)] if junit else [])
+    figures = out_dir / f"{document}_images"
+    for path in paths + ([figures] if figures.is_symlink() else []):
+        try:
+            path.unlink()
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+        except OSError as exc:
+            raise InputError(
+                f"cannot remove the previous run's {display_path(path)}: {exc.strerror or exc}; "
+                "remove it, or choose another --out"
+            ) from exc
 
 
 @contextlib.contextmanager
