@@ -151,9 +151,16 @@ def inline_figures(figures: list[Figure]) -> None:
 
 
 def save_figures(figures: list[Figure], out_dir: Path, folder: str) -> list[Path]:
-    """Write each figure as a PNG in out_dir/folder and point it at its relative path."""
+    """Write each figure as a PNG in out_dir/folder and point it at its relative path. A symlink
+    planted as the folder is refused (write_atomic refuses one that leads out; a dangling one
+    would fail mkdir)."""
     paths = []
     if figures:
+        if (out_dir / folder).is_symlink():
+            raise InputError(
+                f"{display_path(out_dir / folder)} is a symbolic link; splitaudit writes through no link "
+                "inside the output folder: remove it"
+            )
         (out_dir / folder).mkdir(parents=True, exist_ok=True)
     for index, figure in enumerate(figures):
         path = write_atomic(out_dir, Path(folder) / figure_file_name(index, figure.name), figure.png)

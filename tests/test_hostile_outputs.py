@@ -206,6 +206,20 @@ def test_render_replaces_a_planted_page_symlink(tmp_path, capsys, name):
     assert victim.read_text() == "precious" and (out / name).is_file() and not (out / name).is_symlink()
 
 
+@pytest.mark.parametrize("target", ["elsewhere", "nowhere/at/all"])
+def test_render_refuses_a_planted_figures_folder_link(tmp_path, capsys, target):
+    """render (which clears nothing) refuses a figures folder that is a link, dangling or not (before:
+    exit 3 from mkdir on a dangling one)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_bytes((FIXTURES / "image_audit.json").read_bytes())
+    (tmp_path / "elsewhere").mkdir()
+    (out / "report_images").symlink_to(tmp_path / target)
+    code, _, err = run_cli(["render", out / "report.json", "--format", "md"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "report_images is a symbolic link" in err, err
+    assert list((tmp_path / "elsewhere").iterdir()) == [] and (out / "report_images").is_symlink()
+
+
 # --- 7. a run that does not finish leaves no report of an earlier run --------------------------------
 
 
