@@ -31,6 +31,7 @@ DEVICES = ("auto", "cpu", "cuda")
 MAX_WORKERS = 256
 MODEL_MODES = ("saved", "eval", "train")  # --model-mode (audit/inputs/stochastic.py applies them)
 MAX_QUERIES = 1000  # --queries: repeated queries of one input a query-access attacker averages
+MAX_TEXT_TOKENS = 1_000_000  # --max-length: beyond any model's context window
 
 
 # The options are declared once, here: each field of AuditOptions is a key of the TOML file, and
@@ -176,6 +177,12 @@ class AuditOptions:
     split_layer: int | None = option(
         None,
         "A Hugging Face checkpoint folder as MODEL: the client keeps the embedding and the first N blocks.",
+        commands=MEASURING,
+    )
+    max_length: int = option(
+        128,
+        "Raw text (--aux/--target .txt or .jsonl): tokens a text keeps; longer texts are truncated, shorter "
+        "ones right-padded to the longest (default 128).",
         commands=MEASURING,
     )
     output_name: str | None = option(
@@ -420,6 +427,7 @@ NUMERIC_RANGES = {  # every numeric option, run and sweep alike (None means "not
     "dfil_rtol": FRACTION,
     "dfil_samples": Range(2, MAX_INT32),
     "queries": Range(1, MAX_QUERIES),
+    "max_length": Range(1, MAX_TEXT_TOKENS),
 }
 
 

@@ -92,6 +92,30 @@ class Model(TypedDict):
     providers: list[str]
 
 
+class TextFile(TypedDict):
+    """A raw-text data file (.txt/.jsonl) as tokenised: its truncation and padding declared."""
+
+    format: Literal["txt", "jsonl"]
+    tokenizer: str  # the tokenizer's class (a transformers tokenizer, or tokenizers.Tokenizer)
+    tokenizer_source: Literal["checkpoint", "vocab"]  # the checkpoint folder's, or --vocab's tokenizer.json
+    lines: int
+    texts: int  # non-empty lines (jsonl: objects with a non-empty text)
+    empty_lines_skipped: int
+    max_length: int  # --max-length
+    length: int  # T: the tokens every text has after truncation and right-padding
+    longest: int  # tokens of the longest text before truncation (special tokens included)
+    truncated: int  # texts longer than the limit, cut by the tokenizer's own truncation
+    padded: int  # texts shorter than T, padded with pad_id and masked out
+    pad_id: int
+
+
+class TextData(TypedDict):
+    """Raw-text data files by role; a target split from the aux file has no entry of its own."""
+
+    aux: NotRequired[TextFile]
+    target: NotRequired[TextFile]
+
+
 class Data(TypedDict):
     """The auxiliary (attacker's) and target (victims') data."""
 
@@ -107,6 +131,7 @@ class Data(TypedDict):
     is_image: bool  # input_kind == "image"
     in_unit_range: bool
     sample_shape: list[int]
+    text: NotRequired[TextData]  # raw text (.txt/.jsonl) tokenised by the audit
 
 
 class LeakySample(TypedDict):

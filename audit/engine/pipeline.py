@@ -97,7 +97,15 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> Au
 
 
 def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:
-    return load_audited_data(path, shape, raw, label_column=options.label_column, attr_column=options.attr_column)
+    return load_audited_data(
+        path,
+        shape,
+        raw,
+        label_column=options.label_column,
+        attr_column=options.attr_column,
+        vocab=options.vocab,
+        max_length=options.max_length,
+    )
 
 
 def prepare_audit(options: AuditOptions, progress: Callable[..., tqdm]) -> tuple[AuditContext, list[str]]:
@@ -366,7 +374,16 @@ def describe_data(ctx: AuditContext, options: AuditOptions) -> dict:
         "is_image": ctx.space.kind == "image",
         "in_unit_range": ctx.space.unit_range,
         "sample_shape": list(ctx.aux.sample_shape),
+        **text_facts(ctx, options),
     }
+
+
+def text_facts(ctx: AuditContext, options: AuditOptions) -> dict:
+    """{"text": {"aux": ..., "target": ...}} for raw-text data (how each file was tokenised), else {}:
+    a target split from the aux file is the aux file's texts."""
+    files = {"aux": ctx.aux.text, "target": ctx.target.text if options.target else None}
+    files = {role: facts for role, facts in files.items() if facts is not None}
+    return {"text": files} if files else {}
 
 
 def source_name(value) -> str | None:

@@ -49,6 +49,7 @@ class Dataset:
     token_ids: torch.Tensor | None = None  # token inputs (--vocab): the ids [N, T] whose embeddings x holds
     mask: torch.Tensor | None = None  # token inputs: the attention mask [N, T] (bool, True = real token)
     notes: list[str] = field(default_factory=list)  # what loading did to the data that the report should say
+    text: dict | None = None  # raw text (.txt/.jsonl): how it was tokenised, truncated and padded (text_data.py)
 
     def __len__(self) -> int:
         return len(self.x)

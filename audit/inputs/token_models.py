@@ -24,6 +24,7 @@ from splitaudit.inputs.data import Dataset, load_dataset
 from splitaudit.inputs.hf_checkpoints import is_checkpoint_folder, open_checkpoint
 from splitaudit.inputs.models import detect_format, open_model
 from splitaudit.inputs.raw_model import RawModel, audit_layout, select_output
+from splitaudit.inputs.text_data import is_text_file, load_text_data, text_note
 from splitaudit.inputs.tokens import ALL_ONES_NOTE, MASK_NOTE, MaskSlot, TokenSpace, load_token_data, load_vocab
 from splitaudit.inputs.torchscript_loading import returned_outputs
 
@@ -54,11 +55,20 @@ def open_audited_model(
     return open_token_model(model, device, vocab, output_name, mode)
 
 
-def load_audited_data(path, input_shape, raw: RawModel, label_column=None, attr_column=None) -> Dataset:
-    """The data in the audited model's input space: token ids as their embeddings for a token model."""
-    if raw.tokens is not None:
-        data = load_token_data(path, raw.tokens)
-        note = MASK_NOTE if data.mask is not None else ALL_ONES_NOTE if raw.tokens.masked is not None else None
+def load_audited_data(
+    path, input_shape, raw: RawModel, label_column=None, attr_column=None, vocab=None, max_length: int = 128
+) -> Dataset:
+    """The data in the audited model's input space: token ids as their embeddings for a token model,
+    raw text (.txt/.jsonl) tokenised first (to input_shape's length when given: the aux data's, for a target)."""
+    if is_text_file(path) or raw.tokens is not None:
+        text = is_text_file(path)  # unpadded text needs no all-ones note: its own note says nothing was padded
+        data = (
+            _text_data(path, input_shape, raw, label_column, attr_column, vocab, max_length)
+            if text
+            else load_token_data(path, raw.tokens)
+        )
+        unmasked = ALL_ONES_NOTE if raw.tokens.masked is not None and not text else None
+        note = MASK_NOTE if data.mask is not None else unmasked
         if note is not None and note not in raw.notes:
             raw.notes.append(note)
         return data
@@ -68,6 +78,19 @@ def load_audited_data(path, input_shape, raw: RawModel, label_column=None, attr_
         )
     data = load_dataset(path, input_shape, label_column=label_column, attr_column=attr_column)
     raw.notes.extend(note for note in data.notes if note not in raw.notes)
+    return data
+
+
+def _text_data(path, input_shape, raw: RawModel, label_column, attr_column, vocab, max_length: int) -> Dataset:
+    """A .txt/.jsonl file tokenised for a token model (InputError for any other model), its note in raw.notes."""
+    if raw.tokens is None:
+        raise InputError(
+            f"{display_path(path)} is raw text, and this model does not take tokens: give a Hugging Face checkpoint "
+            "folder with --split-layer, or a token model with --vocab tokenizer.json"
+        )
+    length = input_shape[0] if input_shape else None
+    data = load_text_data(path, raw.tokens, vocab, max_length, length, label_column, attr_column)
+    raw.notes.append(text_note(data.text, "target" if length else "auxiliary", data.source))
     return data
 
 
