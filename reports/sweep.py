@@ -21,6 +21,7 @@ from splitaudit.reports.terminal import _wrap
 from splitaudit.reports.view import DATA_LABELS, MODEL_LABELS, RUN_LABELS, subtitle
 from splitaudit.reports.view_attacks import attack_title, overview_table
 from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts_table
+from splitaudit.reports.view_provenance import ProvenanceView, provenance_view
 from splitaudit.reports.view_summary import utility_words
 from splitaudit.reports.view_verdict import QUICK_ALERT, gate_table, headline, verdict_class
 from splitaudit.reports.writer import render_pages, write_result_json
@@ -56,6 +57,7 @@ class SweepView:
     data: Table | None
     run: Table | None
     figures: list[Figure]
+    provenance: ProvenanceView | None = None
 
 
 def _points(sweep: dict) -> list[dict]:
@@ -112,6 +114,7 @@ def build_sweep_view(sweep: dict, with_figures: bool = True) -> SweepView:
             {**RUN_LABELS, "executor": "executor", "version": "splitaudit version"},
         ),
         figures=figures.made,
+        provenance=provenance_view(sweep),
     )
 
 

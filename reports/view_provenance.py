@@ -12,7 +12,7 @@ from splitaudit.reports.view_elements import Table, facts_table, section
 # The lines a reviewer fills in by hand (HTML and PDF draw them as blanks, Markdown as a table).
 SIGN_OFF_FIELDS = ("Reviewer", "Role", "Decision (accept / reject / needs changes)", "Date", "Signature")
 SIGN_OFF_STATEMENT = (
-    "I have checked that splitaudit verify, run on this report.json, finds the files named above unchanged "
+    "I have checked that splitaudit verify, run on the JSON file of this report, finds the files named above unchanged "
     "(fingerprint {fingerprint}), and I have read the findings and limitations of this report."
 )
 TIME_LABELS = {"started": "started", "ended": "ended", "platform": "platform", "device_name": "device"}

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -197,3 +198,25 @@ def test_a_file_removed_before_it_is_hashed_is_bad_input_not_a_crash(tmp_path):
     (tmp_path / "data.npz").unlink()
     with pytest.raises(InputError, match="could not be read again to record its digest"):
         inputs.hash_all()
+
+
+def test_a_sweep_shows_its_fingerprint_and_sign_off_too(tmp_path, capsys):
+    from datetime import datetime, timezone
+
+    from splitaudit.core.version import __version__
+    from splitaudit.engine.provenance import provenance_section
+    from splitaudit.inputs.digests import digest_record
+
+    sweep = json.loads((Path(__file__).parent / "fixtures" / "tabular_sweep.json").read_text())
+    files = [digest_record("model", Path(MODEL)), digest_record("aux", Path(DATA))]
+    options = AuditOptions(model=MODEL, aux=DATA)
+    sweep["tool"]["version"] = __version__
+    sweep["provenance"] = provenance_section(
+        options, files, torch.device("cpu"), [0], None, None, datetime.now(timezone.utc)
+    )
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    code, _, _ = run_cli(["render", tmp_path / "sweep.json", "--format", "html,md"], capsys)
+    assert code == 0
+    for name in ("sweep.html", "sweep.md"):
+        page = (tmp_path / name).read_text()
+        assert page.count(sweep["provenance"]["fingerprint"]) >= 3 and "Signature" in page, name
