@@ -79,6 +79,8 @@ def test_a_text_file_is_tokenised_as_by_hand_and_its_truncation_declared(gpt2, c
         "texts": 24,
         "empty_lines_skipped": 2,
         "max_length": MAX_LENGTH,
+        "limit": MAX_LENGTH,
+        "limit_source": "max-length",
         "length": MAX_LENGTH,
         "longest": max(words),
         "truncated": sum(n > MAX_LENGTH for n in words),
@@ -97,6 +99,20 @@ def test_short_texts_pad_to_the_longest_and_a_target_to_the_aux_length(gpt2, tmp
     assert data.mask.sum(dim=1).tolist() == [3, 2, 4, 3]
     target = load_text_data(short, raw.tokens, max_length=MAX_LENGTH, length=3)
     assert target.token_ids.shape == (4, 3) and target.text["truncated"] == 1 and target.text["padded"] == 1
+    assert target.text["limit_source"] == "aux-length"
+
+
+def test_texts_longer_than_the_context_window_are_truncated_to_it(gpt2, tmp_path, capsys):
+    """The tiny GPT-2 takes 32 positions: 40-token texts at the default --max-length 128 keep 32."""
+    long = tmp_path / "long.txt"
+    long.write_text("\n".join(" ".join([sentence] * 4) for sentence in sentences(12, 3)) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["run", str(gpt2), "--split-layer", "1", "--aux", str(long), "--attacks", "none", "--quick"]
+    code, _, err = run_cli([*args, "--out", str(out)], capsys)
+    assert code == 0, err
+    text = json.loads((out / "report.json").read_text())["data"]["text"]["aux"]
+    assert (text["max_length"], text["limit"], text["limit_source"], text["length"]) == (128, 32, "context-window", 32)
+    assert text["truncated"] == sum(4 * len(s.split()) > 32 for s in sentences(12, 3)) > 0
 
 
 def test_vocab_tokenizer_json_gives_the_checkpoints_ids(gpt2, corpus):

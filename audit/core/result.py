@@ -102,6 +102,8 @@ class TextFile(TypedDict):
     texts: int  # non-empty lines (jsonl: objects with a non-empty text)
     empty_lines_skipped: int
     max_length: int  # --max-length
+    limit: int  # the tokens a text keeps: --max-length, the model's context window where smaller, or aux's T
+    limit_source: Literal["max-length", "context-window", "aux-length"]
     length: int  # T: the tokens every text has after truncation and right-padding
     longest: int  # tokens of the longest text before truncation (special tokens included)
     truncated: int  # texts longer than the limit, cut by the tokenizer's own truncation

@@ -141,7 +141,7 @@ def open_checkpoint(folder, device: torch.device, split_layer: int | None, vocab
         fixed_batch=None,
         torch_module=bottom,
         notes=notes,
-        tokens=TokenSpace(table, vocab, slot, tokenizer),
+        tokens=TokenSpace(table, vocab, slot, tokenizer, _context_window(model)),
     )
 
 
@@ -161,6 +161,12 @@ def _seeded() -> torch.Generator:
 def _max_positions(model: nn.Module) -> int:
     config = model.config
     return int(getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", PARITY_LENGTH))
+
+
+def _context_window(model: nn.Module) -> int | None:
+    """The positions the checkpoint's config declares (raw text is truncated to them), or None."""
+    config = model.config
+    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
 
 
 def _cut(model: nn.Module, kind: str, split_layer: int, layers: int) -> None:

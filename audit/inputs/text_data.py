@@ -5,8 +5,8 @@ library), then truncated and right-padded to one length: token ids x [N, T] and 
 and embedded by the same code as a tokenised .npz (tokens.load_token_data), so the rest of the token
 path is unchanged.
 
-The length is the longest text's, at most --max-length (the aux data's length for --target, so both
-parts have one shape). Truncation uses the tokenizer's own (special tokens such as BERT's [SEP] are
+The length is the longest text's, at most --max-length and the model's context window (the aux
+data's length for --target, so both parts have one shape). Truncation uses the tokenizer's own (special tokens such as BERT's [SEP] are
 kept); what was truncated, padded and skipped is stated in the report (data.text).
 
 Hostile files: the file size, the longest line and the memory the ids and embeddings will take
@@ -122,8 +122,8 @@ def load_text_data(
     attr_column: str | None = None,
 ) -> Dataset:
     """A .txt/.jsonl file as token data: its texts tokenised, truncated and right-padded to `length`
-    (the aux data's, for a target) or to the longest text's, at most `max_length`; the facts of that
-    in the Dataset's `text`."""
+    (the aux data's, for a target) or to the longest text's, at most `max_length` and the model's
+    context window; the facts of that in the Dataset's `text`."""
     path = require_regular_file(path, "data file")
     jsonl = path.suffix.lower() == ".jsonl"
     if not jsonl and (label_column or attr_column):
@@ -132,9 +132,10 @@ def load_text_data(
             "fields of a .jsonl file"
         )
     encoder = text_encoder(tokens, vocab_path)
-    total_lines = _checked_size(path, length or max_length, tokens.table.shape[1])
+    limit = length or min(max_length, tokens.positions or max_length)
+    total_lines = _checked_size(path, limit, tokens.table.shape[1])
     corpus = _read_corpus(path, jsonl, label_column, attr_column, total_lines)
-    ids, mask, facts = _tokenised(corpus, encoder, length or max_length, fixed=length is not None, path=path)
+    ids, mask, facts = _tokenised(corpus, encoder, limit, fixed=length is not None, path=path)
     y, names = _labels(corpus.labels, label_column, len(ids), path)
     attr, _ = _labels(corpus.attrs, attr_column, len(ids), path)
     data = Dataset(
@@ -152,6 +153,8 @@ def load_text_data(
             "texts": len(corpus.texts),
             "empty_lines_skipped": corpus.empty_lines,
             "max_length": max_length,
+            "limit": limit,
+            "limit_source": "aux-length" if length else "max-length" if limit == max_length else "context-window",
             **facts,
         },
     )
@@ -164,9 +167,17 @@ def text_note(text: dict, role: str, source: str) -> str:
     return (
         f"{role} data {display_path(source)}: {text['texts']} texts ({text['empty_lines_skipped']} empty lines "
         f"skipped) tokenised with {tokenizer} ({text['tokenizer']}, special tokens added), truncated or right-padded "
-        f"to {text['length']} tokens (--max-length {text['max_length']}): {text['truncated']} truncated, "
+        f"to {text['length']} tokens (at most {text['limit']}: {_limited_by(text)}): {text['truncated']} truncated, "
         f"{text['padded']} padded (pad id {text['pad_id']}, masked out)"
     )
+
+
+def _limited_by(text: dict) -> str:
+    return {
+        "max-length": f"--max-length {text['max_length']}",
+        "context-window": f"the model's context window; --max-length {text['max_length']}",
+        "aux-length": "the auxiliary data's length",
+    }[text["limit_source"]]
 
 
 def _checked_size(path: Path, length: int, dim: int) -> int:

@@ -59,6 +59,7 @@ class TokenSpace:
     vocab: list[str]
     masked: MaskSlot | None = None  # the mask the cut model runs with, when it takes one
     tokenizer: object | None = None  # a Hugging Face checkpoint's tokenizer: raw text is tokenised with it
+    positions: int | None = None  # the most positions the model takes (a checkpoint's context window), if known
 
     def to(self, device) -> "TokenSpace":
         return replace(self, table=self.table.to(device))
