@@ -96,15 +96,25 @@ class ReportPDF(FPDF):
         self.ln(2)
         self.set_font("DejaVu", "", BODY)
 
+    def figure_size(self, figure: Figure | None, width_share: float = 1.0) -> tuple[float, float]:
+        """A figure's (width, height) in mm: its PNG at IMAGE_DPI, never wider than width_share of the text."""
+        if figure is None or not figure.png:
+            return 0.0, 0.0
+        pixels_w, pixels_h = Image.open(io.BytesIO(figure.png)).size
+        width = min(self.epw * width_share, pixels_w / IMAGE_DPI * 25.4)
+        return width, width * pixels_h / pixels_w
+
+    def keep_together(self, height: float) -> None:
+        """A new page unless `height` mm (a heading and its figure) fit on this one."""
+        if self.will_page_break(height):
+            self.add_page()
+
     def figure(self, figure: Figure | None, width_share: float = 1.0) -> None:
         """A chart or image grid, at IMAGE_DPI, never wider than width_share of the text width."""
         if figure is None or not figure.png:
             return
-        pixels_w, pixels_h = Image.open(io.BytesIO(figure.png)).size
-        width = min(self.epw * width_share, pixels_w / IMAGE_DPI * 25.4)
-        height = width * pixels_h / pixels_w
-        if self.will_page_break(height):
-            self.add_page()
+        width, height = self.figure_size(figure, width_share)
+        self.keep_together(height)
         self.image(io.BytesIO(figure.png), x=self.l_margin, w=width, h=height, alt_text=figure.alt)
         self.ln(2)
 
@@ -171,9 +181,11 @@ def _bounds(pdf: ReportPDF, view: ReportView) -> None:
         )
     pdf.table_of(b.bounds)
     if b.chart:
+        pdf.keep_together(pdf.figure_size(b.chart)[1] + 14)
         pdf.heading("Attacks against the bound", 2)
         pdf.figure(b.chart)
     if b.dfil or b.dfil_chart or b.dfil_note:
+        pdf.keep_together(pdf.figure_size(b.dfil_chart)[1] + 14)
         pdf.heading("Fisher information leakage per sample", 2)
         if b.dfil_note:
             pdf.paragraph(b.dfil_note, "B")
@@ -204,10 +216,12 @@ def _attacks(pdf: ReportPDF, view: ReportView) -> None:
         if a.comparison:
             pdf.paragraph(a.comparison)
         if a.series:
+            pdf.keep_together(pdf.figure_size(a.series_chart, 0.6)[1] + 12)
             pdf.heading(a.series_title, 3)
             pdf.figure(a.series_chart, 0.6)
             pdf.table_of(a.series)
         if a.reconstructions or a.examples:
+            pdf.keep_together(pdf.figure_size(a.reconstructions, 0.6)[1] + 12)
             pdf.heading("Reconstructions" + (" (best, median, worst)" if a.reconstructions else ""), 3)
             pdf.figure(a.reconstructions, 0.6)
             pdf.table_of(a.examples)
