@@ -8,6 +8,7 @@ the van Trees bound is 1 / (dFIL + 1/s^2) (Maeng et al., NeurIPS 2023)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -309,3 +310,23 @@ def test_a_top_that_reads_the_input_s_shape_gets_it_from_the_cut(tmp_path, slice
         bottom, top = split_at(whole, cut)
         assert "x" not in {i for node in top.graph.node for i in node.input}
         np.testing.assert_allclose(run_onnx(top, run_onnx(bottom, x)), run_onnx(whole.proto, x), atol=1e-6)
+
+
+def test_a_torch_export_program_is_cut_in_its_graph_under_its_node_names(tmp_path):
+    """A .pt2 whole model: its graph written as ONNX (checked against the program on the data), cut
+    under the names of the program's FX nodes (as torch.onnx.export keeps them)."""
+    model = _Classifier("resnet").eval()
+    x = torch.rand(40, 1, 16, 16)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    torch.export.save(torch.export.export(model, (x[:2],), dynamic_shapes=({0: batch},)), tmp_path / "whole.pt2")
+    with torch.no_grad():
+        np.savez(tmp_path / "data.npz", x=x.numpy(), y=model(x).argmax(1).numpy())
+    options = AuditOptions(model=str(tmp_path / "whole.pt2"), aux=str(tmp_path / "data.npz"), quick=True)
+    document = run_cuts(replace(options, prior="gaussian", attacks=["none"], cuts=["2"]))
+    assert document["model"]["format"] == "exported" and document["whole_accuracy"]["accuracy"] == 1.0
+    # the labels are one class (2) of three: the top model's accuracy is read against class 2 too
+    assert [c["utility"]["clean_accuracy"] for c in document["cuts"]] == [1.0, 1.0]
+    names = [c["name"] for c in document["model"]["candidates"]]
+    program_nodes = {n.name for n in torch.export.load(tmp_path / "whole.pt2").graph.nodes}
+    assert "relu" in names and "relu" in program_nodes  # the program's node names, as torch.onnx.export keeps them
+    assert [c["name"] for c in document["cuts"]] == [names[0], names[-1]]

@@ -619,7 +619,7 @@ class WholeModel(TypedDict):
     """The whole model that was cut, and every candidate cut found in its graph."""
 
     path: str
-    format: Literal["onnx"]
+    format: Literal["onnx", "exported"]  # exported: a torch.export program, cut in its graph written as ONNX
     input_name: str
     output_name: str
     input_shape: list[int]

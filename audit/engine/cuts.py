@@ -30,6 +30,8 @@ from splitaudit.core.config import DEFAULT_CUTS, AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.engine.pipeline import AuditEngine, describe_data, describe_run
 from splitaudit.inputs.context import AuditContext, silent_progress
+from splitaudit.inputs.exported_loading import is_exported_archive
+from splitaudit.inputs.exported_whole import check_conversion, exported_as_onnx
 from splitaudit.inputs.onnx_cuts import (
     CutPoint,
     WholeModel,
@@ -41,6 +43,7 @@ from splitaudit.inputs.onnx_cuts import (
     total_parameters,
 )
 from splitaudit.stages.recommend_cut import cuts_gate, recommend_cut
+from splitaudit.stages.utility import label_indices
 
 KIND = "cuts"
 PARITY_SAMPLES = 64  # target samples bottom-then-top is compared with the whole model on
@@ -59,17 +62,18 @@ def run_cuts(
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     options.validate()
-    whole = open_whole_model(options.model, _sample_shape(options), options.output_name)
-    candidates = candidate_cuts(whole)
-    if not candidates:
-        raise InputError(f"{options.model}: no tensor lies on every path from the input to the output: nothing to cut")
-    chosen = select_cuts(candidates, options.cuts, DEFAULT_CUTS)
     say = on_cost or (lambda _line: None)
-    say(
-        f"auditing {len(chosen)} of {len(candidates)} candidate cuts, one after the other: {', '.join(c.name for c in chosen)}"
-    )
     entries, header, shared = [], None, {}
     with tempfile.TemporaryDirectory(prefix="splitaudit-cuts-") as folder:
+        whole = _whole_model(options, Path(folder), shared)
+        candidates = candidate_cuts(whole)
+        if not candidates:
+            raise InputError(
+                f"{options.model}: no tensor lies on every path from the input to the output: nothing to cut"
+            )
+        chosen = select_cuts(candidates, options.cuts, DEFAULT_CUTS)
+        names = ", ".join(c.name for c in chosen)
+        say(f"auditing {len(chosen)} of {len(candidates)} candidate cuts, one after the other: {names}")
         with progress(total=len(chosen), desc="cuts", unit="cut") as bar:
             for index, cut in enumerate(chosen):
                 bar.set_postfix_str(cut.name[:40])
@@ -99,6 +103,18 @@ def run_cuts(
         strict=options.strict,
     )
     return {**document, "gate": gate, "run": {**document["run"], "seconds": time.perf_counter() - clock}}
+
+
+def _whole_model(options: AuditOptions, folder: Path, shared: dict) -> WholeModel:
+    """The whole model's graph: the ONNX file, or a torch.export program written as ONNX in `folder`
+    (shared["program"] keeps the program, to check the graph against it on the data)."""
+    path = Path(options.model)
+    if is_exported_archive(path):
+        onnx_path, shared["program"] = exported_as_onnx(path, folder)
+        whole = open_whole_model(onnx_path, _sample_shape(replace(options, model=str(onnx_path))), options.output_name)
+        whole.format = "exported"
+        return whole
+    return open_whole_model(path, _sample_shape(options), options.output_name)
 
 
 def _sample_shape(options: AuditOptions) -> tuple[int, ...]:
@@ -152,6 +168,9 @@ def _audit_cut(
         ctx = engine.ctx
         parity = check_halves(whole, bottom, top, _model_inputs(ctx), cut.name)
         if "prior" not in shared:
+            if "program" in shared:  # the graph that was cut is the program's
+                x = _model_inputs(ctx).astype(_input_dtype(whole), copy=False)
+                check_conversion(shared["program"], run_onnx(whole.proto, x), x)
             shared["whole_accuracy"] = whole_accuracy(whole, ctx)
         else:
             engine.known_prior = shared["prior_estimate"]
@@ -239,7 +258,7 @@ def whole_accuracy(whole: WholeModel, ctx: AuditContext) -> dict:
     if scores.ndim != 2:
         reason = f"the model's output has shape {scores.shape[1:]} per sample, not class scores"
         return {"status": "skipped", "accuracy": None, "n": len(x), "reason": reason}
-    hits = scores.argmax(1) == ctx.target.y.cpu().numpy()
+    hits = scores.argmax(1) == label_indices(ctx.target).cpu().numpy()
     return {"status": "ok", "accuracy": float(hits.mean()), "n": len(x), "reason": ""}
 
 
@@ -277,7 +296,7 @@ def _header(
     header["run"].update(shared["executor"])
     header["model"] = {
         "path": str(options.model),
-        "format": "onnx",
+        "format": whole.format,
         "input_name": whole.input_name,
         "output_name": whole.output_name,
         "input_shape": list(whole.shapes[whole.input_name][1:]),

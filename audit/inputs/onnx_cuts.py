@@ -56,6 +56,7 @@ class WholeModel:
     shapes: dict[str, list[int]]  # every tensor's per-sample shape (batch 1), where inference gives it
     elem_types: dict[str, int]
     macs: list[int]  # per node, in graph order
+    format: str = "onnx"  # "exported": a torch.export program written as this graph
 
 
 def open_whole_model(path: str | Path, sample_shape: tuple[int, ...], output_name: str | None = None) -> WholeModel:
@@ -65,8 +66,8 @@ def open_whole_model(path: str | Path, sample_shape: tuple[int, ...], output_nam
     path = Path(path)
     if path.suffix.lower() != ".onnx":
         raise InputError(
-            f"{display_path(path)}: splitaudit cuts takes a whole model as ONNX (.onnx): its graph is what is cut "
-            "(export a torch model with torch.onnx.export)"
+            f"{display_path(path)}: splitaudit cuts takes a whole model as ONNX (.onnx) or a torch.export program "
+            "(.pt2): its graph is what is cut (export a torch model with torch.onnx.export)"
         )
     try:
         proto = onnx.load(str(path))

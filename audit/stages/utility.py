@@ -84,7 +84,17 @@ def _top_model_accuracy(ctx: AuditContext, seed: int) -> float:
             f"the top model should return (batch, classes) logits for {ctx.num_classes} classes; it returned "
             f"shape {tuple(logits.shape)} (if it is the server's body g, set sdar.top_model_role=body)"
         )
-    return float((logits.argmax(1) == ctx.target.y.to(logits.device)).double().mean())
+    return float((logits.argmax(1) == label_indices(ctx.target).to(logits.device)).double().mean())
+
+
+def label_indices(data) -> torch.Tensor:
+    """The labels as the class indices a classifier outputs: the data's own integer labels where every
+    class is an integer (the loader numbers classes 0..K-1 in sorted order, which is another index when
+    the labels are, say, {1, 2}, or one class of several), else the loader's numbers (text labels)."""
+    names = data.class_names
+    if names and all(name.lstrip("-").isdigit() for name in names):
+        return torch.tensor([int(name) for name in names], device=data.y.device)[data.y]
+    return data.y
 
 
 def _probe_accuracy(ctx: AuditContext, seed: int) -> float:
