@@ -209,3 +209,31 @@ def test_a_jsonl_line_without_the_label_field_is_refused_naming_it(gpt2, tmp_pat
         path.write_text(f"{first}\n{json.dumps(second)}\n", encoding="utf-8")
         with pytest.raises(InputError, match=f"line 2: --label-column field 'topic' {fragment}"):
             load_text_data(path, raw.tokens, label_column="topic")
+
+
+def test_an_onnx_token_model_reads_text_with_vocab_tokenizer_json(tmp_path, capsys):
+    """The bundled text bottom (ONNX, ids only) with a word-level tokenizer.json over its vocabulary:
+    its sentences written as text come back as the sample's ids, and are recovered exactly."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from splitaudit.inputs.token_models import open_token_model
+
+    vocab = json.loads((SAMPLES / "text_vocab.json").read_text())
+    tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(vocab)}, unk_token=vocab[0]))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    with np.load(SAMPLES / "text.npz") as npz:
+        ids = npz["x"][:40]
+    (tmp_path / "corpus.txt").write_text("\n".join(" ".join(vocab[i] for i in row) for row in ids) + "\n")
+    raw = open_token_model(SAMPLES / "text_bottom.onnx", torch.device("cpu"), tmp_path / "tokenizer.json")
+    data = load_text_data(tmp_path / "corpus.txt", raw.tokens, vocab_path=tmp_path / "tokenizer.json")
+    assert torch.equal(data.token_ids, torch.from_numpy(ids)) and data.mask is None  # no padding: no mask
+    assert (data.text["length"], data.text["padded"], data.text["truncated"]) == (8, 0, 0)
+    out = tmp_path / "out"
+    args = ["run", str(SAMPLES / "text_bottom.onnx"), "--vocab", str(tmp_path / "tokenizer.json")]
+    attacks = ["--aux", str(tmp_path / "corpus.txt"), "--attacks", "sequential-inversion", "--quick"]
+    code, _, err = run_cli([*args, *attacks, "--workers", "1", "--out", str(out)], capsys)
+    assert code == 0, err
+    result = json.loads((out / "report.json").read_text())
+    assert result["data"]["text"]["aux"]["tokenizer_source"] == "vocab"
+    assert result["attacks"]["sequential-inversion"]["metrics"]["token_accuracy"] == 1.0
