@@ -203,7 +203,7 @@ def test_gate_thresholds_come_from_the_config_file(fake_audit, tmp_path):
     "argv",
     [
         ["run", "model.onnx"],  # no --aux
-        ["run", "model.onnx", "--aux", "d.npz", "--format", "pdf"],
+        ["run", "model.onnx", "--aux", "d.npz", "--format", "docx"],
         ["run", "model.onnx", "--aux", "d.npz", "--fail-under-mse", "-1"],
         ["render", "missing.json"],
     ],

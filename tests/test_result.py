@@ -181,4 +181,5 @@ def test_every_failing_cause_has_words_for_the_headline():
     from splitaudit.core.result import CheckCause
 
     passing = {"complete", "bound-met", "attack-mse-met", "advantage-within-cap", "utility-loss-within-cap"}
+    passing |= {"baseline-same-inputs", "baseline-other-inputs", "regression-within", "regression-not-comparable"}
     assert set(CAUSE_WORDS) == set(get_args(CheckCause)) - passing
