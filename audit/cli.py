@@ -417,7 +417,7 @@ def _sweep_and_report(options: AuditOptions, invocation) -> None:
 @click.argument("model", required=False)
 @audit_options(CUTS)
 def cuts(model: str | None, **flags) -> None:
-    """Audit every candidate split point of a whole ONNX MODEL and recommend where to split."""
+    """Audit every candidate split point of a whole MODEL (.onnx or torch.export .pt2) and recommend where to split."""
     from splitaudit.engine.cuts import run_cuts
     from splitaudit.reports import write_junit
     from splitaudit.reports.cuts import cuts_summary, write_cuts_reports
