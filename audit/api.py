@@ -133,14 +133,20 @@ audit.__signature__ = inspect.Signature(
 
 
 def run(
-    options: AuditOptions, progress: Callable | None = None, on_cost: Callable | None = None, invocation=None
+    options: AuditOptions,
+    progress: Callable | None = None,
+    on_cost: Callable | None = None,
+    invocation=None,
+    baseline: dict | None = None,
 ) -> AuditResult:
     """Run the audit that `options` describe (the CLI's and audit()'s one code path); invocation
-    (splitaudit.engine.provenance.Invocation) says how the CLI was called."""
+    (splitaudit.engine.provenance.Invocation) says how the CLI was called, baseline is the earlier
+    report run --baseline compares with (splitaudit.reports.compare.read_baseline)."""
     from splitaudit.engine.pipeline import run_audit
     from splitaudit.inputs.context import silent_progress
 
-    return AuditResult(run_audit(options, progress=progress or silent_progress, on_cost=on_cost, invocation=invocation))
+    progress = progress or silent_progress
+    return AuditResult(run_audit(options, progress, on_cost=on_cost, invocation=invocation, baseline=baseline))
 
 
 def _stderr_progress(**kwargs):

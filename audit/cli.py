@@ -229,6 +229,7 @@ def invocation(flags: dict):
 def _audit_and_report(options: AuditOptions, invocation) -> None:
     from splitaudit.api import run as run_api
     from splitaudit.reports import terminal_summary, write_junit
+    from splitaudit.reports.compare import read_baseline
 
     logging = options.mlflow or options.mlflow_uri is not None
     with held_output(options.out, "report", options.junit):
@@ -236,7 +237,10 @@ def _audit_and_report(options: AuditOptions, invocation) -> None:
             from splitaudit.reports.mlflow_log import require_mlflow
 
             require_mlflow(options.mlflow_uri)  # installed and its store usable, before any computation
-        outcome = run_api(options, progress=cli_progress, on_cost=print_long_cost, invocation=invocation)
+        baseline = read_baseline(options.baseline) if options.baseline else None
+        outcome = run_api(
+            options, progress=cli_progress, on_cost=print_long_cost, invocation=invocation, baseline=baseline
+        )
         written = outcome.write(options.out, options.formats)
         if options.junit:
             written.append(write_junit(outcome.data, Path(options.junit)))

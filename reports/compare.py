@@ -8,6 +8,7 @@ from pathlib import Path
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.registries import BOUNDS
+from splitaudit.core.safety import display_path
 from splitaudit.reports import charts
 from splitaudit.reports.files import write_json
 from splitaudit.reports.formatting import is_finite, is_number, number, signed
@@ -15,7 +16,7 @@ from splitaudit.reports.view import subtitle
 from splitaudit.reports.view_attacks import attack_title
 from splitaudit.reports.view_elements import METRIC_LABELS, Figure, Figures, Table, outcome
 from splitaudit.reports.view_verdict import headline
-from splitaudit.reports.writer import render_pages
+from splitaudit.reports.writer import load_result, render_pages
 from splitaudit.stages.regression import Z, baseline_summary, compare_to_baseline
 
 # What makes two audits comparable: the same model (file and shapes) and the same data. A defence
@@ -167,6 +168,17 @@ def regression(before: dict, after: dict) -> tuple[Table, str, list[str]]:
     )
     headers = ["", "quantity", "before", "after", "worse by", f"allowed ({Z} x combined stderr)", "verdict"]
     return Table(headers, rows, classes), verdict, comparison["input_differences"]
+
+
+def read_baseline(path: str) -> dict:
+    """run --baseline: an earlier report.json, read as render reads it (schema and consistency checked),
+    and the numbers of it the regression test reads (splitaudit.stages.regression.baseline_summary)."""
+    document = load_result(Path(path))
+    if document.get("kind") is not None:
+        raise InputError(
+            f"--baseline {display_path(path)} is a {document['kind']}.json; a baseline is a report.json of splitaudit run"
+        )
+    return baseline_summary(document, display_path(path))
 
 
 def build_comparison(before: dict, after: dict, with_figures: bool = True) -> ComparisonView:

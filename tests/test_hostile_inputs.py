@@ -230,7 +230,7 @@ def fake_audit(monkeypatch):
     """The audit replaced by a saved result that passes, so that only the writing is exercised."""
     result = load_result(FIXTURES / "image_audit.json")
     monkeypatch.setattr(
-        pipeline, "run_audit", lambda options, progress=None, on_cost=None, invocation=None: dict(result)
+        pipeline, "run_audit", lambda options, progress=None, on_cost=None, invocation=None, baseline=None: dict(result)
     )
     return result
 

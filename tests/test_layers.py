@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("execution", {"execution"}),
     ("engine", {"engine"}),
     ("reports", {"reports"}),
-    ("api", {"", "api", "cli", "__main__"}),  # "": the package itself, whose lazy attributes are the API
+    ("api", {"", "api", "cli", "ci", "__main__"}),  # "": the package itself, whose lazy attributes are the API
 ]
 PLACE = {folder: index for index, (_, folders) in enumerate(LAYERS) for folder in folders}
 
@@ -44,7 +44,12 @@ def layer_of(module: str) -> int | None:
 
 
 # What a report may import besides the core and other reports: pure functions of a result's numbers.
-RESULT_FUNCTIONS = {"splitaudit.stages.gate", "splitaudit.stages.recommend", "splitaudit.stages.recommend_cut"}
+RESULT_FUNCTIONS = {
+    "splitaudit.stages.gate",
+    "splitaudit.stages.recommend",
+    "splitaudit.stages.recommend_cut",
+    "splitaudit.stages.regression",
+}
 
 LAYER_OF = {module: layer for module in package_modules() if (layer := layer_of(module)) is not None}
 

@@ -7,7 +7,9 @@ same defaults, and each value reaches AuditOptions under its own name."""
 from __future__ import annotations
 
 import inspect
+import shutil
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 import pytest
 
@@ -88,6 +90,7 @@ def test_every_flag_reaches_its_option(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(api, "run", stop)
     monkeypatch.setattr("splitaudit.reports.mlflow_log.require_mlflow", lambda uri: None)  # no store is opened here
+    shutil.copy(Path(__file__).parent / "fixtures" / "image_audit.json", tmp_path / "old.json")  # --baseline reads it
     flags = {
         "aux": "a.npz",
         "target": "t.npz",

@@ -12,7 +12,6 @@ import platform
 import time
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
@@ -231,9 +230,11 @@ def run_audit(
     progress: Callable[..., tqdm] = silent_progress,
     on_cost: Callable[..., None] | None = None,
     invocation: Invocation | None = None,
+    baseline: dict | None = None,
 ) -> dict:
     """Run the whole audit and return the result object (report.json's content): one audit point
-    at options.noise_sigma, and its gate.
+    at options.noise_sigma, and its gate (with the regression checks against `baseline`, an earlier
+    report's splitaudit.stages.regression.baseline_summary, when given).
 
     on_cost, when given, receives the up-front cost estimate (splitaudit.stages.cost.CostEstimate)
     before the long stages start; invocation (the command line and --config file) goes into the
@@ -241,7 +242,6 @@ def run_audit(
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     invocation = invocation or Invocation()
-    baseline = read_baseline(options.baseline) if options.baseline else None  # bad input before any computation
     with AuditEngine.prepared(options, progress, config_file=invocation.config_file) as engine:
         ctx, names = engine.ctx, engine.names
         header = describe_run(ctx, options, started)
@@ -286,21 +286,6 @@ def run_audit(
         baseline=baseline,
     )
     return {**result, "gate": gate, "run": {**result["run"], "seconds": time.perf_counter() - clock}}
-
-
-def read_baseline(path: str) -> dict:
-    """--baseline: an earlier report.json, read as render reads it (schema and consistency checked),
-    and the numbers of it the regression test reads (splitaudit.stages.regression.baseline_summary)."""
-    from splitaudit.core.safety import display_path
-    from splitaudit.reports import load_result
-    from splitaudit.stages.regression import baseline_summary
-
-    document = load_result(Path(path))
-    if document.get("kind") is not None:
-        raise InputError(
-            f"--baseline {display_path(path)} is a {document['kind']}.json; a baseline is a report.json of splitaudit run"
-        )
-    return baseline_summary(document, display_path(path))
 
 
 def _announce_cost(ctx: AuditContext, options: AuditOptions, names: list[str], on_cost: Callable[..., None]) -> None:
