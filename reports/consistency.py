@@ -19,25 +19,38 @@ SWEEP_THRESHOLDS = (*RUN_THRESHOLDS, "max_utility_loss")
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)  # a field the schema lets through
 
 
-def check_consistency(document: dict, source: str) -> None:
-    """InputError naming the first place where the document contradicts its own numbers."""
+def check_consistency(document: dict, source: str, legacy: bool = False) -> None:
+    """InputError naming the first place where the document contradicts its own numbers. legacy: a
+    schema 5 document as stored, whose completeness check also failed on an attack that did not beat
+    its baseline (its gate is checked by the rules that wrote it, before readers decide it anew)."""
     try:
         problems = {"sweep": _sweep_problem, "cuts": _cuts_problem}
-        problem = problems.get(document.get("kind") if isinstance(document.get("kind"), str) else "", _report_problem)(
-            document
-        )
+        kind = document.get("kind") if isinstance(document.get("kind"), str) else ""
+        problem = problems[kind](document) if kind in problems else _report_problem(document, legacy)
     except MALFORMED as exc:
         problem = f"its gate cannot be recomputed from its numbers ({type(exc).__name__}: {exc})"
     if problem:
         raise InputError(f"{source} contradicts itself: {problem} (edited or corrupted? rerun the audit)")
 
 
-def _report_problem(report: dict) -> str | None:
+def _report_problem(report: dict, legacy: bool = False) -> str | None:
     gate = report.get("gate")
     problem = _violator_problem(report)
     if problem or not isinstance(gate, dict):
         return problem  # without a gate: rendered as "NO VERDICT"
-    return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(gate, _report_gate(report))
+    recomputed = _with_v5_completeness(_report_gate(report), report) if legacy else _report_gate(report)
+    return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(gate, recomputed)
+
+
+def _with_v5_completeness(gate: dict, report: dict) -> dict:
+    """The gate with schema 5's completeness check: it failed on an attack that raised or that did not
+    beat its baseline (failed_to_train)."""
+    complete = not any(
+        a.get("status") == "failed" or (a.get("status") == "ok" and a.get("failed_to_train"))
+        for a in report.get("attacks", {}).values()
+    )
+    checks = [{**c, "passed": complete} if c["name"] == "audit-complete" else c for c in gate["checks"]]
+    return {**gate, "checks": checks}
 
 
 def _violator_problem(report: dict) -> str | None:

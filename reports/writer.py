@@ -19,7 +19,7 @@ from tabulate import tabulate
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.registries import formats_of
-from splitaudit.core.result import READABLE_VERSIONS, SCHEMA_VERSION, first_error, schema_of_kind, upgraded
+from splitaudit.core.result import READABLE_VERSIONS, first_error, schema_of_kind, upgraded
 from splitaudit.core.safety import display_path, displayable, nested_deeper_than, require_regular_file
 from splitaudit.reports.consistency import check_consistency, regated
 from splitaudit.reports.files import from_strict_json, to_strict_json, write_atomic, write_json
@@ -75,15 +75,16 @@ def checked_result(stored, source: str) -> dict:
             f"reads versions {', '.join(map(str, READABLE_VERSIONS))} (rerun the audit, or render it with the "
             "version that wrote it)"
         )
-    older, stored = stored["schema_version"] != SCHEMA_VERSION, upgraded(stored)
-    error = first_error(stored, schema_of_kind(stored.get("kind")))
+    current = upgraded(stored)
+    error = first_error(current, schema_of_kind(current.get("kind")))
     if error:
         raise InputError(f"{source}: {error}")
-    restored = from_strict_json(stored)
-    if older:
-        restored = regated(restored)
-    check_consistency(restored, source)
-    return restored
+    if current is stored:
+        restored = from_strict_json(current)
+        check_consistency(restored, source)
+        return restored
+    check_consistency(from_strict_json(stored), source, legacy=True)  # by the rules that wrote it
+    return regated(from_strict_json(current))
 
 
 def markdown_text(value) -> Markup:

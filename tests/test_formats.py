@@ -20,7 +20,7 @@ from splitaudit.core.result import SCHEMA_VERSION
 from splitaudit.reports.writer import load_result
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SAVED = {"report": "image_audit.json", "sweep": "tabular_sweep.json"}
+SAVED = {"report": "image_audit.json", "sweep": "tabular_sweep.json", "cuts": "resnet_cuts.json"}
 
 
 def _html(path: Path) -> None:
@@ -70,7 +70,7 @@ def _document_args(document: str, tmp_path: Path) -> tuple[list[str], str]:
     if document == "comparison":
         before, after = FIXTURES / "sigma0_audit.json", FIXTURES / "image_audit.json"
         return ["compare", str(before), str(after)], "comparison"
-    saved = tmp_path / ("sweep.json" if document == "sweep" else "report.json")
+    saved = tmp_path / (f"{document}.json" if document in ("sweep", "cuts") else "report.json")
     shutil.copy(FIXTURES / SAVED[document], saved)
     return ["render", str(saved)], document
 

@@ -428,6 +428,7 @@ NUMERIC_RANGES = {  # every numeric option, run and sweep alike (None means "not
     "dfil_samples": Range(2, MAX_INT32),
     "queries": Range(1, MAX_QUERIES),
     "max_length": Range(1, MAX_TEXT_TOKENS),
+    "split_layer": Range(0, MAX_INT32),
 }
 
 
