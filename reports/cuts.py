@@ -10,19 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabulate import tabulate
-
 from splitaudit.core.registries import GATED_BOUND
 from splitaudit.core.result import cuts_json_schema
 from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
-from splitaudit.reports.junit import write_junit
-from splitaudit.reports.sweep import PointView, _point_view
-from splitaudit.reports.terminal import _wrap
+from splitaudit.reports.sweep import PointView, _point_view, document_summary, write_document_reports
 from splitaudit.reports.view import DATA_LABELS, RUN_LABELS
 from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts_table
 from splitaudit.reports.view_verdict import QUICK_ALERT, gate_table, headline, verdict_class
-from splitaudit.reports.writer import render_pages, write_result_json
 
 SIGMA_WORDS = {"calibrated": "calibrated", "--noise-sigma": "given", "uncalibrated": "none reaches the target"}
 MODEL_LABELS = {"path": "whole model", "input_name": "input", "output_name": "output", "params": "parameters"}
@@ -262,22 +257,10 @@ def _line(ax, x: list[int], values: list, label: str, log: bool = False, color: 
 
 def write_cuts_reports(document: dict, out_dir: Path, formats: list[str]) -> list[Path]:
     """cuts.json / .html / .md / .junit.xml (as asked) in out_dir; returns the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = [write_result_json(document, out_dir / "cuts.json", cuts_json_schema())] if "json" in formats else []
-    if "html" in formats or "md" in formats:
-        written += render_pages(build_cuts_view(document), out_dir, formats, "cuts")
-    if "junit" in formats:
-        written.append(write_junit(document, out_dir / "cuts.junit.xml"))
-    return written
+    return write_document_reports(document, out_dir, formats, "cuts", cuts_json_schema(), build_cuts_view)
 
 
 def cuts_summary(document: dict) -> str:
     """The verdict, the recommendation and the table of cuts, for the terminal."""
     view = build_cuts_view(document, with_figures=False)
-    lines = [view.headline] + [_wrap("! " + a) for a in view.alerts]
-    lines += [_wrap(f"{item.label}: {item.text}") for item in view.summary[:3]]
-    lines.append(tabulate(view.table.rows, headers=view.table.headers, disable_numparse=True))
-    gate = document.get("gate") or {}
-    if not gate.get("passed", True):
-        lines.append(_wrap("gate: " + "; ".join(str(r) for r in gate.get("reasons") or [])))
-    return "\n".join(lines)
+    return document_summary(document, view, view.summary[:3], view.table)

@@ -7,6 +7,7 @@ both against sigma) and a section per point.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -357,22 +358,35 @@ def _point_view(point: dict, recommended: bool) -> PointView:
 
 def write_sweep_reports(sweep: dict, out_dir: Path, formats: list[str]) -> list[Path]:
     """sweep.json / .html / .md / .junit.xml (as asked) in out_dir; returns the paths written."""
+    return write_document_reports(sweep, out_dir, formats, "sweep", sweep_json_schema(), build_sweep_view)
+
+
+def write_document_reports(
+    document: dict, out_dir: Path, formats: list[str], stem: str, schema: dict, build: Callable
+) -> list[Path]:
+    """STEM.json / .html / .md / .junit.xml (as asked) of a sweep-like document (sweep.json, cuts.json)
+    in out_dir, its pages from build(document); returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [write_result_json(sweep, out_dir / "sweep.json", sweep_json_schema())] if "json" in formats else []
+    written = [write_result_json(document, out_dir / f"{stem}.json", schema)] if "json" in formats else []
     if "html" in formats or "md" in formats:
-        written += render_pages(build_sweep_view(sweep), out_dir, formats, "sweep")
+        written += render_pages(build(document), out_dir, formats, stem)
     if "junit" in formats:
-        written.append(write_junit(sweep, out_dir / "sweep.junit.xml"))
+        written.append(write_junit(document, out_dir / f"{stem}.junit.xml"))
     return written
 
 
 def sweep_summary(sweep: dict) -> str:
     """The verdict, the recommendation and the frontier table, for the terminal."""
     view = build_sweep_view(sweep, with_figures=False)
+    return document_summary(sweep, view, view.summary, view.frontier)
+
+
+def document_summary(document: dict, view, items: list[Item], table: Table) -> str:
+    """A sweep-like document's verdict, alerts, summary items and table, for the terminal."""
     lines = [view.headline] + [_wrap("! " + a) for a in view.alerts]
-    lines += [_wrap(f"{item.label}: {item.text}") for item in view.summary]
-    lines.append(tabulate(view.frontier.rows, headers=view.frontier.headers, disable_numparse=True))
-    gate = sweep.get("gate") or {}
+    lines += [_wrap(f"{item.label}: {item.text}") for item in items]
+    lines.append(tabulate(table.rows, headers=table.headers, disable_numparse=True))
+    gate = document.get("gate") or {}
     if not gate.get("passed", True):
         lines.append(_wrap("gate: " + "; ".join(str(r) for r in gate.get("reasons") or [])))
     return "\n".join(lines)
