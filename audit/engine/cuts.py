@@ -42,6 +42,7 @@ from splitaudit.inputs.onnx_cuts import (
     split_at,
     total_parameters,
 )
+from splitaudit.stages.gate import thresholds_of
 from splitaudit.stages.recommend_cut import cuts_gate, recommend_cut
 from splitaudit.stages.utility import label_indices
 
@@ -95,13 +96,7 @@ def run_cuts(
         "cuts": entries,
         "recommendation": recommend_cut(entries, target, options.max_accuracy_loss),
     }
-    gate = cuts_gate(
-        document,
-        fail_under_mse=options.fail_under_mse,
-        fail_under_attack_mse=options.fail_under_attack_mse,
-        max_advantage=options.max_advantage,
-        strict=options.strict,
-    )
+    gate = cuts_gate(document, **thresholds_of(options))
     return {**document, "gate": gate, "run": {**document["run"], "seconds": time.perf_counter() - clock}}
 
 

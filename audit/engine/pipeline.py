@@ -40,7 +40,7 @@ from splitaudit.inputs.models import resolve_device
 from splitaudit.inputs.raw_model import RawModel
 from splitaudit.inputs.token_models import load_audited_data, open_audited_model
 from splitaudit.stages.bound_check import check_against_bound
-from splitaudit.stages.gate import evaluate_gate
+from splitaudit.stages.gate import evaluate_gate, thresholds_of
 from splitaudit.stages.token_statement import checked_against_attacks, token_statement
 
 if TYPE_CHECKING:
@@ -277,14 +277,7 @@ def run_audit(
         "attacks": point["attacks"],
         "provenance": engine.provenance(started, invocation),
     }
-    gate = evaluate_gate(
-        result,
-        fail_under_mse=options.fail_under_mse,
-        fail_under_attack_mse=options.fail_under_attack_mse,
-        max_advantage=options.max_advantage,
-        strict=options.strict,
-        baseline=baseline,
-    )
+    gate = evaluate_gate(result, **thresholds_of(options), baseline=baseline)
     return {**result, "gate": gate, "run": {**result["run"], "seconds": time.perf_counter() - clock}}
 
 

@@ -22,6 +22,7 @@ from splitaudit.core.errors import InputError
 from splitaudit.engine.pipeline import AuditEngine, describe_run
 from splitaudit.engine.provenance import Invocation
 from splitaudit.inputs.context import AuditContext, silent_progress
+from splitaudit.stages.gate import thresholds_of
 from splitaudit.stages.recommend import recommend, sweep_gate
 
 KIND = "sweep"
@@ -97,14 +98,7 @@ def run_sweep(
         **body,
         "recommendation": recommend(points, calibration["target_mse"], options.max_utility_loss, auto_reason),
     }
-    gate = sweep_gate(
-        sweep,
-        fail_under_mse=options.fail_under_mse,
-        fail_under_attack_mse=options.fail_under_attack_mse,
-        max_advantage=options.max_advantage,
-        max_utility_loss=options.max_utility_loss,
-        strict=options.strict,
-    )
+    gate = sweep_gate(sweep, **thresholds_of(options), max_utility_loss=options.max_utility_loss)
     return {**sweep, "gate": gate, "run": {**sweep["run"], "seconds": time.perf_counter() - clock}}
 
 

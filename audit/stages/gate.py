@@ -56,6 +56,16 @@ def evaluate_gate(
     }
 
 
+def thresholds_of(options) -> dict:
+    """The gate's keyword arguments as a run's options (core.config.AuditOptions) set them."""
+    return {
+        "fail_under_mse": options.fail_under_mse,
+        "fail_under_attack_mse": options.fail_under_attack_mse,
+        "max_advantage": options.max_advantage,
+        "strict": options.strict,
+    }
+
+
 def _check(name: str, passed: bool, cause: str, message: str, value=None, threshold=None) -> dict:
     """A failed check is an error (it fails the gate); a passed one has no severity."""
     return {
