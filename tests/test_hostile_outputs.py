@@ -294,7 +294,7 @@ def test_a_run_whose_signal_was_swallowed_leaves_no_report(tmp_path, capsys, mon
     the exit is still the signal's (before: a complete report.json stayed beside exit 143)."""
     result = load_result(FIXTURES / "image_audit.json")
 
-    def swallowing(_options, **_kwargs):
+    def swallowing(_options, *_args, **_kwargs):
         try:
             os.kill(os.getpid(), signum)
             time.sleep(5)
