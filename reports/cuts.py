@@ -16,7 +16,7 @@ from splitaudit.reports import charts
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
 from splitaudit.reports.sweep import PointView, _point_view, document_summary, write_document_reports
 from splitaudit.reports.view import DATA_LABELS, RUN_LABELS
-from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts_table
+from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts_table, section
 from splitaudit.reports.view_verdict import QUICK_ALERT, gate_table, headline, verdict_class
 
 SIGMA_WORDS = {"calibrated": "calibrated", "--noise-sigma": "given", "uncalibrated": "none reaches the target"}
@@ -45,11 +45,6 @@ def _cuts(document: dict) -> list[dict]:
     return [c for c in document.get("cuts") or [] if isinstance(c, dict)]
 
 
-def _recommendation(document: dict) -> dict:
-    value = document.get("recommendation")
-    return value if isinstance(value, dict) else {}
-
-
 def build_cuts_view(document: dict, with_figures: bool = True) -> CutsView:
     """Everything the cuts pages show; with_figures=False skips matplotlib (terminal summary)."""
     figures = Figures(with_figures)
@@ -59,7 +54,7 @@ def build_cuts_view(document: dict, with_figures: bool = True) -> CutsView:
         if cuts
         else None
     )
-    rec_index = _recommendation(document).get("cut_index")
+    rec_index = section(document, "recommendation").get("cut_index")
     model = dict(document.get("model") or {})
     model["flops"] = _count(model.get("flops"))
     return CutsView(
@@ -96,7 +91,7 @@ def _count(value) -> str:
 
 def recommendation_words(document: dict) -> Item:
     """The recommended cut as one sentence, or plainly that none qualifies and what would."""
-    rec = _recommendation(document)
+    rec = section(document, "recommendation")
     if rec.get("cut_index") is None:
         return Item("Recommendation", f"No cut can be recommended: {rec.get('reason') or 'no reason given'}.", "bad")
     return Item("Recommendation", f"Split at {rec.get('cut')}: {rec.get('reason')}.", "good")
@@ -145,7 +140,7 @@ def _alerts(document: dict) -> list[str]:
 
 def _table(document: dict) -> Table:
     """One row per audited cut, shallowest first."""
-    rec_index = _recommendation(document).get("cut_index")
+    rec_index = section(document, "recommendation").get("cut_index")
     rows, classes = [], []
     for i, cut in enumerate(_cuts(document)):
         bounds, utility = cut.get("bounds") or {}, cut.get("utility") or {}

@@ -21,7 +21,7 @@ from splitaudit.reports.junit import write_junit
 from splitaudit.reports.terminal import _wrap
 from splitaudit.reports.view import DATA_LABELS, MODEL_LABELS, RUN_LABELS, subtitle
 from splitaudit.reports.view_attacks import attack_title, overview_table
-from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts_table
+from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts_table, section
 from splitaudit.reports.view_provenance import ProvenanceView, provenance_view
 from splitaudit.reports.view_summary import utility_words
 from splitaudit.reports.view_verdict import QUICK_ALERT, gate_table, headline, verdict_class
@@ -65,11 +65,6 @@ def _points(sweep: dict) -> list[dict]:
     return [p for p in sweep.get("points") or [] if isinstance(p, dict)]
 
 
-def _recommendation(sweep: dict) -> dict:
-    value = sweep.get("recommendation")
-    return value if isinstance(value, dict) else {}
-
-
 def build_sweep_view(sweep: dict, with_figures: bool = True) -> SweepView:
     """Everything the sweep pages show; with_figures=False skips matplotlib (terminal summary)."""
     figures = Figures(with_figures)
@@ -95,7 +90,7 @@ def build_sweep_view(sweep: dict, with_figures: bool = True) -> SweepView:
         if points and (advantages or utility)
         else None
     )
-    rec_index = _recommendation(sweep).get("point_index")
+    rec_index = section(sweep, "recommendation").get("point_index")
     return SweepView(
         title="splitaudit noise sweep",
         subtitle=_subtitle(sweep),
@@ -126,7 +121,7 @@ def _subtitle(sweep: dict) -> str:
 
 def recommendation_words(sweep: dict) -> Item:
     """The recommendation as one sentence a reviewer can sign, or plainly why there is none."""
-    rec = _recommendation(sweep)
+    rec = section(sweep, "recommendation")
     sigma = rec.get("noise_sigma")
     if not is_finite(sigma):
         return Item(
@@ -243,7 +238,7 @@ def _best_reconstruction(point: dict) -> tuple[str, float] | None:
 
 def _frontier(sweep: dict) -> Table:
     """One row per audited sigma: bounds, the best reconstruction, utility."""
-    rec_index = _recommendation(sweep).get("point_index")
+    rec_index = section(sweep, "recommendation").get("point_index")
     rows, classes = [], []
     for i, point in enumerate(_points(sweep)):
         bounds, utility = point.get("bounds") or {}, point.get("utility") or {}
