@@ -29,6 +29,7 @@ from tqdm import tqdm
 from splitaudit.core.config import DEFAULT_CUTS, AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.engine.pipeline import AuditEngine, describe_data, describe_run
+from splitaudit.engine.sweep import target_source
 from splitaudit.inputs.context import AuditContext, silent_progress
 from splitaudit.inputs.exported_loading import is_exported_archive
 from splitaudit.inputs.exported_whole import check_conversion, exported_as_onnx
@@ -88,7 +89,7 @@ def run_cuts(
     document = {
         **header,
         "target_mse": target,
-        "target_source": _target_source(options, shared["calibration"]),
+        "target_source": target_source(options, shared["calibration"]),
         "max_accuracy_loss": options.max_accuracy_loss,
         "noise_sigma": options.cut_noise_sigma,
         "prior": shared["prior"],
@@ -303,11 +304,3 @@ def _header(
     }
     header["data"] = describe_data(ctx, options)
     return header
-
-
-def _target_source(options: AuditOptions, calibration: dict) -> str:
-    if options.target_mse is not None:
-        return "the --target-mse option"
-    if options.fail_under_mse is not None:
-        return "the --fail-under-mse threshold"
-    return calibration["target_source"]

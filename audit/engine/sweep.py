@@ -85,7 +85,7 @@ def run_sweep(
             "reason": calibration["reason"],
         },
         "target_mse": calibration["target_mse"],
-        "target_source": _target_source(options, calibration),
+        "target_source": target_source(options, calibration),
         "max_utility_loss": options.max_utility_loss,
         "prior": shared["prior"],
         "calibration": calibration,
@@ -111,7 +111,8 @@ def describe_sweep(ctx: AuditContext, options: AuditOptions, started: datetime) 
     return header
 
 
-def _target_source(options: AuditOptions, calibration: dict) -> str:
+def target_source(options: AuditOptions, calibration: dict) -> str:
+    """Where a sweep's or cuts' target bound came from, in the report's words."""
     if options.target_mse is not None:
         return "the --target-mse option"
     if options.fail_under_mse is not None:
