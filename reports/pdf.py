@@ -156,7 +156,7 @@ def _cover(pdf: ReportPDF, view: ReportView) -> None:
     if view.overview:
         pdf.heading("Attacks at a glance", 2)
         pdf.paragraph(
-            "Advantage: how much better the attacker does with the bottom model than without it (0 = no leak)."
+            "Advantage: how much better the attacker does with the bottom model than without it (0 or less: no advantage; an INCONCLUSIVE attack did not learn and measured nothing)."
         )
         pdf.table_of(view.overview)
     if view.gate:
