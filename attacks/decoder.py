@@ -1,4 +1,5 @@
-"""Decoder inversion: a network learns to map embeddings back to inputs (Zhu et al., NDSS 2025; Maeng et al., NeurIPS 2023).
+"""Decoder inversion: a network learns to map embeddings back to inputs (Zhu et al., NDSS 2025;
+Maeng et al., NeurIPS 2023).
 
 The learned ("DNN-based") reconstruction attack of Maeng et al. (NeurIPS 2023, section 3.3.2; He et al. 2019)
 and the query-access reference for SDAR (Zhu et al., NDSS 2025): the attacker embeds its auxiliary data
