@@ -1,0 +1,89 @@
+"""docs/reference.md is generated from the code (docs/generate.py): the committed file must be what the
+CLI, the registries and the report schema say now, and a member added to a registry must appear in it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from splitaudit.attacks import ATTACK_NAMES
+from splitaudit.cli import cli
+from splitaudit.core import registries
+from splitaudit.core.registries import PriorMethod, ReportFormat
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.fixture(scope="module")
+def generate():
+    """docs/generate.py as a module (it is a script beside the docs, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("docs_generate", DOCS / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_reference_is_current(generate):
+    """The check CI runs: a changed option, attack or schema field without a regenerated reference fails."""
+    assert generate.main(["--check"]) == 0, "docs/reference.md is stale: run python docs/generate.py"
+
+
+def test_reference_names_every_command_attack_and_exit_code(generate):
+    text = generate.render()
+    for command in cli.commands:
+        assert f"### `splitaudit {command}`" in text
+    for name in ATTACK_NAMES:
+        assert f"### `{name}`:" in text
+    for code, _ in generate.EXIT_CODES:
+        assert f"\n| {code} | " in text
+
+
+def test_a_new_registry_member_shows_up(generate, monkeypatch):
+    """Adding a format or a prior is one registry line; the reference picks it up without other edits."""
+    monkeypatch.setitem(
+        registries.FORMATS, "toy", ReportFormat("toy", "a toy format | with a pipe", frozenset({"report"}))
+    )
+    monkeypatch.setitem(registries.PRIORS, "toyprior", PriorMethod("toyprior", "a toy prior"))
+    text = generate.render()
+    assert "| `toy` | a toy format \\| with a pipe | report |  |" in text
+    assert "| `toyprior` | a toy prior | no |" in text
+
+
+def test_check_fails_on_a_stale_reference(generate, monkeypatch, tmp_path):
+    stale = tmp_path / "reference.md"
+    stale.write_text("# an old reference\n", encoding="utf-8")
+    monkeypatch.setattr(generate, "REFERENCE", stale)
+    assert generate.main(["--check"]) == 1
+    assert generate.main([]) == 0
+    assert stale.read_text(encoding="utf-8") == generate.render()
+
+
+def test_schema_rows_walk_objects_arrays_and_named_keys(generate):
+    """Every field path of a small schema, with its type words, required marks and descriptions."""
+    schema = {
+        "properties": {
+            "a": {
+                "type": "object",
+                "description": "an object",
+                "required": ["b"],
+                "properties": {"b": {"enum": [1, 2]}},
+            },
+            "c": {"type": "array", "items": {"type": "object", "properties": {"d": {"type": ["number", "null"]}}}},
+            "e": {
+                "type": "object",
+                "additionalProperties": {"type": "object", "properties": {"f": {"type": "string"}}},
+            },
+        },
+        "required": ["a"],
+    }
+    assert list(generate.schema_rows(schema, "")) == [
+        ("`a`", "object, required", "an object"),
+        ("`a.b`", "one of `1`, `2`, required", ""),
+        ("`c`", "array of object", ""),
+        ("`c[].d`", "number or null", ""),
+        ("`e`", "object", ""),
+        ("`e.NAME`", "object", ""),
+        ("`e.NAME.f`", "string", ""),
+    ]
