@@ -10,6 +10,7 @@ import os
 from collections import Counter
 from typing import Callable
 
+import torch
 from tqdm import tqdm
 
 from splitaudit.attacks import get_attack
@@ -19,6 +20,7 @@ from splitaudit.core.errors import InputError
 from splitaudit.core.safety import machine_memory_bytes
 from splitaudit.core.threads import SMALL_WORK
 from splitaudit.estimators.mean_trace import Job
+from splitaudit.execution.recipe import Recipe, make_recipe
 from splitaudit.execution.tasks import (
     Executor,
     FollowUp,
@@ -46,7 +48,7 @@ class LocalExecutor:
     ) -> list[TaskResult]:
         tasks, results = list(tasks), []
         for task in tasks:  # grows as follow_up adds tasks
-            bar.set_postfix_str(f"running 1, {task.attack} seed {task.seed}")
+            bar.set_postfix_str(f"running 1, {task.label}")
             outcome, error, seconds = timed_task(ctx, task)
             results.append(TaskResult(task, outcome, error, seconds))
             bar.update(task.units)
@@ -66,20 +68,34 @@ def require_ray() -> None:
 
 
 def open_executor(name: str, options, ctx: AuditContext) -> Executor:
-    """The backend an audit asked for (`--executor`, `--workers`); Ray is imported only here, only for `ray`."""
+    """The backend an audit asked for (`--executor`, `--workers`), its workers rebuilding ctx."""
+    workers = local_workers(options.workers, ctx) if name == "local" else 1
+    return open_backend(name, options, lambda: make_recipe(options, ctx), ctx.device, workers, options.task_timeout)
+
+
+def open_backend(
+    name: str,
+    options,
+    recipe: Callable[[], Recipe],
+    device: torch.device,
+    workers: int,
+    task_timeout: float | None,
+) -> Executor:
+    """The backend `name` with `workers` local workers (local) or the cluster's slots (ray), whose
+    workers rebuild what their tasks run on from `recipe()` (called only when there are workers);
+    Ray is imported only here, only for `ray`."""
     if name == "local":
-        workers = local_workers(options.workers, ctx)
-        if workers == 1 and options.task_timeout is None:
+        if workers == 1 and task_timeout is None:
             return LocalExecutor()  # a time-out needs a worker process that can be stopped
         from splitaudit.execution.process_pool import ProcessPool
 
-        return ProcessPool(options, ctx, workers, task_timeout=options.task_timeout)
+        return ProcessPool(recipe(), device, workers, task_timeout=task_timeout)
     if name != "ray":
         raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {name!r}")
     require_ray()
     from splitaudit.execution.ray_executor import RayExecutor
 
-    return RayExecutor(options, ctx, address=options.ray_address, task_timeout=options.task_timeout)
+    return RayExecutor(recipe(), device, address=options.ray_address, task_timeout=task_timeout)
 
 
 WORKER_BASE_BYTES = 768 * 1024**2  # a spawned worker before its data: Python, torch, model, working memory

@@ -27,24 +27,22 @@ from multiprocessing.connection import Connection, wait
 import torch
 from tqdm import tqdm
 
-from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
-from splitaudit.execution.recipe import ContextRecipe, make_recipe, rebuild_context
+from splitaudit.execution.recipe import Recipe
 from splitaudit.execution.tasks import Finished, FollowUp, Task, TaskResult, no_follow_up, schedule, timed_task
-from splitaudit.inputs.context import AuditContext
 
 STOP_SECONDS = 5.0  # how long a worker may take to exit when asked, before it is terminated
 
 
-def serve(recipe: ContextRecipe, device: str, threads: int, conn: Connection) -> None:
-    """A worker's life: rebuild the context and say so, then answer (token, task) messages until
+def serve(recipe: Recipe, device: str, threads: int, conn: Connection) -> None:
+    """A worker's life: rebuild the context (or the recipe's other state) and say so, then answer (token, task) messages until
     None, or until the parent is gone (its end of the pipe closed: nothing left to answer)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_term)
     torch.set_num_threads(threads)
     name = f"local/{os.getpid()}"
     try:
-        ctx, failure = rebuild_context(recipe, device), None
+        ctx, failure = recipe.rebuild(device), None
     except Exception as exc:  # reported with every task it is sent, never raised in the parent
         ctx, failure = None, f"the worker could not rebuild the audit context: {type(exc).__name__}: {exc}"
     try:
@@ -81,17 +79,15 @@ class Worker:
 
 
 class ProcessPool:
-    """`workers` spawned processes, each with its own copy of the context."""
+    """`workers` spawned processes, each with its own copy of what the recipe rebuilds."""
 
     name = "local"
 
-    def __init__(
-        self, options: AuditOptions, ctx: AuditContext, workers: int, task_timeout: float | None = None
-    ) -> None:
+    def __init__(self, recipe: Recipe, device: torch.device, workers: int, task_timeout: float | None = None) -> None:
         self.workers, self.task_timeout = workers, task_timeout
         self.scratch = tempfile.TemporaryDirectory(prefix="splitaudit-worker-")
-        self.recipe = replace(make_recipe(options, ctx), scratch=self.scratch.name)
-        self.device = ctx.device.type
+        self.recipe = replace(recipe, scratch=self.scratch.name)
+        self.device = device.type
         self.threads = max(1, torch.get_num_threads() // workers)
         self.spawn = multiprocessing.get_context("spawn")
         self.tokens = itertools.count()
@@ -127,9 +123,7 @@ class ProcessPool:
         except (EOFError, OSError):
             pass
 
-    def map(
-        self, ctx: AuditContext, tasks: list[Task], bar: tqdm, follow_up: FollowUp = no_follow_up
-    ) -> list[TaskResult]:
+    def map(self, ctx, tasks: list[Task], bar: tqdm, follow_up: FollowUp = no_follow_up) -> list[TaskResult]:
         return schedule(self, tasks, bar, self.task_timeout, follow_up)
 
     def start(self, task: Task) -> int:

@@ -14,25 +14,24 @@ import os
 import uuid
 
 import ray
+import torch
 from tqdm import tqdm
 
-from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
-from splitaudit.execution.recipe import ContextRecipe, make_recipe, rebuild_context
+from splitaudit.execution.recipe import Recipe
 from splitaudit.execution.tasks import Finished, FollowUp, Task, TaskResult, no_follow_up, schedule, timed_task
-from splitaudit.inputs.context import AuditContext
 
-_CONTEXTS: dict[str, AuditContext] = {}  # per worker process: recipe key -> rebuilt context
+_CONTEXTS: dict[str, object] = {}  # per worker process: recipe key -> what the recipe rebuilt
 
 
-def context_on_worker(recipe_box: list) -> AuditContext:
-    """The context for a recipe, rebuilt on this worker the first time (recipe_box holds the
-    recipe's ObjectRef, unresolved, so a cached worker never fetches it again)."""
+def context_on_worker(recipe_box: list):
+    """The context (or the recipe's other state) for a recipe, rebuilt on this worker the first
+    time (recipe_box holds the recipe's ObjectRef, unresolved, so a cached worker never fetches it again)."""
     key, ref = recipe_box
     if key not in _CONTEXTS:
-        recipe: ContextRecipe = ray.get(ref)
+        recipe: Recipe = ray.get(ref)
         device = recipe.options.device if ray.get_gpu_ids() else "cpu"
-        _CONTEXTS[key] = rebuild_context(recipe, device)
+        _CONTEXTS[key] = recipe.rebuild(device)
     return _CONTEXTS[key]
 
 
@@ -58,7 +57,7 @@ class RayExecutor:
     name = "ray"
 
     def __init__(
-        self, options: AuditOptions, ctx: AuditContext, address: str | None = None, task_timeout: float | None = None
+        self, recipe: Recipe, device: torch.device, address: str | None = None, task_timeout: float | None = None
     ) -> None:
         self.started_here = not ray.is_initialized() and not address
         if not ray.is_initialized():
@@ -70,17 +69,15 @@ class RayExecutor:
                 raise InputError(cannot_connect(address, exc)) from exc
         self.task_timeout = task_timeout
         resources = ray.cluster_resources()
-        self.use_gpu = ctx.device.type == "cuda" and resources.get("GPU", 0) > 0
+        self.use_gpu = device.type == "cuda" and resources.get("GPU", 0) > 0
         slot = "GPU" if self.use_gpu else "CPU"
         self.workers = max(1, int(resources.get(slot, 1)))
         self.remote = (
             _run_on_worker.options(num_gpus=1, num_cpus=0) if self.use_gpu else _run_on_worker.options(num_cpus=1)
         )
-        self.recipe_box = [uuid.uuid4().hex, ray.put(make_recipe(options, ctx))]
+        self.recipe_box = [uuid.uuid4().hex, ray.put(recipe)]
 
-    def map(
-        self, ctx: AuditContext, tasks: list[Task], bar: tqdm, follow_up: FollowUp = no_follow_up
-    ) -> list[TaskResult]:
+    def map(self, ctx, tasks: list[Task], bar: tqdm, follow_up: FollowUp = no_follow_up) -> list[TaskResult]:
         return schedule(self, tasks, bar, self.task_timeout, follow_up)
 
     def start(self, task: Task):

@@ -12,13 +12,25 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
+from splitaudit.inputs.checkpoint_folder import checkpoint_files
 from splitaudit.inputs.context import AuditContext, build_context
 from splitaudit.inputs.data import Dataset
 from splitaudit.inputs.raw_model import first_line
+
+
+class Recipe(Protocol):
+    """What a worker rebuilds its tasks' common state from (an audit context, the cuts' whole model)."""
+
+    options: AuditOptions
+    scratch: str | None  # the folder the parent owns (and removes) for the workers' files; None: the system's
+
+    def rebuild(self, device: str):
+        """The state the tasks run on, in this process, on `device`."""
 
 
 @dataclass
@@ -32,6 +44,9 @@ class ContextRecipe:
     target: Dataset
     scratch: str | None = None  # the folder the parent owns (and removes) for the workers' files; None: the system's
 
+    def rebuild(self, device: str) -> AuditContext:
+        return rebuild_context(self, device)
+
 
 def model_files(path) -> dict[str, bytes]:
     """A model file's bytes by name, an ONNX model as onnx_files gives it (nothing for no model,
@@ -39,12 +54,8 @@ def model_files(path) -> dict[str, bytes]:
     if not isinstance(path, (str, Path)):
         return {}
     path = Path(path)
-    if path.is_dir():  # a Hugging Face checkpoint folder: its regular files, under the folder's name
-        return {
-            f"{path.name}/{p.name}": p.read_bytes()
-            for p in sorted(path.iterdir())
-            if p.is_file() and not p.is_symlink()
-        }
+    if path.is_dir():  # a Hugging Face checkpoint folder: its checkpoint files, under the folder's name
+        return {f"{path.name}/{name}": file.read_bytes() for name, file in checkpoint_files(path)}
     return onnx_files(path) if path.suffix.lower() == ".onnx" else {path.name: path.read_bytes()}
 
 

@@ -42,6 +42,11 @@ class SeedTask:
         return run_seed_task(ctx, self)
 
     @property
+    def label(self) -> str:
+        """What the progress bar shows while it runs."""
+        return f"{self.attack} seed {self.seed}"
+
+    @property
     def relative_cost(self) -> float:
         """The attack's scheduling hint; an unknown name fails on its worker like any task error."""
         try:
@@ -67,6 +72,8 @@ class ShardTask:
     def run(self, ctx: AuditContext):
         result = self.job.to(ctx.device).run(ctx.encoder)
         return result.to("cpu")
+
+    label = "a dFIL shard"
 
 
 Task = SeedTask | ShardTask
