@@ -3,7 +3,9 @@
 Every input is hashed through one chunked reader (file_sha256: a model may be many GiB): a file by
 its bytes, a folder (an image folder, or a folder holding one .npz/.csv) by a digest over the sorted
 list of (relative name, file digest) of every regular file under it, written as `sha256sum` writes
-it, so that a reviewer can reproduce it with the shell commands the README gives.
+it, so that a reviewer can reproduce it with the shell commands the README gives. A Hugging Face
+checkpoint folder given as the model is digested the same way over its checkpoint files only
+(splitaudit.inputs.checkpoint_folder: config, safetensors, tokenizer), the files the audit reads.
 
 Race between hashing and loading: the loaders (onnx, torch, numpy, PIL) open the files themselves,
 so their bytes cannot be the bytes hashed without reading every model twice into memory. Instead,
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
+from splitaudit.inputs.checkpoint_folder import checkpoint_files, is_checkpoint_folder
 
 CHUNK_BYTES = 4 * 1024**2  # read this much at a time: memory stays flat whatever the file's size
 # The inputs an audit reads, in the order a report lists them and verification checks them.
@@ -45,20 +48,29 @@ def folder_files(folder: Path) -> list[tuple[str, Path]]:
     return sorted(found, key=lambda item: os.fsencode(item[0]))
 
 
-def folder_sha256(folder: str | Path) -> tuple[str, int, int]:
-    """A folder's digest: SHA-256 over one `sha256sum` line ("HEX  NAME\\n") per file of folder_files,
+def input_files(folder: Path, role: str | None) -> list[tuple[str, Path]]:
+    """The files a folder input is: a model's Hugging Face checkpoint folder is its checkpoint files
+    (config, safetensors, tokenizer: what the loader reads and workers copy), any other folder every
+    regular file under it."""
+    if role == "model" and is_checkpoint_folder(folder):
+        return checkpoint_files(folder)
+    return folder_files(folder)
+
+
+def folder_sha256(folder: str | Path, role: str | None = None) -> tuple[str, int, int]:
+    """A folder's digest: SHA-256 over one `sha256sum` line ("HEX  NAME\\n") per file of input_files,
     and the number of files and their total bytes."""
     digest, count, size = hashlib.sha256(), 0, 0
-    for name, path in folder_files(Path(folder)):
+    for name, path in input_files(Path(folder), role):
         digest.update(f"{file_sha256(path)}  ".encode() + os.fsencode(name) + b"\n")
         count, size = count + 1, size + path.stat().st_size
     return digest.hexdigest(), count, size
 
 
-def identity(path: Path) -> tuple:
-    """What changes when a file (or any file of a folder) is written, replaced or removed."""
+def identity(path: Path, role: str | None = None) -> tuple:
+    """What changes when a file (or any file of a folder input) is written, replaced or removed."""
     if path.is_dir():
-        return tuple((name, identity(p)) for name, p in folder_files(path))
+        return tuple((name, identity(p)) for name, p in input_files(path, role))
     try:
         st = path.stat()
     except OSError:
@@ -69,7 +81,7 @@ def identity(path: Path) -> tuple:
 def digest_record(role: str, path: Path, location: str | None = None) -> dict:
     """One input's entry of provenance.files: its role, path as given, kind, bytes and SHA-256."""
     if path.is_dir():
-        sha, count, size = folder_sha256(path)
+        sha, count, size = folder_sha256(path, role)
         record = {"role": role, "path": display_path(path), "kind": "folder", "sha256": sha, "bytes": size}
         record["files"] = count
     else:
@@ -116,7 +128,7 @@ class InputFiles:
         }
         if config_file:
             paths["config"] = Path(config_file)
-        return cls(paths, {role: identity(path) for role, path in paths.items()})
+        return cls(paths, {role: identity(path, role) for role, path in paths.items()})
 
     def hash_all(self) -> list[dict]:
         """Every input's digest record in ROLES order, an ONNX model's external data files after it
@@ -145,7 +157,7 @@ class InputFiles:
         for key, before in self.identities.items():
             role, _, location = key.partition(":")
             path = self.paths["model"].parent / location if location else self.paths[role]
-            if identity(path) != before:
+            if identity(path, role) != before:
                 raise InputError(
                     f"{display_path(path)} ({role}) changed while it was being audited; its digest would not "
                     "describe what was measured: rerun on files nobody is writing"

@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
+from splitaudit.inputs.checkpoint_folder import checkpoint_files
 from splitaudit.inputs.raw_model import RawModel
 from splitaudit.inputs.tokens import MaskSlot, TokenSpace, load_vocab
 
@@ -37,11 +38,6 @@ FAMILIES = {
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 PARITY_LENGTH = 16  # positions of the ids the bottom is checked on against the checkpoint
 PARITY_RTOL = 1e-4  # of the hidden states' largest value
-
-
-def is_checkpoint_folder(path) -> bool:
-    """Whether `path` is a folder with a config.json (what save_pretrained writes)."""
-    return isinstance(path, (str, Path)) and Path(path).is_dir() and (Path(path) / "config.json").is_file()
 
 
 def require_safetensors(folder: Path) -> None:
@@ -92,6 +88,7 @@ def open_checkpoint(folder, device: torch.device, split_layer: int | None, vocab
     """The checkpoint in `folder` cut after block `split_layer`, as a token RawModel whose tokens
     carry the checkpoint's tokenizer (or --vocab's); checked against the checkpoint's own forward pass."""
     folder = Path(folder)
+    checkpoint_files(folder)  # a file linked from outside the folder is refused before anything reads it
     require_safetensors(folder)
     kind, layers = checkpoint_family(folder)
     if split_layer is None or not 1 <= split_layer <= layers:

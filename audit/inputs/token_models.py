@@ -20,8 +20,9 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path, require_regular_file
+from splitaudit.inputs.checkpoint_folder import is_checkpoint_folder
 from splitaudit.inputs.data import Dataset, load_dataset
-from splitaudit.inputs.hf_checkpoints import is_checkpoint_folder, open_checkpoint
+from splitaudit.inputs.hf_checkpoints import open_checkpoint
 from splitaudit.inputs.models import detect_format, open_model
 from splitaudit.inputs.raw_model import RawModel, audit_layout, select_output
 from splitaudit.inputs.text_data import is_text_file, load_text_data, text_note
