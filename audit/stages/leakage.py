@@ -2,7 +2,7 @@
 
 The wiring between the AuditContext and the pure estimators of Maeng et al. (NeurIPS 2023) (splitaudit.estimators):
 it picks the samples, the smoothing and the methods, and turns the estimates into the JSON-ready
-`dfil`, `prior`, `bounds` and `calibration` sections of report.json (docs/design.md sections 4 and 8).
+`dfil`, `prior`, `bounds` and `calibration` sections of report.json (docs/concepts.md).
 The attacks' check against the bound is in bound_check.py, the `splitaudit calibrate` answer in
 calibration.py.
 """
