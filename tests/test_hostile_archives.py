@@ -1,4 +1,4 @@
-"""Hostile model archives (issue 39, items 1, 2 and the .pt2 half of 12): torch.export programs
+"""Hostile model archives: torch.export programs
 (.pt2) and TorchScript archives that would run code, import modules or create files while torch
 loads or runs them. Each is a real small model saved by torch, then rewritten with zipfile; each
 is refused with exit 2 and one line on stderr (before torch reads the archive, or for operators
@@ -144,7 +144,7 @@ def test_the_untouched_archives_load(program, script):
         assert open_model(path, CPU).torch_module(torch.rand(3, 1, 8, 8)).shape == (3, 16)
 
 
-# --- item 1: a pickle member spelled in other letter case ---------------------------------------------
+# --- a pickle member spelled in other letter case -----------------------------------------------------
 
 
 @pytest.mark.parametrize("command", ["run", "calibrate", "top-model"])
@@ -213,7 +213,7 @@ def test_opaque_object_constants_are_refused(program, marker, tmp_path, capfd, t
     assert not marker.exists()
 
 
-# --- item 2: what else torch.export.load would run -----------------------------------------------------
+# --- what else torch.export.load would run -------------------------------------------------------------
 
 
 def test_aotinductor_payloads_are_refused(program, tmp_path, capfd):
@@ -329,7 +329,7 @@ def test_shape_expressions_outside_the_grammar_are_refused(text):
         check_expression(text, "program.pt2")
 
 
-# --- item 2, TorchScript: what torch.jit.load's unpickler reaches -------------------------------------
+# --- TorchScript: what torch.jit.load's unpickler reaches ---------------------------------------------
 
 
 def reducing_pickle(module: str, name: str, argument: str) -> bytes:
@@ -426,7 +426,7 @@ def test_archives_are_read_as_torch_reads_them(request, tmp_path, fixture, chang
         open_model(rewrite(source, tmp_path / f"changed{source.suffix}", change), CPU)
 
 
-# --- item 12, .pt2 half: one line on stderr --------------------------------------------------------------
+# --- a refused .pt2: one line on stderr ------------------------------------------------------------------
 
 
 def test_a_program_torch_cannot_load_is_one_line_on_stderr(program, tmp_path):

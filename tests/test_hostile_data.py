@@ -100,7 +100,7 @@ def image_folder(root: Path, first: bytes, count: int, rest: bytes | None = None
     return root
 
 
-# --- item 6: memory from tiny files ------------------------------------------------------------------
+# --- memory from tiny files --------------------------------------------------------------------------
 
 
 def test_a_tiny_tokenizer_json_declaring_an_id_of_10_to_the_12_is_refused_before_allocating(tmp_path):
@@ -168,7 +168,7 @@ def test_a_decompression_bomb_is_refused_on_its_header(tmp_path, capsys, pixels)
     assert "pixels" in line
 
 
-# --- item 13: symlinks out of an image folder, a CSV with a byte-order mark ------------------------------
+# --- symlinks out of an image folder, a CSV with a byte-order mark ---------------------------------------
 
 
 def test_an_image_symlinked_from_outside_the_folder_is_refused_and_one_inside_is_read(tmp_path, capsys):
@@ -203,7 +203,7 @@ def test_a_csv_with_a_byte_order_mark_loads_and_one_not_in_utf8_is_one_line(tmp_
     )
 
 
-# --- items 6, 8 and 9: crafted report.json files ------------------------------------------------------
+# --- crafted report.json files ------------------------------------------------------------------------
 
 
 def crafted(tmp_path: Path, fixture: str, edit) -> Path:

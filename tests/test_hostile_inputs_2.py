@@ -342,7 +342,7 @@ def test_numbers_at_the_edges_are_refused_before_loading(tmp_path, capsys, monke
 
 
 def test_every_numeric_option_has_a_range():
-    """The class behind item 4: a numeric option added without a range would go unchecked."""
+    """Every numeric option has a range: one added without a range would go unchecked."""
     numeric = {f.name for f in fields(AuditOptions) if any(t in f.type for t in ("int", "float"))}
     assert numeric == set(NUMERIC_RANGES)
 
@@ -408,7 +408,7 @@ def test_a_tv_prior_on_tabular_data_is_refused_before_any_measurement(tmp_path, 
 
 
 def test_every_number_an_attack_option_takes_is_bounded_above():
-    """The class behind item 6: an option with no upper limit lets 1e308 through to the attack."""
+    """Every number an attack option takes is bounded above: without a limit 1e308 would reach the attack."""
     numeric = ("a number", "an integer", "a list of numbers", "a list of integers")
     for name in ATTACK_NAMES:
         options = attack_class(name).Options

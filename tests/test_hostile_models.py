@@ -1,4 +1,4 @@
-"""Hostile models and odd data (issue 39, items 5, 8, 10, 11 and 12): a model whose answers change
+"""Hostile models and odd data: a model whose answers change
 between calls, one that edits its weights, outputs or derivatives beyond float32, data too small or
 too large for float32, a class of two samples, complex data through the API, and onnxruntime's own
 log lines. Each ends in exit 2 with one line on stderr, or in a correct report.
@@ -129,7 +129,7 @@ def gated_run(model: str, tmp_path, capsys) -> tuple[int, str, dict | None]:
     return code, err, json.loads(report.read_text()) if report.exists() else None
 
 
-# --- item 5: answers that change between calls ---------------------------------------------------
+# --- answers that change between calls -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("module, stochastic", [(Honest(), False), (Noisy(), True)])
@@ -164,7 +164,7 @@ def test_answers_changed_before_the_end_of_the_audit_are_refused(tmp_path):
                 next(engine.ctx.encoder.torch_fn.parameters()).mul_(1e-4)
 
 
-# --- item 8: weights edited in forward, outputs and derivatives beyond float32, a class of two -------
+# --- weights edited in forward, outputs and derivatives beyond float32, a class of two ---------------
 
 
 @pytest.mark.parametrize(
@@ -203,7 +203,7 @@ def test_a_class_of_two_samples_split_between_aux_and_target_is_audited(tmp_path
     assert report["data"]["classes"] == 3 and report["utility"]["status"] == "ok"
 
 
-# --- item 10: complex data through the Python API ------------------------------------------------
+# --- complex data through the Python API ---------------------------------------------------------
 
 
 def test_the_api_refuses_complex_data_as_the_cli_does():
@@ -213,7 +213,7 @@ def test_the_api_refuses_complex_data_as_the_cli_does():
             splitaudit.audit(Honest(), data, attacks="none", quick=True)
 
 
-# --- item 11: data too small or too large for float32 ---------------------------------------------
+# --- data too small or too large for float32 ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,7 @@ def test_data_beyond_float32s_range_is_refused_instead_of_bounded_from_under_or_
     assert_refused(["run", MODEL_TS, "--aux", path, "--attacks", "none", "--quick"], capsys, tmp_path, fragment)
 
 
-# --- item 12: onnxruntime's C++ log lines ---------------------------------------------------------
+# --- onnxruntime's C++ log lines ------------------------------------------------------------------
 
 
 def test_an_onnxruntime_failure_prints_one_line(tmp_path):

@@ -1,5 +1,5 @@
 """Hostile places to write: nothing outside --out is created, opened for writing or deleted, and a
-run that does not finish leaves no report that reads as its own (issue 39, items 3, 4 and 7).
+run that does not finish leaves no report that reads as its own.
 
 Every fixture is tiny and made here: the sample breast-cancer MLP with its tensors moved or
 relabelled, planted symlinks, a stale passing report.

@@ -1,4 +1,4 @@
-"""Attack outcomes as the papers define them (issue 38, DESIGN.md section 13): an attack that did no
+"""Attack outcomes as the papers define them: an attack that did no
 better than a raw-input baseline found *no advantage* (Zheng et al., IJCAI 2024: perfect protection), a
 finding; a trained attack that ended worse than what it reaches alone *did not learn* (inconclusive):
 it measured nothing and is never evidence of privacy. Thresholds decide the gate. Quick runs say that
@@ -176,7 +176,7 @@ def test_u_shaped_label_inference_at_the_majority_baseline_makes_sdar_inconclusi
 
 
 def test_a_clustered_run_is_not_told_to_use_clustered_labels():
-    """Issue 38 item 3: a diagnosis points somewhere new."""
+    """A failed clustered run's diagnosis points somewhere new: not at the clustered labels it already used."""
     labelled = SeedOutcome(
         metrics={"mse": 0.03, "label_accuracy": 0.09, "label_accuracy_relabelled": 0.5},
         baseline={"mse": 0.073, "label_accuracy": 0.092, "label_accuracy_relabelled": 0.109},
@@ -189,7 +189,8 @@ def test_a_clustered_run_is_not_told_to_use_clustered_labels():
 
 
 def test_a_seed_spread_as_wide_as_the_distance_to_the_baseline_is_shown():
-    """Issue 25: MSE 0.114 ± 0.072 against a mean guess of 0.073 (here 0.042 and 0.186 on two seeds)."""
+    """Seeds as far apart as SDAR's 0.114 ± 0.072 against a mean guess of 0.073 (here
+    0.042 and 0.186 on two seeds) are flagged."""
     entry = get_attack("sdar").summarize([0, 1], [outcome(0.042), outcome(0.186)], 1.0)
     assert entry["advantage_std"] >= abs(entry["advantage"])
     assert entry["spread_warning"].startswith("the spread between seeds (advantage")
@@ -308,7 +309,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str]:
 
 
 def test_the_peloss_sample_is_perfect_protection_against_clustering_and_fine_tuning(tmp_path, capsys):
-    """Issue 38's command: Zheng et al.'s own success case exits 0, with no advantage and no failure."""
+    """Zheng et al.'s own success case (the PELoss sample) exits 0, with no advantage and no failure."""
     args = ["run", sample("digits_cnn_peloss.onnx"), "--aux", sample("digits.npz"), "--attacks", "kmeans,fine-tune"]
     code, out = run_cli(
         [*args, "--quick", "--noise-sigma", "0.1", "--fail-under-mse", "0.0001", "--out", str(tmp_path)], capsys

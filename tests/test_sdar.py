@@ -48,7 +48,7 @@ def sdar_entry(digits_top_ctx):
 
 
 def test_simultaneous_step_takes_every_gradient_before_any_update():
-    """Paper 003, Fig. 14: all losses come from one forward pass; each model then steps on its own
+    """Zhu et al. (NDSS 2025), Fig. 14: all losses come from one forward pass; each model then steps on its own
     loss. With a*b, SGD(lr=1) must give a' = a - b and b' = b - a with the old a (not a')."""
     a, b = torch.tensor(2.0, requires_grad=True), torch.tensor(3.0, requires_grad=True)
     opt_a, opt_b = torch.optim.SGD([a], lr=1.0), torch.optim.SGD([b], lr=1.0)
@@ -272,7 +272,7 @@ def test_level7_decoder_is_table_ix_fully_convolutional_with_the_label_as_a_chan
 
 
 def test_decoder_on_a_224px_resnet_stem_stays_small_and_convolutional():
-    """Issue 11: a 64x56x56 stem embedding of 3x224x224 inputs. Two doublings as at level 7, every
+    """A 64x56x56 stem embedding of 3x224x224 inputs. Two doublings as at level 7, every
     layer convolutional (parameters independent of the image size), exact output size; a flat
     embedding gets a linear stem to a 7x7 map, not a full-resolution dense layer."""
     decoder = Decoder((64, 56, 56), decide_space((3, 224, 224), True, tokens=False), num_classes=5)
@@ -452,7 +452,8 @@ def test_an_onnx_layer_normalised_bottom_gets_no_batch_norm(digits_ctx):
 
 @pytest.mark.slow
 def test_sdar_beats_the_mean_guess_and_query_access_beats_sdar(digits_top_ctx, sdar_entry):
-    """Issue 5: undefended digits CNN with g. Query access (the decoder attack) is worth something."""
+    """Undefended digits CNN with g: SDAR beats the mean guess, and query access (the decoder attack)
+    is worth something."""
     decoder = get_attack("decoder").run(digits_top_ctx)
     assert sdar_entry["status"] == "ok", sdar_entry.get("reason")
     assert sdar_entry["metrics"]["mse"] < 0.75 * sdar_entry["baseline"]["mse"]
@@ -490,7 +491,7 @@ def test_u_shaped_attack_never_reads_labels_off_a_classifier_top_model(digits_to
     discriminators, and the label accuracy beside the MSE with the majority-class baseline. A top
     model that outputs the class scores (top_model_role = classifier, the default) holds the
     client's tail h, which a U-shaped server does not have: the attack must not run it at all
-    (issue 25: the "inferred" labels were g's own, at g's task accuracy 0.9944), and the report
+    (running it would make the "inferred" labels g's own, at g's task accuracy 0.9944), and the report
     says so and what the attacker held."""
     options = {"sdar": {"labels": "inferred", "iterations": 30}}
     ctx = dataclasses.replace(digits_top_ctx, attack_options=options, top_model=Tripwire())
@@ -543,7 +544,7 @@ def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
 
 @pytest.mark.slow
 def test_removing_d1_makes_the_reconstruction_worse(digits_ctx):
-    """Issue 5 / Zhu et al.'s (NDSS 2025) ablation (about 3x on CIFAR-10). Without g only d1 ties the
+    """Zhu et al.'s (NDSS 2025) ablation (about 3x on CIFAR-10). Without g only d1 ties the
     simulator to f: the decoder soon fits f~'s embeddings, but the target MSE stays near the mean
     guess (0.073) unless d1 pulls f~ onto f's embeddings. Digits CNN, targets' labels, the cpu
     preset's rates, 1500 iterations, the same seed for both (about 70 s on one core): seed 0
@@ -593,7 +594,7 @@ def test_without_g_a_run_stopped_on_its_own_signal_says_that_signal_may_not_trac
 ):
     """Without a top model the held-out aux MSE scores the decoder against the simulator, not the
     simulator against f (rank correlation 0.06-0.20 with the target MSE on the 64 px stem,
-    benchmarks/README.md): such a run says so in its details; with g, or without early stopping, it does not."""
+    benchmarks/RESULTS.md): such a run says so in its details; with g, or without early stopping, it does not."""
     stopping = {"iterations": 40, "eval_every": 10, "patience": 1}
     details = lambda ctx, **options: get_attack("sdar").run(dataclasses.replace(ctx, attack_options={"sdar": options}))[
         "details"
@@ -633,11 +634,11 @@ def test_relabelled_accuracy_scores_the_partition_whatever_the_class_names():
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, iterations", [("flat_ln", 250)])
 def test_u_shaped_sdar_with_only_the_servers_body(digits_ctx, arch, iterations):
-    """Issue 25: U-shaped models (tests/ushaped.py) trained on the target data, the attacker given
+    """U-shaped models (tests/ushaped.py) trained on the target data, the attacker given
     g alone (top_model_role = body), never h. Through g the partition of the targets into their
     classes leaks (flat LayerNorm model, seed 0: relabelled label accuracy 0.48 at 250 iterations
     against 0.11 for any constant labelling) while the class names need not (label accuracy 0.013,
-    benchmarks/README.md); wherever the named labels are no better than the majority class, the
+    benchmarks/RESULTS.md); wherever the named labels are no better than the majority class, the
     entry says the attack did not learn (inconclusive), and --strict fails the gate on it."""
     entry = u_shaped_sdar_entry(digits_ctx, arch, "inferred", iterations, epochs=20)
     metrics, baseline = entry["metrics"], entry["baseline"]
@@ -679,7 +680,7 @@ def u_shaped_sdar_entry(digits_ctx, arch: str, labels: str, iterations: int, epo
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, iterations", [("flat_ln", 100), ("resnet", 100)])
 def test_u_shaped_sdar_names_the_clusters_by_the_class_layout(digits_ctx, arch, iterations):
-    """Issue 25, labels = clustered: on a flat LayerNorm and a spatial ResNet U-shaped model, with
+    """labels = clustered: on a flat LayerNorm and a spatial ResNet U-shaped model, with
     the server's body g only, the target labels (k-means on the observed embeddings, clusters named
     by the aux classes' layout) beat the majority class many times over (measured at seed 0: 0.980
     and 0.935, majority 0.092) and the entry never says the label inference failed. The labels

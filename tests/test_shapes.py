@@ -7,7 +7,7 @@ runs on a 1-D conv audio bottom written in tests/architectures.py with every att
 reconstruction attacks better than their baseline. (The text-line and spectrogram batteries take
 longer than a slow test's 600 s on 2 cores: benchmarks/shapes_scale.py measures the text line, on
 a bottom trained briefly by `train_briefly`: the optimization attack is ok there from its learned
-start, SDAR still fails; benchmarks/README.md says why.)
+start, SDAR still fails; benchmarks/RESULTS.md says why.)
 """
 
 from __future__ import annotations
