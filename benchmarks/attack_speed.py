@@ -10,7 +10,7 @@ that fails to build or to run (torch.compile without a compiler, say) is reporte
 Then each variant is trained alone for `--check` iterations from the same seed and its
 decoder's output on a fixed batch is compared with the baseline's: "identical" only when bit-equal;
 otherwise the largest absolute difference (floating-point reordering grows through training,
-so a variant that is kept must show its final MSE within the seeds' spread, benchmarks/README.md).
+so a variant that is kept must show its final MSE within the seeds' spread, benchmarks/RESULTS.md).
 
     python benchmarks/attack_speed.py                                # digits CNN with g (batch 32)
     python benchmarks/attack_speed.py --architecture resnet --size 64 --width 64 --rounds 3 --per-round 2

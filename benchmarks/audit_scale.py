@@ -1,7 +1,7 @@
 """`splitaudit run --attacks all` on a real-size bottom model, stage by stage.
 
-Issue 11's target (`--quick`: under 15 minutes on 2 CPU cores) and issue 23's (`--full`: under
-30 minutes): a ResNet-style bottom (ResNet-18
+The targets: `--quick` under 15 minutes on 2 CPU cores, `--full` under
+30 minutes. The model: a ResNet-style bottom (ResNet-18
 stem + layer1 from tests/architectures.py, width 64, random weights with trained-looking
 BatchNorm statistics) at 3x64x64, exported with torch.onnx.export(dynamo=True), audited with
 `--quick --attacks all` on 400 generated samples. It prints the measured wall time and peak resident memory of every stage (load, dFIL, prior, each attack,

@@ -1,4 +1,4 @@
-"""Where SDAR's signal dies on a bottom model: controls beside the attack's own training (issue 20).
+"""Where SDAR's signal dies on a bottom model: controls beside the attack's own training.
 
 On shapes_scale.py's inputs (the MobileNetV3-style text-line bottom 3x48x192 -> 16x3x96, trained
 briefly, 400 aux / 200 target lines; or the 1-D audio bottom), with the attack's own networks,

@@ -1,6 +1,6 @@
 """Where one SDAR training iteration's work goes: floating-point operations per network.
 
-Issue 23 asks for the 64 px ResNet stem's full audit in under 30 minutes on 2 CPU cores, and
+The target is the 64 px ResNet stem's full audit in under 30 minutes on 2 CPU cores, and
 SDAR is most of its estimate. Seconds depend on the machine and its load; operation counts do
 not. This script builds the attack's own networks (`sdar_training`, batch 32 as the cpu preset)
 for a bundled sample model or a tests/architectures.py stem on generated images, and counts

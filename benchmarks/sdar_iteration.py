@@ -1,6 +1,6 @@
 """Seconds per SDAR iteration on Zhu et al.'s (NDSS 2025) CIFAR-10 ResNet-20 split at level 7, vs the paper's 0.17 s.
 
-Paper 003 (Sec. V-A, Table I, Fig. 16): ResNet-20 is a 3x3 conv stem (16 filters) and nine
+Zhu et al. (NDSS 2025; Sec. V-A, Table I, Fig. 16): ResNet-20 is a 3x3 conv stem (16 filters) and nine
 residual blocks (three each of 16, 32 and 64 filters; the first block of the 32- and
 64-filter stages has stride 2). Split level s puts the stem and the first s blocks on the
 client: level 7 has 1 + 2*7 = 15 layers (Table I), so the embedding is 64x8x8 (Table IX's

@@ -1,6 +1,6 @@
 """Anisotropic and 1-D bottoms: the up-front cost estimate against the measured `--quick --attacks all`.
 
-Issue 20's target on 2 CPU cores: a MobileNetV3-style text-line bottom (3x48x192 -> 16x3x96,
+The target on 2 CPU cores: a MobileNetV3-style text-line bottom (3x48x192 -> 16x3x96,
 tests/architectures.py `textline`), 400 aux and 200 target lines, `splitaudit run --quick
 --attacks all` under 15 minutes with every attack ok, and the full battery's up-front
 estimate under 2 hours. The bottom is first trained briefly on its own task (upright/turned,

@@ -1,6 +1,6 @@
 """`splitaudit run --quick --attacks all` on a GPT-2-small-sized token bottom, stage by stage.
 
-Issue 22's scale target (under 15 minutes on 2 CPU cores): a GPT-2-small-sized client side,
+The scale target (under 15 minutes on 2 CPU cores): a GPT-2-small-sized client side,
 embedding 50257 x 768 plus learned positions and 2 pre-norm GELU transformer blocks (12 heads,
 MLP 3072), random weights, T = 128, exported with torch.onnx.export (legacy exporter, int64
 input_ids), audited with `--vocab` on generated Zipf-distributed token ids. It prints the
