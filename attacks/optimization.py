@@ -34,7 +34,7 @@ for the number of steps that helped on the pilot, 0 included: the result is then
 output, which needs query access only. init=auto (default) trains the decoder only where the mean
 start fails on the pilot, so models the plain inversion handles pay nothing for it.
 
-Measured (benchmarks/README.md, `shapes_scale.py`): on the digits CNN the diagonal Gaussian beat
+Measured (benchmarks/RESULTS.md, `shapes_scale.py`): on the digits CNN the diagonal Gaussian beat
 TV and their product at sigma in {0.1, 0.3, 1}, and PCA beats the diagonal Gaussian (MSE 1.67e-4
 against 1.79e-4); on the 1-D audio bottom 0.137 against 0.156 (mean guess 0.241); on both auto keeps
 the mean start and the whole step budget. On the text line no step or step count from the mean beats
@@ -186,7 +186,7 @@ class OptimizationAttack(Attack):
         the run can know: the ceiling counts the decoder, and the expected time is the geometric mean
         of the two cases, within 2x of whichever happens while they differ by at most 4x (measured:
         the text line trains the decoder, 53 s without it, 177 s with it, 151 s measured; the 1-D
-        audio bottom does not, 6 s and 23 s, 5.5 s measured; benchmarks/README.md, shapes_scale.py)."""
+        audio bottom does not, 6 s and 23 s, 5.5 s measured; benchmarks/RESULTS.md, shapes_scale.py)."""
         opts = self.options(ctx)
         inits = pilot_inits(ctx, opts)
         per_start = opts.steps * 2 * len(STEP_FRACTIONS) * pilot_count(len(ctx.aux)) * pass_seconds
@@ -356,7 +356,7 @@ def plan_inversion(
     too well. init=auto trains the decoder only when the mean start's best MSE is not PILOT_MARGIN
     below the pilot samples' mean guess (on the digits demo it is 400x below, and the decoder would
     cost more than the inversion). One step does not fit every bottom, and the objective alone
-    misleads where f has a null space (benchmarks/README.md, `shapes_scale.py`)."""
+    misleads where f has a null space (benchmarks/RESULTS.md, `shapes_scale.py`)."""
     pilots = pilot_count(len(ctx.aux))
     x_true, rest = ctx.aux.x[:pilots], ctx.aux.x[pilots:]
     z = ctx.observed_embeddings("aux", gen)[:pilots]

@@ -113,7 +113,7 @@ SERVER_PARTS = {
     "withheld": "head trained jointly; --top-model was not used: it outputs the class scores, so it holds "
     "the client's tail, which a U-shaped server does not have (top_model_role = body says it is only g)",
 }
-# Why offline U-shaped label inference can misname the classes (measured in benchmarks/README.md).
+# Why offline U-shaped label inference can misname the classes (measured in benchmarks/RESULTS.md).
 U_SHAPED_LIMIT = (
     "offline, only d1's match of the embeddings' distribution ties the simulator to f, and a "
     "distribution shows the classes' clusters but not which cluster is which class: the inferred labels "
@@ -122,7 +122,7 @@ U_SHAPED_LIMIT = (
     "names the clusters by the layout of the aux classes instead"
 )
 
-# Why early stopping can stop blind where no top model ties f~ to f (measured in benchmarks/README.md,
+# Why early stopping can stop blind where no top model ties f~ to f (measured in benchmarks/RESULTS.md,
 # "The 64 px ResNet stem at the full settings"); a run that stopped on the signal says so.
 BLIND_STOPPING_LIMIT = (
     "without a top model, the held-out aux MSE that ends training measures how well the decoder inverts the "
@@ -206,7 +206,7 @@ class SDARAttack(Attack):
     iterations (the attacker's own signal, never the targets), and the decoder is restored to its
     best measurement; details say how many iterations ran and why training stopped.
 
-    Known limits, measured in benchmarks/README.md (`sdar_curve.py`): offline, U-shaped label
+    Known limits, measured in benchmarks/RESULTS.md (`sdar_curve.py`): offline, U-shaped label
     inference can name the classes' clusters arbitrarily (U_SHAPED_LIMIT), and such runs are
     reported as inconclusive (Attack.inconclusive_reason), never as privacy; without g, d1 is all that ties
     f~ to f (without it the reconstruction stays near the mean guess), and the held-out signal that

@@ -75,7 +75,7 @@ STALL_MIN_ITERATIONS = 20  # fewer: too few losses to tell a trend from batch no
 # channels_last, which oneDNN computes faster here (CPU seconds an iteration, 1 thread: digits CNN
 # with g 1.15x, text line 1.55x, 64 px ResNet stem 1.23x; benchmarks/attack_speed.py). The sums
 # are reordered, so the numbers differ from the contiguous layout's; the digits CNN's final MSE
-# over seeds 0-2 stays within their spread (0.0123 against 0.0121 +- 0.0011; benchmarks/README.md).
+# over seeds 0-2 stays within their spread (0.0123 against 0.0121 +- 0.0011; benchmarks/RESULTS.md).
 CHANNELS_LAST = True
 # The forward passes of the training steps under autocast to bfloat16 (convolutions and matmuls in
 # bf16; weights, Adam's states, losses, the held-out measurement and the final decoding stay float32),
@@ -610,7 +610,7 @@ def discriminator(
     growing with the positions (a 48x192 line gets d2 widths 21-85). With `table_channels` (d1:
     Table IX's embedding channels) the widths also shrink with the input's channels below those,
     within the same 4x: an 8x8x8 ResNet embedding gets d1 widths 32-64 instead of 128-256, whose
-    2.1M parameters (1600x the simulator's) took 96% of an iteration (8x its time; benchmarks/README.md).
+    2.1M parameters (1600x the simulator's) took 96% of an iteration (8x its time; benchmarks/RESULTS.md).
     Flat samples: a two-layer LeakyReLU MLP.
     """
     spatial = has_spatial_axes(sample_shape)

@@ -75,7 +75,7 @@ def epochs_of_patience(patience: int, steps: int, min_steps: int = MIN_PATIENCE_
     """Epochs of patience for a training of `steps` optimiser steps an epoch: `patience`, or more
     where that many epochs hold fewer than `min_steps` steps. On small aux data an epoch is a step
     or two, and 8 epochs of patience stopped the decoder after about 20 steps, above the mean guess
-    (90 aux samples; benchmarks/README.md, decoder patience)."""
+    (90 aux samples; benchmarks/RESULTS.md, decoder patience)."""
     return max(patience, math.ceil(min_steps / max(1, steps)))
 
 

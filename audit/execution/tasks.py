@@ -4,7 +4,7 @@ A unit is one seed of one attack at one noise sigma (a `SeedTask`) or one shard 
 traces' Jacobian products (a `ShardTask`). A seed task seeds torch's global generator from the
 task alone (`run_seed_task`) and a shard carries its own seed, so a task's answer does not depend
 on which tasks ran before it in the same process: whichever backend (and however many workers)
-runs it, a task computes the same thing, bit for bit where it runs on as many CPU threads (README:
+runs it, a task computes the same thing, bit for bit where it runs on as many CPU threads (docs/usage.md,
 a task on more threads sums in another order, and training amplifies that). `schedule` runs tasks
 on any backend's slots (heaviest first, retry once, time-outs); the backends (splitaudit.execution.executor,
 splitaudit.execution.process_pool, splitaudit.execution.ray_executor) build on these names and nothing here imports them.

@@ -3,7 +3,7 @@
 Every input is hashed through one chunked reader (file_sha256: a model may be many GiB): a file by
 its bytes, a folder (an image folder, or a folder holding one .npz/.csv) by a digest over the sorted
 list of (relative name, file digest) of every regular file under it, written as `sha256sum` writes
-it, so that a reviewer can reproduce it with the shell commands the README gives. A Hugging Face
+it, so that a reviewer can reproduce it with the shell commands docs/usage.md gives. A Hugging Face
 checkpoint folder given as the model is digested the same way over its checkpoint files only
 (splitaudit.inputs.checkpoint_folder: config, safetensors, tokenizer), the files the audit reads.
 
