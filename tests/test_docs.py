@@ -1,9 +1,11 @@
 """docs/reference.md is generated from the code (docs/generate.py): the committed file must be what the
-CLI, the registries and the report schema say now, and a member added to a registry must appear in it."""
+CLI, the registries and the report schema say now, and a member added to a registry must appear in it.
+The reader docs' links resolve."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,8 @@ from splitaudit.cli import cli
 from splitaudit.core import registries
 from splitaudit.core.registries import PriorMethod, ReportFormat
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +90,27 @@ def test_schema_rows_walk_objects_arrays_and_named_keys(generate):
         ("`e.NAME`", "object", ""),
         ("`e.NAME.f`", "string", ""),
     ]
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+READER_DOCS = ["README.md", "REFERENCES.md", "benchmarks/README.md", "benchmarks/RESULTS.md"] + [
+    f"docs/{p.name}" for p in sorted(DOCS.glob("*.md"))
+]
+
+
+@pytest.mark.parametrize("name", READER_DOCS)
+def test_every_relative_link_and_anchor_resolves(name):
+    """A moved section or file must not leave a reader at a dead link."""
+    source = ROOT / name
+    for target in re.findall(r"\]\(([^)\s]+)\)", source.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (source.parent / path).resolve() if path else source
+        assert linked.exists(), f"{name}: {target} names no file"
+        if anchor and linked.suffix == ".md":
+            assert anchor in heading_anchors(linked.read_text(encoding="utf-8")), f"{name}: {target} names no heading"
