@@ -22,10 +22,11 @@ likelihood). A beam keeps the `beam` prefixes of least summed score (the most pr
 so an early wrong choice can be undone. At sigma = 0 the prior is not used: the true prefix is the
 only one at distance 0, so one hypothesis suffices.
 
-Cost: the bottoms splitaudit opens (ONNX and TorchScript graphs) run whole sequences and keep no
-state between calls, so the prefix's states are recomputed: every position costs (candidates x
-beam) forward passes of the full length, V x T (x beam) per sentence. `max_sentences` bounds it,
-and the up-front cost estimate counts it.
+Cost: V x T (x beam) candidate evaluations per sentence. A Hugging Face checkpoint's bottom keeps
+the prefix's keys and values (computed once per position, confirmed at every position against whole
+sequences), so a candidate costs one position's forward pass; ONNX and TorchScript graphs run whole
+sequences and keep no state between calls, so each candidate costs a forward pass of the full
+length. `max_sentences` bounds it, and the up-front cost estimate times it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from __future__ import annotations
 import math
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -43,18 +46,39 @@ from splitaudit.attacks.token_inversion import sequence_states
 from splitaudit.core.threads import threads_for
 from splitaudit.estimators.token_information import position_counts
 from splitaudit.inputs.context import AuditContext
+from splitaudit.inputs.raw_model import Normalized
 from splitaudit.inputs.tokens import bound_mask, mask_groups
 
 CAUSALITY_SAMPLES = 2  # aux sentences the causality check perturbs at every position
 CAUSAL_RTOL = 1e-5  # an earlier state moved by more than this share of the states' largest value: not causal
-CANDIDATE_VALUES = 2**22  # input values per chunk of candidate sequences (16 MiB float32)
+CANDIDATE_VALUES = 2**22  # values held per chunk of candidate sequences on a CPU (16 MiB float32)
+GPU_CANDIDATE_VALUES = 2**27  # the same on a GPU (512 MiB float32)
+CACHE_CHECKS = 2  # (prefix, candidate) pairs at each position whose cached states are recomputed whole
 TIMING_SEQUENCES = 32  # candidate sequences per timed pass of the cost estimate
-PREFIX_STATES = (
-    "recomputed: the bottom runs whole sequences and keeps no state between calls, so each position "
-    "costs (candidates x beam) forward passes of the full length"
-)
+PREFIX_STATES = {
+    "cached": (
+        "cached: the prefix's keys and values are computed once per position and each candidate costs one "
+        "position's forward pass (confirmed against whole sequences at every position)"
+    ),
+    "recomputed": (
+        "recomputed: the bottom runs whole sequences and keeps no state between calls, so each position "
+        "costs (candidates x beam) forward passes of the full length"
+    ),
+}
 # Causality verdicts by encoder (the check runs forward passes; missing() is asked at every stage).
 _CAUSALITY: dict[int, tuple[weakref.ref, str | None]] = {}
+
+
+@runtime_checkable
+class PrefixCached(Protocol):
+    """A causal bottom that computes a prefix's states once and then one position per candidate
+    (audit/inputs/hf_checkpoints.py's CheckpointBottom)."""
+
+    def prefix_cache(self, prefix: torch.Tensor, mask: torch.Tensor | None): ...
+
+    def extend(self, cache, rows: torch.Tensor, step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor: ...
+
+    def cached_values(self, cache) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -142,7 +166,7 @@ class SequentialInversionAttack(Attack):
             "beam": width,
             "forward_passes": passes,
             "seconds_per_sentence": seconds / len(index),
-            "prefix_states": PREFIX_STATES,
+            "prefix_states": PREFIX_STATES["cached" if prefix_cached_bottom(ctx) else "recomputed"],
             "prior": opts.prior if ctx.noise_sigma > 0 else "none (sigma 0)",
         }
         if ctx.noise_sigma == 0:
@@ -150,17 +174,20 @@ class SequentialInversionAttack(Attack):
         return SeedOutcome(metrics=metrics, baseline=baseline, details=details)
 
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed) -> float:
-        """Every seed: (candidates x beam) full-length passes at each real position of each inverted
-        sentence, one pass timed on a batch of TIMING_SEQUENCES sequences."""
+        """Every seed: (candidates x beam) pairs at each real position of each inverted sentence, a
+        pair's cost timed on TIMING_SEQUENCES pairs midway through the first target sentence (one
+        position after a cached prefix, or the whole sequence)."""
         opts = self.options(ctx)
         n = min(opts.max_sentences, len(ctx.target))
         positions = n * ctx.target.token_ids.shape[1] if ctx.target.mask is None else int(ctx.target.mask[:n].sum())
-        batch = ctx.target.x[:1].expand(TIMING_SEQUENCES, *ctx.target.x.shape[1:])
-        rows = None if ctx.target.mask is None else ctx.target.mask[0]
-        with bound_mask(ctx.tokens, rows):
-            per_pass = timed(lambda: ctx.encoder.embed(batch)) / TIMING_SEQUENCES
-        passes = positions * len(candidate_ids(ctx, opts.candidates)) * search_width(ctx, opts)
-        return len(ctx.seeds) * passes * per_pass
+        candidates = candidate_ids(ctx, opts.candidates)
+        prefixes = ctx.target.token_ids[:1].to(ctx.device)
+        row = None if ctx.target.mask is None else ctx.target.mask[0]
+        pairs = torch.arange(TIMING_SEQUENCES, device=ctx.device)
+        with torch.no_grad(), bound_mask(ctx.tokens, row):
+            states, _ = position_states(ctx, prefixes, prefixes.shape[1] // 2, candidates, row)
+            per_pair = timed(lambda: states(pairs * 0, pairs % len(candidates))) / TIMING_SEQUENCES
+        return len(ctx.seeds) * positions * len(candidates) * search_width(ctx, opts) * per_pair
 
 
 def search_width(ctx: AuditContext, opts: SequentialInversionOptions) -> int:
@@ -265,7 +292,7 @@ def beam_search(
     for t in range(length):
         if row is not None and not bool(row[t]):
             continue
-        distances = candidate_distances(ctx, hyps, t, candidates, observed[:, t])  # [S, B, K]
+        distances = candidate_distances(ctx, hyps, t, candidates, observed[:, t], row)  # [S, B, K]
         passes += distances.numel()
         step = distances
         if ctx.noise_sigma > 0:
@@ -280,23 +307,85 @@ def beam_search(
 
 
 def candidate_distances(
-    ctx: AuditContext, hyps: torch.Tensor, t: int, candidates: torch.Tensor, target: torch.Tensor
+    ctx: AuditContext,
+    hyps: torch.Tensor,
+    t: int,
+    candidates: torch.Tensor,
+    target: torch.Tensor,
+    row: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """||f_t(hyp with token t = v) - target||^2 for every hypothesis [S, B, T] and candidate v [K]:
-    [S, B, K], the candidate sequences built and run in chunks of CANDIDATE_VALUES input values."""
+    [S, B, K], the (hypothesis, candidate) pairs run in chunks of candidate_values(device) values.
+    With a prefix-cached bottom the cached states are first confirmed against whole sequences."""
     n, width, length = hyps.shape
     k = len(candidates)
-    table = ctx.tokens.table
-    chunk = max(1, CANDIDATE_VALUES // (length * table.shape[1]))
+    prefixes = hyps.reshape(n * width, length)
+    states, values_per_pair = position_states(ctx, prefixes, t, candidates, row)
+    if prefix_cached_bottom(ctx) is not None:
+        confirm_cached_states(ctx, states, prefixes, t, candidates)
+    chunk = max(1, candidate_values(hyps.device) // values_per_pair)
     flat = torch.arange(n * width * k, device=hyps.device)
     out = torch.empty(n * width * k, device=hyps.device)
     for part in flat.split(chunk):
-        sentence, hyp, cand = part // (width * k), (part // k) % width, part % k
-        ids = hyps[sentence, hyp].clone()
-        ids[:, t] = candidates[cand]
-        states = sequence_states(ctx.encoder.embed(ctx.tokens.embed(ids)))[:, t]
-        out[part] = (states - target[sentence]).pow(2).sum(dim=-1)
+        prefix = part // k
+        out[part] = (states(prefix, part % k) - target[prefix // width]).pow(2).sum(dim=-1)
     return out.reshape(n, width, k)
+
+
+def position_states(
+    ctx: AuditContext, prefixes: torch.Tensor, t: int, candidates: torch.Tensor, row: torch.Tensor | None
+) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], int]:
+    """(states(p, c): the states [M, H] at position t of prefixes[p] [P, T] with token candidates[c] at t,
+    the values one pair holds in memory). A prefix-cached bottom runs the prefixes once and one position
+    per pair; any other bottom runs each pair's whole sequence (its later positions do not matter)."""
+    bottom = prefix_cached_bottom(ctx)
+    table = ctx.tokens.table
+    if bottom is not None:
+        cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
+        return (lambda p, c: bottom.extend(cache, p, table[candidates[c]], row)), bottom.cached_values(
+            cache
+        ) + table.shape[1]
+    return (lambda p, c: whole_sequence_states(ctx, prefixes, t, p, candidates[c])), prefixes.shape[1] * table.shape[1]
+
+
+def whole_sequence_states(
+    ctx: AuditContext, prefixes: torch.Tensor, t: int, p: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
+    """The states [M, H] at position t of the sequences prefixes[p] with `tokens` [M] at t, run whole."""
+    ids = prefixes[p].clone()
+    ids[:, t] = tokens
+    return sequence_states(ctx.encoder.embed(ctx.tokens.embed(ids)))[:, t]
+
+
+def confirm_cached_states(
+    ctx: AuditContext, states: Callable, prefixes: torch.Tensor, t: int, candidates: torch.Tensor
+) -> None:
+    """RuntimeError when the cached states of a few (prefix, candidate) pairs differ from their
+    whole-sequence recomputation by more than CAUSAL_RTOL of the states' scale: a cache that does
+    not reproduce the bottom would make every distance, and the recovered text, wrong."""
+    c = torch.linspace(0, len(candidates) - 1, CACHE_CHECKS, device=prefixes.device).long()
+    p = torch.arange(CACHE_CHECKS, device=prefixes.device) % len(prefixes)
+    got, expected = states(p, c), whole_sequence_states(ctx, prefixes, t, p, candidates[c])
+    error = float((got - expected).abs().max())
+    scale = max(float(expected.abs().max()), 1.0)
+    if not error <= CAUSAL_RTOL * scale:
+        raise RuntimeError(
+            f"the bottom's cached prefix states at position {t + 1} differ from running the whole sequence by "
+            f"{error:.3g} (states up to {scale:.3g}): the prefix cache does not reproduce the bottom"
+        )
+
+
+def prefix_cached_bottom(ctx: AuditContext) -> PrefixCached | None:
+    """The audited module when it runs one position after cached prefix states (a Hugging Face
+    checkpoint's bottom), else None."""
+    fn = ctx.encoder.torch_fn
+    fn = fn.unwrapped() if isinstance(fn, Normalized) else fn
+    return fn if isinstance(fn, PrefixCached) else None
+
+
+def candidate_values(device: torch.device) -> int:
+    """Values held per chunk of (prefix, candidate) pairs: 16 MiB float32 on a CPU, 512 MiB on a GPU."""
+    return CANDIDATE_VALUES if device.type == "cpu" else GPU_CANDIDATE_VALUES
 
 
 def aux_log_prior(ctx: AuditContext, hyps: torch.Tensor, t: int, candidates: torch.Tensor) -> torch.Tensor:

@@ -135,3 +135,51 @@ def test_a_split_layer_outside_the_checkpoint_or_missing_is_refused(checkpoints)
     for split_layer in (None, 0, 3):
         with pytest.raises(InputError, match=r"gpt2 checkpoint of 2 blocks: give --split-layer N, 1 <= N <= 2"):
             open_checkpoint(checkpoints["gpt2"], torch.device("cpu"), split_layer)
+
+
+@pytest.fixture(scope="module")
+def padded_token_data(tmp_path_factory):
+    """Sentences of 5 to 8 real tokens, right-padded with w0, with their attention mask."""
+    folder = tmp_path_factory.mktemp("hfpadded")
+    rng = np.random.default_rng(2)
+    x = rng.integers(2, VOCAB, (40, LENGTH))
+    mask = np.arange(LENGTH)[None, :] < rng.integers(5, LENGTH + 1, (40, 1))
+    np.savez(folder / "tokens.npz", x=np.where(mask, x, 0), y=x[:, 0] % 2, mask=mask)
+    return str(folder / "tokens.npz")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_the_prefix_cache_gives_the_whole_sequence_search_its_exact_answers(
+    checkpoints, padded_token_data, kind, monkeypatch
+):
+    """The cached search (one position per candidate after the prefix's keys and values) recovers
+    padded sentences exactly at sigma 0 and, under noise, picks the very sentences the whole-sequence
+    search picks (same seed, same beam): the two differ in cost only. Called twice: identical."""
+    import splitaudit.attacks.sequential_inversion as sipit
+
+    def entries(sigma):
+        ctx = token_context(str(checkpoints[kind]), padded_token_data, None, split_layer=2, noise_sigma=sigma)
+        return [get_attack("sequential-inversion").run(ctx) for _ in range(2)]
+
+    exact, noisy = entries(0.0), entries(4.0)
+    for entry in exact + noisy:
+        assert entry["status"] == "ok" and entry["details"]["prefix_states"].startswith("cached")
+    assert exact[0]["metrics"]["token_accuracy"] == 1.0 and exact[0]["metrics"]["exact_match"] == 1.0
+    assert noisy[0]["metrics"] == noisy[1]["metrics"] and noisy[0]["metrics"]["token_accuracy"] < 1.0
+    monkeypatch.setattr(sipit, "prefix_cached_bottom", lambda ctx: None)
+    whole = entries(4.0)[0]
+    assert whole["details"]["prefix_states"].startswith("recomputed")
+    assert whole["metrics"] == noisy[0]["metrics"]
+
+
+def test_a_prefix_cache_that_does_not_reproduce_the_bottom_stops_the_attack(checkpoints, token_data, monkeypatch):
+    """States from the cache 1e-3 off the whole-sequence ones (a cache bug) are an error, not a silently
+    wrong inversion."""
+    from splitaudit.inputs.hf_checkpoints import CheckpointBottom
+
+    extend = CheckpointBottom.extend
+    monkeypatch.setattr(CheckpointBottom, "extend", lambda self, *args: extend(self, *args) + 1e-3)
+    ctx = token_context(str(checkpoints["gpt2"]), token_data, None, split_layer=2)
+    entry = get_attack("sequential-inversion").run(ctx)
+    assert entry["status"] == "failed"
+    assert "cached prefix states at position 1 differ from running the whole sequence" in entry["reason"]

@@ -14,6 +14,7 @@ runs (trust_remote_code=False). transformers is imported here only (splitaudit.i
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -78,10 +79,54 @@ class CheckpointBottom(nn.Module):
         super().__init__()
         self.model = model
         self.slot = slot
+        # transformers renamed forward's past_key_values to cache (5.2x); both are met in the wild.
+        self.cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         mask = self.slot.batch(len(embeddings), embeddings.shape[-2], embeddings.device)
         return self.model(inputs_embeds=embeddings, attention_mask=mask).last_hidden_state
+
+    # The prefix-cache protocol of the sequential inversion (attacks/sequential_inversion.py): a causal
+    # checkpoint's state at position t needs the prefix's keys and values, computed once per prefix,
+    # and one position of work per candidate token instead of a whole sequence.
+
+    def prefix_cache(self, prefix: torch.Tensor, mask: torch.Tensor | None):
+        """The keys and values of prefixes [P, t, D] under the mask row [t] (None: all real), or None for t = 0."""
+        if prefix.shape[1] == 0:
+            return None
+        rows = self._mask(mask, len(prefix), prefix.shape[1], prefix.device)
+        out = self.model(inputs_embeds=prefix, attention_mask=rows, use_cache=True)
+        return out[self.cache_keyword]
+
+    def extend(self, cache, rows: torch.Tensor, step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The states [M, H] at the position after prefix `rows` [M] of `cache` with input embeddings `step`
+        [M, D] there; `mask` is the row [t + 1] of the prefix and the new position."""
+        past = None
+        if cache is not None:
+            past = type(cache)(ddp_cache_data=[(layer.keys[rows], layer.values[rows]) for layer in _filled(cache)])
+        length = 1 if cache is None else cache.get_seq_length() + 1
+        attention = self._mask(mask, len(rows), length, step.device)
+        out = self.model(
+            inputs_embeds=step[:, None], attention_mask=attention, use_cache=False, **{self.cache_keyword: past}
+        )
+        return out.last_hidden_state[:, 0]
+
+    @staticmethod
+    def cached_values(cache) -> int:
+        """The values one prefix's cache holds (what each candidate of a chunk copies)."""
+        if cache is None:
+            return 0
+        return sum(layer.keys[0].numel() + layer.values[0].numel() for layer in _filled(cache))
+
+    def _mask(self, row: torch.Tensor | None, n: int, length: int, device) -> torch.Tensor:
+        """The attention mask [n, length] of the first `length` positions of `row` (None: all real)."""
+        return MaskSlot(self.slot.dtype, None if row is None else row[:length]).batch(n, length, device)
+
+
+def _filled(cache) -> list:
+    """The cache's layers that hold keys: those of the kept blocks (a cache sized from the config has
+    one layer per block of the whole checkpoint)."""
+    return [layer for layer in cache.layers if layer.keys is not None]
 
 
 def open_checkpoint(folder, device: torch.device, split_layer: int | None, vocab_path=None) -> RawModel:

@@ -74,6 +74,12 @@ class Normalized(nn.Module):
         with without_onednn() if self.recurrent else nullcontext():
             return self.inner(model_layout((x - self.mean) / self.std, self.channels_last))
 
+    def unwrapped(self) -> nn.Module:
+        """The wrapped model itself when the wrapper changes nothing (mean 0, std 1, no layout move),
+        so its own methods can be called on the audit's inputs; else the wrapper."""
+        plain = not self.channels_last and bool((self.mean == 0).all()) and bool((self.std == 1).all())
+        return self.inner if plain and not self.recurrent else self
+
 
 def model_layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     """A batch of the audit's C,H,W images in the model's layout (H,W,C when it takes channels last)."""
