@@ -215,7 +215,7 @@ def class_mean_linear(features: torch.Tensor, labels: torch.Tensor, classes: int
 
 
 def from_scratch_model(kind: str, ctx: AuditContext, x: torch.Tensor, labels: torch.Tensor, seed: int) -> nn.Module:
-    """Paper 000's A(D; null): the bottom architecture re-initialised, then the same kind of head."""
+    """Zheng et al.'s (IJCAI 2024) A(D; null): the bottom architecture re-initialised, then the same kind of head."""
     bottom = bottom_architecture(ctx, seed)
     with torch.no_grad():
         features = torch.cat([bottom(chunk) for chunk in x.split(forward_batch(tuple(x.shape[1:]), EVAL_BATCH))])
