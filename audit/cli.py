@@ -430,7 +430,10 @@ def cuts(model: str | None, **flags) -> None:
     check_formats(options.formats, CUTS)
     with held_output(options.out, "cuts", options.junit) as out_dir:
         result = run_cuts(
-            options, progress=cli_progress, on_cost=lambda line: click.echo(f"splitaudit: {line}", err=True)
+            options,
+            progress=cli_progress,
+            on_cost=lambda line: click.echo(f"splitaudit: {line}", err=True),
+            invocation=invocation(flags),
         )
         written = write_cuts_reports(result, out_dir, options.formats)
         if options.junit:

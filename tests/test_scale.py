@@ -327,7 +327,7 @@ def test_decoder_cost_is_a_timed_step_times_the_steps_of_every_capped_epoch_and_
     assert estimate.stages["decoder"] == pytest.approx(MIN_SEEDS * 200 * 1 * 0.5 * EXPECTED_SHARE)
     assert estimate.ceilings["decoder"] == pytest.approx(len(ctx.seeds) * 200 * 1 * 0.5)
     assert estimate.ceiling - estimate.total == pytest.approx((len(ctx.seeds) - MIN_SEEDS * EXPECTED_SHARE) * 200 * 0.5)
-    assert f"(at most {cost._duration(estimate.ceiling)})" in estimate.summary()
+    assert f"(at most {cost.duration(estimate.ceiling)})" in estimate.summary()
     quick = cost.estimate_cost(_cost_context(16, quick=True), "gaussian", 0.25, ["decoder"])
     assert quick.stages["decoder"] == quick.ceilings["decoder"] == pytest.approx(1 * 15 * 1 * 0.5)
     assert "at most" not in quick.summary()

@@ -177,7 +177,7 @@ class AuditOptions:
     split_layer: int | None = option(
         None,
         "A Hugging Face checkpoint folder as MODEL: the client keeps the embedding and the first N blocks.",
-        commands=MEASURING,
+        commands=frozenset({RUN, SWEEP, CALIBRATE}),  # cuts takes a whole ONNX or .pt2 graph and finds its own cuts
     )
     max_length: int = option(
         128,
@@ -190,11 +190,15 @@ class AuditOptions:
         "Which output is the embedding when the model has several: an ONNX output name, a TorchScript tuple's "
         "index or dict's key (default: the first).",
         commands=MEASURING,
+        help_for=((CUTS, "Which output of the whole model is its answer when it has several (default: the first)."),),
     )
     executor: str = option(
         "local",
         'Run attack tasks in this process (local, default) or on Ray (ray; pip install "splitaudit[ray]").',
         choices=EXECUTORS,
+        help_for=(
+            (CUTS, 'Audit the cuts (one task each) locally (default) or on Ray (pip install "splitaudit[ray]").'),
+        ),
     )
     ray_address: str | None = option(
         None, "An existing Ray cluster (ray start --head); default: start a local instance."
@@ -204,11 +208,15 @@ class AuditOptions:
         "Seconds one attack task (one seed at one sigma) may run before it is retried once, then failed "
         "(dFIL shards are not bound by it: without all of them there is no bound).",
         metavar="S",
+        commands=frozenset({RUN, SWEEP}),  # cuts: each cut is one task, its attack seeds run inside it
     )
     workers: int | None = option(
         1,
         "Worker processes of the local executor (default 1: tasks run in this process; auto: one per CPU core).",
         metavar="N|auto",
+        help_for=(
+            (CUTS, "Worker processes auditing cuts side by side (default 1: one cut after another in this process)."),
+        ),
     )
     dfil_rtol: float = option(
         0.02, "Target relative standard error of the mean dFIL when it is estimated (default 0.02).", commands=MEASURING

@@ -681,13 +681,28 @@ class CutRecommendation(TypedDict):
     reason: str
 
 
+class CutTaskRecord(TypedDict):
+    """One cut as a task of the executor: where it ran and its wall time."""
+
+    cut: str
+    seconds: float
+    attempts: int
+    worker: str
+
+
+class CutsRun(Run):
+    """The run, and where its cuts were audited (each cut one task; its attacks and dFIL ran in that task)."""
+
+    cut_tasks: NotRequired[list[CutTaskRecord]]
+
+
 class Cuts(TypedDict):
     """A splitaudit cuts audit (cuts.json): one audit per cut of a whole model and a recommended cut."""
 
     schema_version: Literal[SCHEMA_VERSION]
     kind: Literal["cuts"]
     tool: Tool
-    run: Run
+    run: CutsRun
     model: WholeModel
     data: Data
     target_mse: float
@@ -699,6 +714,7 @@ class Cuts(TypedDict):
     cuts: list[Cut]
     recommendation: CutRecommendation
     gate: Gate
+    provenance: NotRequired[Provenance]  # the whole model's and the data's digests (absent from older cuts.json)
 
 
 @lru_cache(maxsize=1)

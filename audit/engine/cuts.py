@@ -1,36 +1,50 @@
 """`splitaudit cuts`: audit every candidate split point of a whole model and recommend one.
 
 The whole ONNX model's candidate cuts (splitaudit.inputs.onnx_cuts: the tensors every input-to-output
-path passes through) are cut into a bottom (input -> cut) and the real top (cut -> output), written
-to a private temporary folder, and checked: bottom then top must give the whole model's output on
-the data. Each bottom is then audited by the engine `run` uses (pipeline.AuditEngine: the loader's
-autograd parity, the traces' runtime cross-check, their intervals), at `--noise-sigma` or at the
-sigma calibrated for the target, with the real top's accuracy on the noisy embeddings as the
-utility. The prior term depends on the input data only, so it is estimated once and shared.
-
-Cuts run one after the other (each opens its own context and executor, so memory holds one cut at
-a time); within a cut, the dFIL shards and the attack seeds run as tasks on the executor, as in
-`run`. The recommendation and the gate (splitaudit.stages.recommend_cut) read only the cuts' numbers.
+path passes through) are chosen; then, before any cut runs, what every cut shares is prepared once
+beside the first cut's bottom: the data loaded and split, the whole model's accuracy, the cost
+estimate (printed up front) and the prior term (it depends on the input data only). Each cut is
+then one task on the executor (splitaudit.engine.cut_tasks: in this process, on `--workers N` local
+processes, or on Ray), which cuts the model there, checks bottom then top against the whole model
+and audits the bottom with `run`'s engine; a line is printed as each cut finishes. A worker holds
+one cut at a time, so memory is that of the largest single cut's audit, not of all of them. The
+recommendation and the gate (splitaudit.stages.recommend_cut) read only the cuts' numbers; the
+provenance section records the whole model and the data, as report.json's does.
 """
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from splitaudit.core.config import DEFAULT_CUTS, AuditOptions
 from splitaudit.core.errors import InputError
-from splitaudit.engine.pipeline import AuditEngine, describe_data, describe_run
+from splitaudit.engine.cut_tasks import (
+    CutRefused,
+    CutsRecipe,
+    CutsWorkspace,
+    CutTask,
+    cut_options,
+    input_dtype,
+    model_inputs,
+    write_halves,
+)
+from splitaudit.engine.pipeline import SplitData, describe_data, describe_run, prepare_audit
+from splitaudit.engine.provenance import Invocation, provenance_section
 from splitaudit.engine.sweep import target_source
+from splitaudit.estimators.prior import PriorEstimate
+from splitaudit.execution.executor import local_workers, open_backend
+from splitaudit.execution.tasks import TaskResult
 from splitaudit.inputs.context import AuditContext, silent_progress
+from splitaudit.inputs.digests import InputFiles
 from splitaudit.inputs.exported_loading import is_exported_archive
 from splitaudit.inputs.exported_whole import check_conversion, exported_as_onnx
 from splitaudit.inputs.onnx_cuts import (
@@ -39,78 +53,92 @@ from splitaudit.inputs.onnx_cuts import (
     candidate_cuts,
     open_whole_model,
     run_onnx,
+    samples_per_batch,
     select_cuts,
-    split_at,
     total_parameters,
 )
+from splitaudit.stages.cost import CostEstimate, duration
 from splitaudit.stages.gate import thresholds_of
+from splitaudit.stages.leakage import prior_section, prior_term
 from splitaudit.stages.recommend_cut import cuts_gate, recommend_cut
 from splitaudit.stages.utility import label_indices
 
 KIND = "cuts"
-PARITY_SAMPLES = 64  # target samples bottom-then-top is compared with the whole model on
-PARITY_RTOL = 1e-4  # of the whole model's largest output: float32 kernels may order sums differently per graph
-PREDICT_BATCH = 256
-CUT_KEYS = ("noise_sigma", "dfil", "bounds", "calibration", "attacks", "utility")  # an audit point's sections kept
+
+
+@dataclass
+class Preparation:
+    """What every cut shares, prepared once before the first cut runs."""
+
+    header: dict
+    data: SplitData
+    prior: PriorEstimate
+    whole_accuracy: dict
+    device: torch.device
+    workers: int  # local worker processes (1: every cut in this process)
+    seeds: list[int]
+    converter: str | None
 
 
 def run_cuts(
     options: AuditOptions,
     progress: Callable[..., tqdm] = silent_progress,
     on_cost: Callable[[str], None] | None = None,
+    invocation: Invocation | None = None,
 ) -> dict:
     """The whole cuts audit: cuts.json's content (candidates, one audit per chosen cut, the
-    recommendation and the gate). on_cost receives the up-front estimate and each cut's start."""
+    recommendation, the gate and the provenance). on_cost receives the plan with its cost estimate
+    before anything slow runs, then a line as each cut finishes."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     options.validate()
+    invocation = invocation or Invocation()
     say = on_cost or (lambda _line: None)
-    entries, header, shared = [], None, {}
+    inputs = InputFiles.before_loading(options, invocation.config_file)
     with tempfile.TemporaryDirectory(prefix="splitaudit-cuts-") as folder:
-        whole = _whole_model(options, Path(folder), shared)
+        whole, program = _whole_model(options, Path(folder))
         candidates = candidate_cuts(whole)
         if not candidates:
             raise InputError(
                 f"{options.model}: no tensor lies on every path from the input to the output: nothing to cut"
             )
         chosen = select_cuts(candidates, options.cuts, DEFAULT_CUTS)
-        names = ", ".join(c.name for c in chosen)
-        say(f"auditing {len(chosen)} of {len(candidates)} candidate cuts, one after the other: {names}")
-        with progress(total=len(chosen), desc="cuts", unit="cut") as bar:
-            for index, cut in enumerate(chosen):
-                bar.set_postfix_str(cut.name[:40])
-                entry, context = _audit_cut(options, whole, cut, index, Path(folder), shared, progress)
-                if header is None:
-                    header = _header(context, options, whole, candidates, started, shared)
-                    say(_estimate_words(shared, len(chosen)))
-                entries.append(entry)
-                bar.update()
-    target = shared["calibration"]["target_mse"]
+        prepared = _prepare(options, whole, program, candidates, chosen, Path(folder), progress, say, started)
+        inputs.hash_all()
+        entries, executed = _audit_cuts(options, whole, prepared, chosen, progress, say)
+    inputs.confirm_unchanged()
+    calibration = entries[0]["calibration"]
+    target = calibration["target_mse"]
+    header = prepared.header
     document = {
         **header,
+        "run": {**header["run"], **executed},
         "target_mse": target,
-        "target_source": target_source(options, shared["calibration"]),
+        "target_source": target_source(options, calibration),
         "max_accuracy_loss": options.max_accuracy_loss,
         "noise_sigma": options.cut_noise_sigma,
-        "prior": shared["prior"],
-        "whole_accuracy": shared["whole_accuracy"],
+        "prior": prior_section(prepared.prior),
+        "whole_accuracy": prepared.whole_accuracy,
         "cuts": entries,
         "recommendation": recommend_cut(entries, target, options.max_accuracy_loss),
+        "provenance": provenance_section(
+            options, inputs.records, prepared.device, prepared.seeds, prepared.converter, invocation, started
+        ),
     }
     gate = cuts_gate(document, **thresholds_of(options))
     return {**document, "gate": gate, "run": {**document["run"], "seconds": time.perf_counter() - clock}}
 
 
-def _whole_model(options: AuditOptions, folder: Path, shared: dict) -> WholeModel:
-    """The whole model's graph: the ONNX file, or a torch.export program written as ONNX in `folder`
-    (shared["program"] keeps the program, to check the graph against it on the data)."""
+def _whole_model(options: AuditOptions, folder: Path):
+    """The whole model's graph, and the torch.export program it was written from (None for an ONNX
+    file): a .pt2 is written as ONNX in `folder`, and its graph checked against the program on the data."""
     path = Path(options.model)
     if is_exported_archive(path):
-        onnx_path, shared["program"] = exported_as_onnx(path, folder)
+        onnx_path, program = exported_as_onnx(path, folder)
         whole = open_whole_model(onnx_path, _sample_shape(replace(options, model=str(onnx_path))), options.output_name)
         whole.format = "exported"
-        return whole
-    return open_whole_model(path, _sample_shape(options), options.output_name)
+        return whole, program
+    return open_whole_model(path, _sample_shape(options), options.output_name), None
 
 
 def _sample_shape(options: AuditOptions) -> tuple[int, ...]:
@@ -148,109 +176,109 @@ def _npz_sample_shape(path: str) -> tuple[int, ...] | None:
     return tuple(int(d) for d in shape[1:])
 
 
-def _audit_cut(
-    options: AuditOptions, whole: WholeModel, cut: CutPoint, index: int, folder: Path, shared: dict, progress
-) -> tuple[dict, AuditContext]:
-    """One cut: its halves written and checked against the whole model, its bottom audited at its sigma."""
-    import onnx
+def _prepare(
+    options: AuditOptions,
+    whole: WholeModel,
+    program,
+    candidates: list[CutPoint],
+    chosen: list[CutPoint],
+    folder: Path,
+    progress: Callable[..., tqdm],
+    say: Callable[[str], None],
+    started: datetime,
+) -> Preparation:
+    """What every cut shares, from the data loaded once beside the first cut's bottom: the .pt2's
+    graph checked against its program, the whole model's accuracy, the plan and its cost estimate
+    (said before anything slow), then the prior term. The first bottom's context is released
+    before the cuts run (each cut builds its own)."""
+    _, _, bottom, top = write_halves(whole, chosen[0], folder)
+    ctx, names = prepare_audit(cut_options(options, bottom, top), progress)
+    if program is not None:  # the graph that is cut is the program's
+        x = model_inputs(ctx).astype(input_dtype(whole), copy=False)
+        check_conversion(program, run_onnx(whole.proto, x), x)
+    accuracy = whole_accuracy(whole, ctx)
+    workers = local_workers(options.workers, ctx) if options.executor == "local" else 0
+    say(_plan_words(chosen, len(candidates), options.executor, workers, _cut_estimate(ctx, options, names)))
+    return Preparation(
+        header=_header(ctx, options, whole, candidates, started),
+        data=(ctx.aux.to("cpu"), ctx.target.to("cpu")),
+        prior=prior_term(ctx, options.prior, options.smoothing),
+        whole_accuracy=accuracy,
+        device=ctx.device,
+        workers=max(1, workers),
+        seeds=ctx.seeds,
+        converter=ctx.encoder.converter,
+    )
 
-    bottom, top = split_at(whole, cut)
-    paths = folder / f"cut{index}_bottom.onnx", folder / f"cut{index}_top.onnx"
-    for half, path in zip((bottom, top), paths):
-        onnx.save(half, str(path))
-    cut_options = replace(options, model=str(paths[0]), top_model=str(paths[1]), output_name=None, noise_sigma=0.0)
-    clock = time.perf_counter()
-    with AuditEngine.prepared(cut_options, progress) as engine:
-        ctx = engine.ctx
-        parity = check_halves(whole, bottom, top, _model_inputs(ctx), cut.name)
-        if "prior" not in shared:
-            if "program" in shared:  # the graph that was cut is the program's
-                x = _model_inputs(ctx).astype(_input_dtype(whole), copy=False)
-                check_conversion(shared["program"], run_onnx(whole.proto, x), x)
-            shared["whole_accuracy"] = whole_accuracy(whole, ctx)
-        else:
-            engine.known_prior = shared["prior_estimate"]
-        assessed = engine.assess(0.0, options.target_mse if options.target_mse is not None else options.fail_under_mse)
-        shared.setdefault("prior", assessed["prior"])
-        shared.setdefault("prior_estimate", engine.measurement.prior)
-        shared.setdefault("calibration", assessed["calibration"])
-        calibration = assessed["calibration"]
-        sigma, source = _cut_sigma(options, calibration)
-        grid, executed = engine.run_attacks([sigma])
-        point = engine.point(sigma, grid[sigma], calibration["target_mse"])
-        if "estimate" not in shared:
-            shared["estimate"] = _cut_estimate(ctx, options, engine.names)
-            shared["executor"] = {k: executed[k] for k in ("executor", "workers") if k in executed}
-    bottom_info = ctx.encoder.describe()
-    entry = {
-        "name": cut.name,
-        "op": cut.op,
-        "depth": cut.depth,
-        "shape": cut.shape,
-        "params": cut.params,
-        "flops": cut.flops,
-        "bytes_sent": cut.bytes_sent,
-        "parity_max_abs_err": parity,
-        "sigma_source": source,
-        **{key: point[key] for key in CUT_KEYS if key != "calibration"},
-        "calibration": calibration,
-        "bottom": {
-            "gradient_mode": bottom_info["gradient_mode"],
-            "parity_max_abs_err": bottom_info["parity_max_abs_err"],
-            "warnings": bottom_info["warnings"],
-        },
-        "seconds": time.perf_counter() - clock,
+
+def _audit_cuts(
+    options: AuditOptions,
+    whole: WholeModel,
+    prepared: Preparation,
+    chosen: list[CutPoint],
+    progress: Callable[..., tqdm],
+    say: Callable[[str], None],
+) -> tuple[list[dict], dict]:
+    """Every chosen cut as a task on the executor, in cut order, and the run section's executor keys.
+    A refused cut (bad input) or a failed one stops the run at once."""
+    space = CutsWorkspace(options, whole, prepared.data, prepared.prior, progress=progress)
+
+    def recipe() -> CutsRecipe:
+        return CutsRecipe(options, whole, *prepared.data, prepared.prior)
+
+    executor = open_backend(options.executor, options, recipe, prepared.device, prepared.workers, None)
+    try:
+        with progress(total=len(chosen), desc=f"cuts ({executor.name})", unit="cut") as bar:
+            results = executor.map(space, [CutTask(cut) for cut in chosen], bar, _reporter(say, len(chosen)))
+    finally:
+        executor.close()
+    executed = {"executor": executor.name, "workers": executor.workers, "cut_tasks": [_record(r) for r in results]}
+    return [r.outcome for r in results], executed
+
+
+def _reporter(say: Callable[[str], None], count: int) -> Callable[[TaskResult], list]:
+    """The executor's follow-up: a line as each cut finishes; a refused cut raises InputError (exit 2),
+    a failed one RuntimeError (exit 3), which stops the executor before the other cuts run."""
+    done: list[str] = []
+
+    def finished(result: TaskResult) -> list:
+        name = result.task.cut.name
+        if result.error is not None:
+            raise RuntimeError(f"cut {name!r} failed after {result.attempts} attempt(s): {result.error}")
+        if isinstance(result.outcome, CutRefused):
+            raise InputError(result.outcome.message)
+        done.append(name)
+        say(f"cut {len(done)} of {count} done in {duration(result.seconds)}: {name} ({_cut_words(result.outcome)})")
+        return []
+
+    return finished
+
+
+def _cut_words(entry: dict) -> str:
+    """A finished cut's headline numbers."""
+    accuracy = entry["utility"].get("accuracy")
+    return (
+        f"noise sigma {entry['noise_sigma']:.4g} ({entry['sigma_source']}), van Trees bound "
+        f"{entry['bounds']['van_trees_mse']:.4g}, accuracy {'n/a' if accuracy is None else f'{accuracy:.3g}'}"
+    )
+
+
+def _record(result: TaskResult) -> dict:
+    """A cut task's line in the run section: which cut, where it ran and how long it took."""
+    return {
+        "cut": result.task.cut.name,
+        "seconds": result.seconds,
+        "attempts": result.attempts,
+        "worker": result.worker,
     }
-    return entry, ctx
-
-
-def _cut_sigma(options: AuditOptions, calibration: dict) -> tuple[float, str]:
-    """--noise-sigma when given; else the cut's calibrated sigma; else (no sigma reaches the target) 0."""
-    if options.cut_noise_sigma is not None:
-        return float(options.cut_noise_sigma), "--noise-sigma"
-    if calibration["feasible"] and calibration["sigma"] is not None and math.isfinite(calibration["sigma"]):
-        return float(calibration["sigma"]), "calibrated"
-    return 0.0, "uncalibrated"
-
-
-def _model_inputs(ctx: AuditContext) -> np.ndarray:
-    """The first target samples as the whole model takes them (token ids for token models)."""
-    data = ctx.target.token_ids if ctx.target.token_ids is not None else ctx.target.x
-    return data[:PARITY_SAMPLES].cpu().numpy()
-
-
-def check_halves(whole: WholeModel, bottom, top, x: np.ndarray, name: str) -> float:
-    """The largest |top(bottom(x)) - whole(x)| on x; InputError when it exceeds PARITY_RTOL of the
-    whole model's largest output (the halves would not be the model that was given)."""
-    x = x.astype(_input_dtype(whole), copy=False)
-    expected = run_onnx(whole.proto, x)
-    got = run_onnx(top, run_onnx(bottom, x))
-    if got.shape != expected.shape:
-        raise InputError(f"cut {name!r}: bottom then top gives shape {got.shape}, the whole model {expected.shape}")
-    error = float(np.max(np.abs(got.astype(np.float64) - expected))) if got.size else 0.0
-    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-    if not error <= PARITY_RTOL * max(scale, 1.0):
-        raise InputError(
-            f"cut {name!r}: bottom then top differs from the whole model by {error:.3g} (tolerance "
-            f"{PARITY_RTOL * max(scale, 1.0):.3g}) on {len(x)} samples: the halves are not the model (random "
-            "operators in the graph?), so this cut cannot be audited"
-        )
-    return error
-
-
-def _input_dtype(whole: WholeModel):
-    from onnx import helper
-
-    return helper.tensor_dtype_to_np_dtype(whole.elem_types[whole.input_name])
 
 
 def whole_accuracy(whole: WholeModel, ctx: AuditContext) -> dict:
     """The whole model's accuracy on the labelled target data (argmax of its output), by onnxruntime."""
     if ctx.target.y is None:
         return {"status": "skipped", "accuracy": None, "n": len(ctx.target), "reason": "the data has no labels"}
-    data = ctx.target.token_ids if ctx.target.token_ids is not None else ctx.target.x
-    x = data.cpu().numpy().astype(_input_dtype(whole), copy=False)
-    scores = np.concatenate([run_onnx(whole.proto, x[i : i + PREDICT_BATCH]) for i in range(0, len(x), PREDICT_BATCH)])
+    x = model_inputs(ctx, None).astype(input_dtype(whole), copy=False)
+    scores = run_onnx(whole.proto, x, batch=samples_per_batch(whole))
     if scores.ndim != 2:
         reason = f"the model's output has shape {scores.shape[1:]} per sample, not class scores"
         return {"status": "skipped", "accuracy": None, "n": len(x), "reason": reason}
@@ -258,7 +286,7 @@ def whole_accuracy(whole: WholeModel, ctx: AuditContext) -> dict:
     return {"status": "ok", "accuracy": float(hits.mean()), "n": len(x), "reason": ""}
 
 
-def _cut_estimate(ctx: AuditContext, options: AuditOptions, names: list[str]):
+def _cut_estimate(ctx: AuditContext, options: AuditOptions, names: list[str]) -> CostEstimate | None:
     """The first cut's cost estimate (stages/cost.py), when the data is large enough to be worth it."""
     from splitaudit.stages import leakage
     from splitaudit.stages.cost import estimate_cost, worth_estimating
@@ -269,27 +297,31 @@ def _cut_estimate(ctx: AuditContext, options: AuditOptions, names: list[str]):
     return estimate_cost(ctx, options.prior, smoothing, names, options.dfil_samples)
 
 
-def _estimate_words(shared: dict, count: int) -> str:
-    """The cost of the whole run from the first cut's (the prior is trained once, every other stage per cut)."""
-    estimate = shared.get("estimate")
+def _plan_words(chosen: list[CutPoint], count: int, executor: str, workers: int, estimate: CostEstimate | None) -> str:
+    """The plan before anything slow runs: which cuts, where, and what they may cost. A cut's stages
+    are the first cut's timed ones scaled by its bottom's FLOPs; the prior is trained once."""
+    where = f"{workers} local worker processes" if workers > 1 else "this process" if workers else "Ray"
+    plan = f"auditing {len(chosen)} of {count} candidate cuts in {where}: {', '.join(c.name for c in chosen)}"
     if estimate is None:
-        return f"cut 1 of {count} done; small data: each cut takes about as long"
+        return f"{plan}; small data, so no cost estimate (each cut takes seconds)"
     prior = sum(v for k, v in estimate.stages.items() if k.startswith("prior"))
-    per_cut = estimate.total - prior
-    total = prior + count * per_cut
+    first = estimate.total - prior
+    per_cut = [first * c.flops / max(chosen[0].flops, 1) for c in chosen]
+    cuts = max(max(per_cut), sum(per_cut) / max(workers, 1))  # the deepest cut alone, or the work shared out
     return (
-        f"the first cut's estimate: {estimate.summary()}; the prior is trained once, so {count} cuts may take about "
-        f"{total / 60:.1f} min in all (later cuts' dFIL costs differ with their depth)"
+        f"{plan}; the first cut's estimate: {estimate.summary()}; the prior is trained once and the deeper cuts "
+        f"cost more by their FLOPs (the deepest about {duration(max(per_cut))}), so the run may take about "
+        f"{duration(prior + cuts)} in all"
     )
 
 
 def _header(
-    ctx: AuditContext, options: AuditOptions, whole: WholeModel, candidates: list[CutPoint], started: datetime, shared
+    ctx: AuditContext, options: AuditOptions, whole: WholeModel, candidates: list[CutPoint], started: datetime
 ) -> dict:
+    """cuts.json's tool, run, model (the whole model and its candidates) and data sections."""
     header = describe_run(ctx, options, started)
     del header["noise_sigma"]
     header["kind"] = KIND
-    header["run"].update(shared["executor"])
     header["model"] = {
         "path": str(options.model),
         "format": whole.format,

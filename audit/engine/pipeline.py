@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from splitaudit.stages.leakage import Measurement
 
 
+SplitData = tuple[Dataset, Dataset]  # aux and target, loaded and split
+
+
 def select_attacks(names: list[str]) -> list[str]:
     """Expand all/none and check names against the registry, keeping the registry's order."""
     if names in (["all"], ["*"]):
@@ -60,20 +63,23 @@ def select_attacks(names: list[str]) -> list[str]:
     return [n for n in ATTACK_NAMES if n in names]
 
 
-def prepare_context(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> AuditContext:
-    """Load the model and data, split them and check the model on real inputs.
+def prepare_context(
+    options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, data: SplitData | None = None
+) -> AuditContext:
+    """Load the model and data (or take `data`, already loaded and split), split them and check the
+    model on real inputs.
 
     Anything that goes wrong here is a problem with the inputs, reported as InputError.
     """
     try:
-        return _prepare_context(options, progress)
+        return _prepare_context(options, progress, data)
     except InputError:
         raise
     except Exception as exc:
         raise InputError(f"cannot prepare the audit from these inputs: {type(exc).__name__}: {exc}") from exc
 
 
-def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> AuditContext:
+def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm], data: SplitData | None) -> AuditContext:
     device = resolve_device(options.device)
     raw = within_time_limit(
         open_audited_model,
@@ -86,6 +92,8 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm]) -> Au
         options.split_layer,
         what="loading the model",
     )
+    if data is not None:
+        return build_context(options, raw, *data, device, progress)
     shape = raw.declared_input_shape
     loaded = _load(options.aux, shape, options, raw)
     if options.target:
@@ -107,16 +115,18 @@ def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:
     )
 
 
-def prepare_audit(options: AuditOptions, progress: Callable[..., tqdm]) -> tuple[AuditContext, list[str]]:
+def prepare_audit(
+    options: AuditOptions, progress: Callable[..., tqdm], data: SplitData | None = None
+) -> tuple[AuditContext, list[str]]:
     """What an audit and a sweep do before their first slow stage: check the options, the attacks
-    and their options and the executor, seed torch, load the context, and check the attacks'
-    options against the loaded data. Returns the context and the selected attack names."""
+    and their options and the executor, seed torch, load the context (on `data` when given), and
+    check the attacks' options against the loaded data. Returns the context and the selected attack names."""
     options.validate()
     names = select_attacks(options.attacks)
     check_attack_options(options.attack_options)
     check_executor(options)
     torch.manual_seed(options.seed)
-    ctx = prepare_context(options, progress)
+    ctx = prepare_context(options, progress, data)
     check_attack_inputs(ctx, names)
     return ctx, names
 
@@ -154,13 +164,15 @@ class AuditEngine:
         progress: Callable[..., tqdm] = silent_progress,
         attacks: bool = True,
         config_file: str | None = None,
+        data: SplitData | None = None,
     ) -> Iterator["AuditEngine"]:
         """The engine for `options`, its executor (when `attacks`) closed however the audit ends; once
         the audit is done, the model is asked again for its first answers (Encoder.confirm_unchanged),
         and the input files, hashed once loaded, are confirmed unchanged since before they were loaded
-        (splitaudit.inputs.digests)."""
-        inputs = InputFiles.before_loading(options, config_file)
-        ctx, names = prepare_audit(options, progress)
+        (splitaudit.inputs.digests). Given `data` (aux and target, loaded by the caller, as each cut of
+        `splitaudit cuts` is given them), no file is hashed: the caller records its own inputs."""
+        inputs = InputFiles.before_loading(options, config_file) if data is None else InputFiles({})
+        ctx, names = prepare_audit(options, progress, data)
         inputs.hash_all()
         with opened_executor(options, ctx) if attacks else nullcontext() as executor:
             yield cls(options, ctx, names, executor, progress, inputs)

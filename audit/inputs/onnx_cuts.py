@@ -29,6 +29,8 @@ SHAPE_ONLY_OPS = {"Shape", "Size"}  # outputs that depend on the input's shape, 
 COUNTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # the operators whose multiply-accumulates are counted
 FLOAT_TYPES = {1, 10, 11, 16}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16: an embedding noise can be added to
 BYTES_PER_VALUE = 4  # the embedding is sent as float32
+ACTIVATION_BUDGET = 256 * 1024**2  # bytes of activations a batched run of the whole model may hold
+MAX_BATCH = 256  # samples a batched run takes at most (small models: fewer, larger calls)
 
 
 @dataclass(frozen=True)
@@ -379,8 +381,10 @@ def _graph_model(model: WholeModel, nodes: list, graph_input, graph_output, name
     return half
 
 
-def run_onnx(proto, x: np.ndarray, outputs: list[str] | None = None):
-    """The model's first output on x (or the named outputs, as a list), by onnxruntime on the CPU."""
+def run_onnx(proto, x: np.ndarray, outputs: list[str] | None = None, batch: int | None = None):
+    """The model's first output on x (or the named outputs, as a list), by onnxruntime on the CPU;
+    with `batch`, the first output computed `batch` samples at a time in one session, so memory
+    holds one batch's activations (a 224 px ResNet's are tens of MB a sample)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -389,4 +393,14 @@ def run_onnx(proto, x: np.ndarray, outputs: list[str] | None = None):
     name = session.get_inputs()[0].name
     if outputs is not None:
         return session.run(outputs, {name: x})
-    return session.run(None, {name: x})[0]
+    if batch is None or len(x) <= batch:
+        return session.run(None, {name: x})[0]
+    return np.concatenate([session.run(None, {name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def samples_per_batch(model: WholeModel) -> int:
+    """Samples of the whole model run at once within ACTIVATION_BUDGET: every tensor of one sample
+    counted (an upper bound on what onnxruntime holds at a time), at least one sample."""
+    weights = {i.name for i in model.proto.graph.initializer}
+    per_sample = sum(math.prod(shape) for name, shape in model.shapes.items() if name not in weights)  # batch 1
+    return max(1, min(MAX_BATCH, ACTIVATION_BUDGET // max(1, 4 * per_sample)))

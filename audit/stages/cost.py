@@ -67,14 +67,15 @@ class CostEstimate:
 
     def summary(self) -> str:
         """One line: the total (and the most it can be) and each stage's share, and what was not estimated."""
-        parts = ", ".join(f"{name} {_duration(seconds)}" for name, seconds in self.stages.items() if seconds >= 1)
+        parts = ", ".join(f"{name} {duration(seconds)}" for name, seconds in self.stages.items() if seconds >= 1)
         left_out = f"; not estimated: {', '.join(self.not_estimated)}" if self.not_estimated else ""
         hint = "" if self.quick else "; --quick is faster"
-        at_most = f" (at most {_duration(self.ceiling)})" if _duration(self.ceiling) != _duration(self.total) else ""
-        return f"this audit may take about {_duration(self.total)}{at_most} ({parts}{left_out}){hint}"
+        at_most = f" (at most {duration(self.ceiling)})" if duration(self.ceiling) != duration(self.total) else ""
+        return f"this audit may take about {duration(self.total)}{at_most} ({parts}{left_out}){hint}"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds in the unit a reader takes in at a glance (s, min, h)."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:

@@ -174,6 +174,11 @@ def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, rtol: float, runner: Jo
         return estimate_mean_trace(ctx.encoder, x, method, options, on_samples=bar.update)
 
 
+def prior_term(ctx: AuditContext, method: str, smoothing: float | None) -> PriorEstimate:
+    """The prior term alone, on ctx's aux data (the cuts of one model share it: it does not depend on the model)."""
+    return _prior(ctx, method, resolve_smoothing(ctx, smoothing))
+
+
 def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
     if ctx.space.kind == "tokens":
         return ctx.tokens.smoothed_prior(method, tau, ctx.aux.x) if tau > 0 else ctx.tokens.unsmoothed_prior(method)
@@ -207,7 +212,7 @@ def assess_measurement(ctx: AuditContext, m: Measurement, target_mse: float | No
     mean_dfil, mean_se = _mean_dfil(m, per_sample, ctx.noise_sigma)
     return {
         "dfil": _dfil_section(ctx, m, per_sample, mean_dfil, mean_se),
-        "prior": _prior_section(m.prior),
+        "prior": prior_section(m.prior),
         "bounds": _bounds_section(ctx, m, per_sample, mean_dfil, mean_se),
         "calibration": calibration_section(ctx, m, target_mse),
     }
@@ -367,7 +372,8 @@ def stochastic_notes(traces: TraceEstimate) -> list[str]:
     ]
 
 
-def _prior_section(p: PriorEstimate) -> dict:
+def prior_section(p: PriorEstimate) -> dict:
+    """report.json's prior section of an estimate."""
     return {
         "method": p.method,
         "smoothing": p.smoothing,
