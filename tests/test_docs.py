@@ -114,3 +114,10 @@ def test_every_relative_link_and_anchor_resolves(name):
         assert linked.exists(), f"{name}: {target} names no file"
         if anchor and linked.suffix == ".md":
             assert anchor in heading_anchors(linked.read_text(encoding="utf-8")), f"{name}: {target} names no heading"
+
+
+def test_benchmarks_readme_lists_every_script():
+    """benchmarks/README.md says what each script measures and how to run it: a new script is listed there."""
+    readme = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    missing = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py")) if f"`{p.name}`" not in readme]
+    assert not missing, f"benchmarks/README.md does not list {', '.join(missing)}"
