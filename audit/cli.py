@@ -191,19 +191,21 @@ def run(model: str | None, **flags) -> None:
     help="Worker processes for the attacks (auto: one per CPU core; 1: all in this process).",
 )
 @click.option(
-    "--text", is_flag=True, help="Audit the bundled text sample instead: a transformer bottom over token ids."
+    "--text",
+    is_flag=True,
+    help="Audit the bundled text sample instead: a GPT-2 checkpoint folder cut after block 2, on raw text "
+    '(needs the hf extra: pip install "splitaudit[hf]"; without it, a transformer bottom in ONNX over token ids).',
 )
 def demo(out: str, quick: bool, device: str, debug: bool, as_sweep: bool, workers: int | None, text: bool) -> None:
-    """Audit the bundled digits CNN (or, with --text, a transformer bottom over token ids) with every
-    attack (nothing to download)."""
-    samples = files("splitaudit.sample_models")
-    names = (
-        {"model": "text_bottom.onnx", "aux": "text.npz", "vocab": "text_vocab.json"}
-        if text
-        else {"model": "digits_cnn.onnx", "aux": "digits.npz", "top_model": "digits_cnn_top.pt"}
-    )
+    """Audit the bundled digits CNN (or, with --text, a Hugging Face GPT-2 checkpoint folder cut after
+    block 2 on raw text) with every attack (nothing to download)."""
+    from splitaudit.engine.demo_samples import demo_inputs
+
+    inputs, fallback = demo_inputs(text)
+    if fallback:
+        click.echo(f"splitaudit: {fallback}", err=True)
     options = AuditOptions(
-        **{key: str(samples / name) for key, name in names.items()},
+        **inputs,
         out=out,
         quick=quick,
         device=device,

@@ -21,8 +21,10 @@ Each model is exported as TorchScript (``.pt``) and, when deterministic, ONNX (`
 with its top model (``*_top.pt``) for the attacks that use one. The data ships as ``.npz``
 (``x`` in [0, 1], ``y``, ``attr``). Run: ``python sample_models/build.py``.
 
-``text_bottom`` (``python sample_models/build.py --text`` rebuilds it alone): a small transformer
-bottom over token ids and its generated corpus, for ``splitaudit demo --text`` (text_sample.py).
+The text samples (``python sample_models/build.py --text`` rebuilds them alone), for ``splitaudit
+demo --text``: ``text_bottom``, a small transformer bottom over token ids and its generated corpus
+(text_sample.py), and ``text_gpt2``, a GPT-2 checkpoint folder with the same corpus as raw text
+(text_checkpoint.py; it needs the hf extra).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import torch.nn.functional as F
 from sklearn.datasets import load_breast_cancer, load_digits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from text_sample import build_text_sample  # noqa: E402  (a sibling script, not a package module)
+from text_checkpoint import build_text_checkpoint  # noqa: E402  (sibling scripts, not package modules)
+from text_sample import build_text_sample  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SEED = 0
@@ -212,7 +215,7 @@ def main() -> None:
     torch.set_num_threads(2)
     if "--text" in sys.argv[1:]:
         summary = json.loads((HERE / "models.json").read_text())
-        summary["text_bottom"] = build_text_sample(HERE)
+        build_text_samples(summary)
         (HERE / "models.json").write_text(json.dumps(summary, indent=2) + "\n")
         return
     digits, cancer = digits_data(), breast_cancer_data()
@@ -228,8 +231,15 @@ def main() -> None:
     ]:
         torch.manual_seed(SEED)
         summary[name] = build(name, data, make_bottom(), make_top(), pe_alpha=alpha)
-    summary["text_bottom"] = build_text_sample(HERE)
+    build_text_samples(summary)
     (HERE / "models.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def build_text_samples(summary: dict) -> None:
+    """The text demo's samples into `summary`: the ONNX bottom over token ids, and the checkpoint
+    folder with the same messages as raw text."""
+    summary["text_bottom"] = build_text_sample(HERE)
+    summary["text_gpt2"] = build_text_checkpoint(HERE)
 
 
 if __name__ == "__main__":

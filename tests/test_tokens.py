@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -217,14 +218,17 @@ def test_the_token_ceiling_says_something_on_the_demo_sample_at_large_noise(caps
 
 
 @pytest.mark.slow
-def test_demo_text_audits_the_bundled_transformer_bottom(capsys):
-    """`splitaudit demo --text --quick`: the shipped ONNX bottom, corpus and vocabulary pass with
-    every attack ok (SDAR skipped); the learned inversion and the optimisation over the vocabulary
-    simplex read most tokens back at sigma = 0, far above the most-frequent-token baseline, and the
-    attribute probe reads the city's region as well as the raw-text probe does."""
+def test_demo_text_audits_the_bundled_transformer_bottom(capsys, monkeypatch):
+    """`splitaudit demo --text --quick` without the hf extra: one line saying how to get the checkpoint
+    demo, then the shipped ONNX bottom, corpus and vocabulary pass with every attack ok (SDAR
+    skipped); the learned inversion and the optimisation over the vocabulary simplex read most tokens
+    back at sigma = 0, far above the most-frequent-token baseline, and the attribute probe reads the
+    city's region as well as the raw-text probe does."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if the hf extra were not installed
     code, out, err = run_cli(["demo", "--text", "--quick", "--out", "text-demo", "--workers", "1"], capsys)
     result = json.loads(open("text-demo/report.json").read())
     assert code == 0, err
+    assert 'pip install "splitaudit[hf]"' in err.splitlines()[0]
     assert result["model"]["format"] == "onnx" and result["data"]["sample_shape"] == [8, 32]
     statuses = {name: entry["status"] for name, entry in result["attacks"].items()}
     assert statuses == {**dict.fromkeys(statuses, "ok"), "sdar": "skipped"}, statuses
