@@ -245,7 +245,8 @@ class Attack(ABC):
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> float | None:
         """Seconds all its seeds are expected to take (splitaudit.stages.cost's up-front estimate), or None
         when the attack has no cost model. pass_seconds: one encoder forward + backward pass per
-        sample; timed(step): the least seconds of a call of step, over repeated calls."""
+        sample; timed(step): the median seconds of a call of step over repeated calls (CPU seconds
+        over its threads on a CPU: splitaudit.stages.cost.StepTimer)."""
         return None
 
     def estimated_range(self, ctx: AuditContext, pass_seconds: float, timed: Callable) -> tuple[float, float] | None:

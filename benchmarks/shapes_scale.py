@@ -13,9 +13,9 @@ model is exported with torch.onnx.export(dynamo=True).
 It prints the estimate of the quick and of the full battery stage by stage, then (unless
 --estimate-only) runs the quick audit and prints each stage's measured seconds beside its
 estimate, and every attack's status and metric against its baseline. On a machine shared
-with other work, wall seconds say little about idle cores: `--cpu-time` times the estimate's
-steps in CPU seconds of this process (all its threads), an upper bound on their wall time on
-idle cores, and the measured run is reported in CPU seconds too. `--full-seed ATTACK` runs one
+with other work, wall seconds say little about idle cores: the estimate's steps are timed in CPU
+seconds (splitaudit.stages.cost.StepTimer), and `--cpu-time` reports the measured run in CPU seconds
+of this process (all its threads) too, an upper bound on its wall time on idle cores. `--full-seed ATTACK` runs one
 seed of that attack at the full battery's settings instead of the quick audit, and prints its CPU
 seconds beside the estimate's share of one seed. `--attacks` runs (and estimates) only the attacks
 named, `--attack-option` passes an attack setting on, as `splitaudit run` takes them.
@@ -130,9 +130,10 @@ def full_seed(model: Path, aux: Path, target: Path, name: str) -> None:
     options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0, quick=False)
     ctx = prepare_context(options.validate())
     attack = get_attack(name)
+    timer = cost.StepTimer(cpu_bound=ctx.device.type == "cpu")
     with threads_for(ctx.aux.x.numel(), ctx.device):
-        pass_seconds = cost.encoder_pass_seconds(ctx)
-    expected, cap = (seconds / len(ctx.seeds) for seconds in attack.estimated_range(ctx, pass_seconds, cost._timed))
+        pass_seconds = cost.encoder_pass_seconds(ctx, timer)
+    expected, cap = (seconds / len(ctx.seeds) for seconds in attack.estimated_range(ctx, pass_seconds, timer))
     begin = cpu_seconds()
     outcome = attack.run_seed(ctx, ctx.seeds[0])
     measured = cpu_seconds() - begin
@@ -145,20 +146,8 @@ def full_seed(model: Path, aux: Path, target: Path, name: str) -> None:
     )
 
 
-def cpu_timed(step) -> float:
-    """cost._timed's least-of-repeated-calls timing, in CPU seconds instead of wall seconds."""
-    seconds = []
-    for _ in range(cost.MIN_CALLS + 1):
-        begin = time.process_time()
-        step()
-        seconds.append(time.process_time() - begin)
-    return min(seconds[1:])
-
-
 def main(args) -> None:
     torch.set_num_threads(args.threads)
-    if args.cpu_time:
-        cost._timed = cpu_timed
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         model, aux, target = write_inputs(folder, args.shape, args.aux, args.target)
@@ -213,7 +202,7 @@ if __name__ == "__main__":
     parser.add_argument("--target", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--estimate-only", action="store_true")
-    parser.add_argument("--cpu-time", action="store_true", help="time the estimate's steps in CPU seconds")
+    parser.add_argument("--cpu-time", action="store_true", help="report the measured run in CPU seconds")
     parser.add_argument("--full-seed", metavar="ATTACK", help="run one seed of ATTACK at full settings instead")
     parser.add_argument("--attacks", default="all", help="the attacks to estimate and run: all, or names with commas")
     parser.add_argument("--attack-option", action="append", default=[], metavar="NAME.KEY=VALUE")

@@ -24,6 +24,7 @@ from splitaudit.estimators.prior import (
     within_work_cap,
 )
 from splitaudit.inputs.models import Encoder
+from splitaudit.stages.cost import StepTimer
 
 
 def smooth_images(n: int, size: int, classes: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,6 +165,19 @@ def _cost_context(size: int, quick: bool = False, attack_options: dict | None = 
     )
 
 
+class FixedTimer(StepTimer):
+    """The cost estimate's timer with every step taking `seconds`: each step runs once, for real."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(cpu_bound=True)
+        self.seconds, self.calls = seconds, 0
+
+    def __call__(self, step) -> float:
+        step()
+        self.calls += 1
+        return self.seconds
+
+
 def _cost(size: int, prior: str, quick: bool = False):
     from splitaudit.stages.cost import estimate_cost
 
@@ -171,7 +185,7 @@ def _cost(size: int, prior: str, quick: bool = False):
 
 
 @pytest.mark.parametrize("ablation", [False, True])
-def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_variant(ablation, monkeypatch):
+def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_variant(ablation):
     """SDAR's estimate times its own training iteration on the model and data (one real iteration
     here, its time fixed at 0.5 s) and multiplies by iterations x seeds x variants (3 with the
     ablation: without d1 and without d2): at most all seeds' whole cap; about MIN_SEEDS seeds (seeds
@@ -180,30 +194,25 @@ def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_
     from splitaudit.attacks.sdar import EXPECTED_SHARE, sdar_settings
     from splitaudit.stages import cost
 
-    steps = []
-
-    def timed(step):
-        step()
-        steps.append(step)
-        return 0.5
-
-    monkeypatch.setattr(cost, "_timed", timed)
+    timed = FixedTimer(0.5)
     ctx = _cost_context(16, attack_options={"sdar": {"ablation": ablation}})
-    estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["sdar"])
+    estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["sdar"], timer=timed)
     settings = sdar_settings(ctx)
     per_seed = settings.iterations * (3 if ablation else 1) * 0.5
     assert estimate.ceilings["sdar"] == pytest.approx(len(ctx.seeds) * per_seed) and estimate.not_estimated == []
     assert settings.stopping is not None and len(ctx.seeds) > MIN_SEEDS
     assert estimate.stages["sdar"] == pytest.approx(MIN_SEEDS * per_seed * EXPECTED_SHARE)
-    assert len(steps) == 2  # the encoder pass and one SDAR iteration
+    assert timed.calls == 2  # the encoder pass and one SDAR iteration
     quick = _cost_context(16, quick=True, attack_options={"sdar": {"ablation": ablation}})
     assert sdar_settings(quick).stopping is None
     quick_seconds = sdar_settings(quick).iterations * (3 if ablation else 1) * 0.5
-    assert cost.estimate_cost(quick, "gaussian", 0.25, ["sdar"]).stages["sdar"] == pytest.approx(quick_seconds)
+    assert cost.estimate_cost(quick, "gaussian", 0.25, ["sdar"], timer=timed).stages["sdar"] == pytest.approx(
+        quick_seconds
+    )
 
 
 @pytest.mark.parametrize("size, epochs", [(16, 300), (224, 51)])
-def test_prior_cost_expects_its_early_stop_and_caps_at_its_epoch_cap(monkeypatch, size, epochs):
+def test_prior_cost_expects_its_early_stop_and_caps_at_its_epoch_cap(size, epochs):
     """The score network stops by itself after 115-166 of its 300 epochs (estimators/prior.py), so
     its expected time is EXPECTED_EPOCHS of them and its ceiling all 300; where the work cap
     cuts training to fewer epochs, both are those epochs (224 px: 1e8 / (3 x 224 x 224) = 664
@@ -212,8 +221,8 @@ def test_prior_cost_expects_its_early_stop_and_caps_at_its_epoch_cap(monkeypatch
     from splitaudit.estimators.prior import EXPECTED_EPOCHS
     from splitaudit.stages import cost
 
-    monkeypatch.setattr(cost, "_timed", lambda step: 2e-3)  # per PRIOR_TIMING_BATCH = 2 samples
-    expected, ceiling = cost.prior_seconds(_cost_context(size), "ssm", 0.25)
+    step = lambda _step: 2e-3  # per PRIOR_TIMING_BATCH = 2 samples
+    expected, ceiling = cost.prior_seconds(_cost_context(size), "ssm", 0.25, step)
     assert ceiling == pytest.approx(epochs * 19 * 1e-3)
     assert expected == pytest.approx(min(epochs, EXPECTED_EPOCHS) * 19 * 1e-3)
 
@@ -241,7 +250,7 @@ def test_quick_cost_plans_less_work_than_the_full_one(monkeypatch):
     on the optimization attack (it failed 2 runs in 14), and this test is about the planned work."""
     from splitaudit.stages import cost
 
-    monkeypatch.setattr(cost, "encoder_pass_seconds", lambda ctx: 1e-3)
+    monkeypatch.setattr(cost, "encoder_pass_seconds", lambda ctx, timer: 1e-3)
     full, quick = _cost(64, "gaussian"), _cost(64, "gaussian", quick=True)
     assert "--quick" not in quick.summary() and "--quick is faster" in full.summary()
     assert quick.stages["prior (gaussian)"] == 0
@@ -313,7 +322,7 @@ def test_embedding_reports_progress_batch_by_batch(monkeypatch):
     assert torch.equal(ctx.clean_embeddings("aux"), first) and len(bars) == 1
 
 
-def test_decoder_cost_is_a_timed_step_times_the_steps_of_every_capped_epoch_and_seed(monkeypatch):
+def test_decoder_cost_is_a_timed_step_times_the_steps_of_every_capped_epoch_and_seed():
     """The decoder's ceiling is a real training step on a batch of the model's embeddings (its time
     fixed at 0.5 s here) times the steps of its epoch cap for every seed; its expected time the
     share of the cap early stopping is expected to leave (EXPECTED_SHARE) for the MIN_SEEDS seeds
@@ -321,13 +330,13 @@ def test_decoder_cost_is_a_timed_step_times_the_steps_of_every_capped_epoch_and_
     from splitaudit.attacks.decoder import EXPECTED_SHARE
     from splitaudit.stages import cost
 
-    monkeypatch.setattr(cost, "_timed", lambda step: (step(), 0.5)[1])
+    timed = FixedTimer(0.5)
     ctx = _cost_context(16)  # 16 aux samples: 2 held out, 14 trained on in one batch of 64
-    estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["decoder"])
+    estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["decoder"], timer=timed)
     assert estimate.stages["decoder"] == pytest.approx(MIN_SEEDS * 200 * 1 * 0.5 * EXPECTED_SHARE)
     assert estimate.ceilings["decoder"] == pytest.approx(len(ctx.seeds) * 200 * 1 * 0.5)
     assert estimate.ceiling - estimate.total == pytest.approx((len(ctx.seeds) - MIN_SEEDS * EXPECTED_SHARE) * 200 * 0.5)
     assert f"(at most {cost.duration(estimate.ceiling)})" in estimate.summary()
-    quick = cost.estimate_cost(_cost_context(16, quick=True), "gaussian", 0.25, ["decoder"])
+    quick = cost.estimate_cost(_cost_context(16, quick=True), "gaussian", 0.25, ["decoder"], timer=timed)
     assert quick.stages["decoder"] == quick.ceilings["decoder"] == pytest.approx(1 * 15 * 1 * 0.5)
     assert "at most" not in quick.summary()

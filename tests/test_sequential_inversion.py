@@ -19,7 +19,7 @@ from token_models import LENGTH, VOCAB, TokenBottom, save_token_data, save_token
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.sequential_inversion import causality_violation
-from splitaudit.stages.cost import _timed
+from splitaudit.stages.cost import StepTimer
 
 NAME = "sequential-inversion"
 
@@ -121,7 +121,7 @@ def test_the_cost_estimate_counts_vocabulary_times_positions_per_sentence(folder
     assert one == pytest.approx(len(ctx.seeds) * 4 * LENGTH * VOCAB / 32)
     twice = dataclasses.replace(ctx, attack_options={NAME: {"quick_max_sentences": 8}})
     assert attack.estimated_seconds(twice, 0.0, lambda step: 1.0) == pytest.approx(2 * one)
-    assert attack.estimated_seconds(ctx, 0.0, _timed) > 0
+    assert attack.estimated_seconds(ctx, 0.0, StepTimer(cpu_bound=True)) > 0
 
 
 def test_the_bundled_text_sample_is_recovered_exactly_at_sigma_zero_and_the_aux_prior_helps_under_noise():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -27,3 +28,8 @@ def threads_for(work_values: int, device: torch.device | str = "cpu") -> Iterato
             yield
     finally:
         torch.set_num_threads(before)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -6,7 +6,6 @@ backends import; this module picks a backend and imports it only then (Ray only 
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from typing import Callable
 
@@ -18,7 +17,7 @@ from splitaudit.attacks.base import first_seeds
 from splitaudit.core.config import EXECUTORS
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import machine_memory_bytes
-from splitaudit.core.threads import SMALL_WORK
+from splitaudit.core.threads import SMALL_WORK, usable_cores
 from splitaudit.estimators.mean_trace import Job
 from splitaudit.execution.recipe import Recipe, make_recipe
 from splitaudit.execution.tasks import (
@@ -113,8 +112,7 @@ def local_workers(asked: int | None, ctx: AuditContext) -> int:
         return asked
     if ctx.device.type != "cpu" or ctx.quick or ctx.aux.x.numel() >= SMALL_WORK:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cores, machine_memory_bytes() // 2 // worker_bytes(ctx)))
+    return max(1, min(usable_cores(), machine_memory_bytes() // 2 // worker_bytes(ctx)))
 
 
 def worker_bytes(ctx: AuditContext) -> int:
