@@ -190,6 +190,9 @@ def _summary(sweep: dict) -> list[Item]:
                 "info" if is_finite(auto.get("sigma")) else "warn",
             )
         )
+    inversions = inversion_words(_points(sweep))
+    if inversions is not None:
+        items.append(inversions)
     clean = sweep.get("utility_clean") or {}
     items.append(
         Item(
@@ -201,6 +204,49 @@ def _summary(sweep: dict) -> list[Item]:
         )
     )
     return items
+
+
+def inversion_words(points: list[dict]) -> Item | None:
+    """Token sweeps: where the sequential inversion recovers fewer tokens than the learned one, and why
+    (None when the two did not both run at any sigma)."""
+    compared = [(p, p["inversions"]) for p in points if isinstance(p.get("inversions"), dict)]
+    if not compared:
+        return None
+    weaker = [(p, c) for p, c in compared if c.get("weaker")]
+    if not weaker:
+        return Item(
+            "Text inversions",
+            "The sequential inversion (Nikolaou et al., ICLR 2026) recovers at least as many tokens as the learned "
+            f"inversion at every audited σ, within sampling error (token accuracy, sequential against learned: "
+            f"{_accuracies(compared)}).",
+        )
+    reasons = dict.fromkeys(r for _, c in weaker for r in c.get("reasons") or [])
+    return Item(
+        "Text inversions",
+        f"The sequential inversion (Nikolaou et al., ICLR 2026) recovers fewer tokens than the learned inversion "
+        f"at {_accuracies(weaker)} (token accuracy, sequential against learned, beyond sampling error), so there "
+        f"the learned inversion is the measure of what an attacker recovers. Why: {'; '.join(reasons)}.",
+        "warn",
+    )
+
+
+def _accuracies(compared: list[tuple[dict, dict]]) -> str:
+    return "; ".join(
+        f"σ = {number(p.get('noise_sigma'))}: {number(c.get('sequential'))} against {number(c.get('learned'))}"
+        for p, c in compared
+    )
+
+
+def _inversion_note(comparison: dict) -> str:
+    """A point's comparison of the two text inversions, in one sentence."""
+    words = (
+        f"Sequential inversion token accuracy {number(comparison.get('sequential'))} against the learned "
+        f"inversion's {number(comparison.get('learned'))} (difference within ±{number(comparison.get('margin'))} is "
+        "sampling error)"
+    )
+    if comparison.get("weaker"):
+        return f"{words}: the sequential search is weaker here, because {'; '.join(comparison.get('reasons') or [])}."
+    return f"{words}: the sequential search is at least as strong."
 
 
 def _alerts(sweep: dict) -> list[str]:
@@ -347,7 +393,8 @@ def _point_view(point: dict, recommended: bool) -> PointView:
         bounds=Table(["", ""], rows),
         attacks=overview_table(attacks),
         utility=utility_words(point.get("utility") or {}),
-        notes=[str(n) for n in bounds.get("notes") or []],
+        notes=[str(n) for n in bounds.get("notes") or []]
+        + ([_inversion_note(point["inversions"])] if isinstance(point.get("inversions"), dict) else []),
     )
 
 

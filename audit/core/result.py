@@ -529,6 +529,20 @@ class SweepRun(Run):
     executor: str
 
 
+class InversionComparison(TypedDict):
+    """Token bottoms: the sequential inversion's token accuracy against the learned inversion's at one
+    sigma; weaker when the learned one is higher by more than the margin (1.96 standard errors of the
+    difference), with what in the sequential search explains it."""
+
+    sequential: float
+    learned: float
+    margin: float
+    sequential_sentences: int
+    learned_sentences: int
+    weaker: bool
+    reasons: list[str]
+
+
 class SweepPoint(TypedDict):
     """One audited noise sigma: its sections as in report.json, and where the sigma came from."""
 
@@ -538,6 +552,7 @@ class SweepPoint(TypedDict):
     bounds: Bounds
     attacks: dict[str, Attack]
     utility: Utility
+    inversions: NotRequired[InversionComparison]  # where both sequential and learned inversion ran
 
 
 class AutoSigma(TypedDict):

@@ -23,6 +23,7 @@ from splitaudit.engine.pipeline import AuditEngine, describe_run
 from splitaudit.engine.provenance import Invocation
 from splitaudit.inputs.context import AuditContext, silent_progress
 from splitaudit.stages.gate import thresholds_of
+from splitaudit.stages.inversion_comparison import compare_inversions
 from splitaudit.stages.recommend import recommend, sweep_gate
 
 KIND = "sweep"
@@ -72,7 +73,7 @@ def run_sweep(
             for sigma, origin in sigmas:
                 bar.set_postfix_str(f"sigma {sigma:.4g}")
                 point = engine.point(sigma, grid[sigma], calibration["target_mse"])
-                points.append({**{key: point[key] for key in POINT_KEYS}, "origin": origin})
+                points.append({**{key: point[key] for key in POINT_KEYS}, "origin": origin, **inversions(point)})
                 bar.update()
     body = {
         **header,
@@ -100,6 +101,12 @@ def run_sweep(
     }
     gate = sweep_gate(sweep, **thresholds_of(options), max_utility_loss=options.max_utility_loss)
     return {**sweep, "gate": gate, "run": {**sweep["run"], "seconds": time.perf_counter() - clock}}
+
+
+def inversions(point: dict) -> dict:
+    """A token point's comparison of sequential and learned inversion ({} where either did not run)."""
+    comparison = compare_inversions(point["attacks"], point["noise_sigma"])
+    return {} if comparison is None else {"inversions": comparison}
 
 
 def describe_sweep(ctx: AuditContext, options: AuditOptions, started: datetime) -> dict:
