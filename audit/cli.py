@@ -360,7 +360,7 @@ def compare(before: str, after: str, formats: list[str], out: str, debug: bool) 
 @click.option("--device", type=click.Choice(DEVICES), help="Where to recompute (default: the recorded option).")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 def verify(report: str, recompute: bool, device: str | None, debug: bool, **paths) -> None:
-    """Check that the files are the ones REPORT (report.json or sweep.json) audited: exit 0 verified,
+    """Check that the files are the ones REPORT (report.json, sweep.json or cuts.json) audited: exit 0 verified,
     1 at the first file that differs (or, with --recompute, a dFIL outside its interval), 2 bad input."""
     from splitaudit.engine.verify import check_files, provenance_of, recompute_dfil
     from splitaudit.reports import load_result

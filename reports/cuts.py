@@ -17,6 +17,7 @@ from splitaudit.reports.formatting import is_finite, mean_std, number, text
 from splitaudit.reports.sweep import PointView, _point_view, document_summary, write_document_reports
 from splitaudit.reports.view import DATA_LABELS, RUN_LABELS
 from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts_table, section
+from splitaudit.reports.view_provenance import ProvenanceView, provenance_view
 from splitaudit.reports.view_verdict import QUICK_ALERT, gate_table, headline, verdict_class
 
 SIGMA_WORDS = {"calibrated": "calibrated", "--noise-sigma": "given", "uncalibrated": "none reaches the target"}
@@ -39,6 +40,7 @@ class CutsView:
     data: Table | None
     run: Table | None
     figures: list[Figure]
+    provenance: ProvenanceView | None = None
 
 
 def _cuts(document: dict) -> list[dict]:
@@ -72,9 +74,15 @@ def build_cuts_view(document: dict, with_figures: bool = True) -> CutsView:
         data=facts_table(document.get("data") or {}, DATA_LABELS),
         run=facts_table(
             {**(document.get("run") or {}), "version": (document.get("tool") or {}).get("version")},
-            {**RUN_LABELS, "executor": "executor", "version": "splitaudit version"},
+            {
+                **RUN_LABELS,
+                "executor": "executor",
+                "workers": "cuts audited side by side",
+                "version": "splitaudit version",
+            },
         ),
         figures=figures.made,
+        provenance=provenance_view(document),
     )
 
 

@@ -336,3 +336,98 @@ def test_a_torch_export_program_is_cut_in_its_graph_under_its_node_names(tmp_pat
     program_nodes = {n.name for n in torch.export.load(tmp_path / "whole.pt2").graph.nodes}
     assert "relu" in names and "relu" in program_nodes  # the program's node names, as torch.onnx.export keeps them
     assert [c["name"] for c in document["cuts"]] == [names[0], names[-1]]
+
+
+def _without_times(value):
+    """A document's numbers without wall times, dates and where it ran (run, provenance's options)."""
+    if isinstance(value, dict):
+        return {k: _without_times(v) for k, v in value.items() if k not in ("seconds", "run", "started", "ended")}
+    if isinstance(value, list):
+        return [_without_times(v) for v in value]
+    return value
+
+
+@pytest.mark.slow
+def test_cuts_on_two_worker_processes_give_the_numbers_of_one_process(chain, capsys):
+    """Each cut is one task: on two spawned workers (each cut rebuilt there from the recipe) the
+    document's numbers, attacks included, are those of the run in this process, bit for bit."""
+    model, _, aux, target = chain
+    args = ["cuts", str(model), "--aux", str(aux), "--target", str(target), "--quick", "--prior", "gaussian"]
+    args += ["--attacks", "kmeans,attribute", "--target-mse", "0.3"]
+    assert _exit_code([*args, "--out", "one"]) in (0, 1)
+    assert _exit_code([*args, "--workers", "2", "--out", "two"]) in (0, 1)
+    err = capsys.readouterr().err
+    one, two = (json.loads(Path(f"{out}/cuts.json").read_text()) for out in ("one", "two"))
+    assert (one["run"]["workers"], two["run"]["workers"]) == (1, 2)
+    assert {t["worker"] for t in two["run"]["cut_tasks"]} != {"local"}  # ran in the worker processes
+    assert [t["cut"] for t in two["run"]["cut_tasks"]] == ["h1", "h2"]
+    assert one.pop("provenance")["fingerprint"] == two.pop("provenance")["fingerprint"]  # the same files
+    assert _without_times(one) == _without_times(two)
+    assert "in 2 local worker processes: h1, h2" in err
+
+
+def test_the_plan_is_said_before_any_cut_runs_and_each_cut_as_it_ends(chain, monkeypatch):
+    from splitaudit.engine import cut_tasks
+
+    model, _, aux, target = chain
+    lines: list[str] = []
+    audit_cut = cut_tasks.audit_cut
+    monkeypatch.setattr(
+        cut_tasks, "audit_cut", lambda space, cut: lines.append(f"START {cut.name}") or audit_cut(space, cut)
+    )
+    run_cuts(
+        _options(model, aux, target, prior="gaussian", attacks=["none"], cut_noise_sigma=SIGMA), on_cost=lines.append
+    )
+    assert lines[0].startswith("auditing 2 of 2 candidate cuts in this process: h1, h2")
+    assert lines[1:3] == ["START h1", lines[2]] and lines[2].startswith("cut 1 of 2 done in ")
+    assert lines[3] == "START h2" and lines[4].startswith("cut 2 of 2 done in ") and ": h2 (noise sigma 0.5" in lines[4]
+
+
+def test_the_up_front_estimate_scales_the_first_cut_by_flops_and_shares_it_over_workers():
+    """The first cut's timed stages (dFIL 10 s here) scale with each bottom's FLOPs (1x, 2x, 4x: 10,
+    20, 40 s); the prior (100 s) is trained once. One process: 100 + 70 s; two workers: the work
+    (35 s each) is less than the deepest cut alone, so 100 + 40 s."""
+    from splitaudit.engine.cuts import _plan_words
+    from splitaudit.inputs.onnx_cuts import CutPoint
+    from splitaudit.stages.cost import CostEstimate
+
+    cuts = [CutPoint(f"c{k}", "Conv", k, [1], 1, flops, 4) for k, flops in enumerate((100, 200, 400))]
+    estimate = CostEstimate(stages={"dFIL": 10.0, "prior (ssm)": 100.0})
+    assert _plan_words(cuts, 9, "local", 1, estimate).endswith(
+        "(the deepest about 40 s), so the run may take about 3 min in all"
+    )
+    assert "may take about 2 min in all" in _plan_words(cuts, 9, "local", 2, estimate)  # 140 s
+    assert "in Ray" in _plan_words(cuts, 9, "ray", 0, None) and "no cost estimate" in _plan_words(
+        cuts, 9, "ray", 0, None
+    )
+
+
+def test_cuts_json_records_provenance_and_verify_checks_and_remeasures_it(chain, capsys):
+    model, _, aux, target = chain
+    args = ["cuts", str(model), "--aux", str(aux), "--target", str(target), "--quick", "--prior", "gaussian"]
+    assert (
+        _exit_code([*args, "--attacks", "none", "--noise-sigma", str(SIGMA), "--out", "out", "--format", "json,md"])
+        == 0
+    )
+    document = json.loads(Path("out/cuts.json").read_text())
+    provenance = document["provenance"]
+    assert [f["role"] for f in provenance["files"]] == ["model", "aux", "target"]  # the whole model, not a half
+    assert provenance["command_line"][:3] == ["splitaudit", "cuts", str(model)]
+    assert f"fingerprint `{provenance['fingerprint']}`" in Path("out/cuts.md").read_text()
+    capsys.readouterr()
+    assert _exit_code(["verify", "out/cuts.json", "--recompute"]) == 0
+    out = capsys.readouterr().out
+    for cut in document["cuts"]:
+        assert f"cut {cut['name']!r}: dFIL at sigma {SIGMA:g} measures" in out
+    assert out.count("inside the report's interval") == 2 and "verified: 3 file(s) match report fingerprint" in out
+    data = dict(np.load(aux))
+    np.savez(aux, x=data["x"] + 1e-3, y=data["y"])
+    assert _exit_code(["verify", "out/cuts.json"]) == 1
+    assert "aux" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--split-layer", "2"], ["--task-timeout", "5"]])
+def test_cuts_does_not_offer_options_that_mean_nothing_there(chain, capsys, flag):
+    model, _, aux, _ = chain
+    assert _exit_code(["cuts", str(model), "--aux", str(aux), *flag]) == 2
+    assert "No such option" in capsys.readouterr().err

@@ -37,7 +37,7 @@ from splitaudit.engine.cut_tasks import (
     model_inputs,
     write_halves,
 )
-from splitaudit.engine.pipeline import SplitData, describe_data, describe_run, prepare_audit
+from splitaudit.engine.pipeline import AuditEngine, SplitData, describe_data, describe_run, prepare_audit
 from splitaudit.engine.provenance import Invocation, provenance_section
 from splitaudit.engine.sweep import target_source
 from splitaudit.estimators.prior import PriorEstimate
@@ -127,6 +127,29 @@ def run_cuts(
     }
     gate = cuts_gate(document, **thresholds_of(options))
     return {**document, "gate": gate, "run": {**document["run"], "seconds": time.perf_counter() - clock}}
+
+
+def measure_cuts_again(options: AuditOptions, entries: list[dict], config: str | None) -> list[tuple[dict, float]]:
+    """Each recorded cut's mean dFIL at its sigma measured again from the files (`verify
+    --recompute`): the whole model cut again at the recorded names, the data loaded once beside the
+    first, the prior term estimated once (the measurement carries it; the dFIL does not use it)."""
+    measured, data, prior = [], None, None
+    with tempfile.TemporaryDirectory(prefix="splitaudit-cuts-") as folder:
+        whole, _ = _whole_model(options, Path(folder))
+        candidates = {cut.name: cut for cut in candidate_cuts(whole)}
+        for entry in entries:
+            if entry["name"] not in candidates:
+                raise InputError(f"the report's cut {entry['name']!r} is not a candidate cut of this model")
+            with tempfile.TemporaryDirectory(dir=folder) as halves:
+                _, _, bottom, top = write_halves(whole, candidates[entry["name"]], Path(halves))
+                with AuditEngine.prepared(
+                    cut_options(options, bottom, top), attacks=False, config_file=config, data=data
+                ) as engine:
+                    data = data or (engine.ctx.aux, engine.ctx.target)
+                    prior = prior or prior_term(engine.ctx, options.prior, options.smoothing)
+                    engine.known_prior = prior
+                    measured.append((entry, engine.assess(entry["noise_sigma"])["dfil"]["mean"]))
+    return measured
 
 
 def _whole_model(options: AuditOptions, folder: Path):

@@ -118,29 +118,40 @@ def recorded_options(provenance: dict, checks: list[FileCheck], device: str | No
 def recompute_dfil(
     report: dict, provenance: dict, checks: list[FileCheck], device: str | None
 ) -> list[tuple[bool, str]]:
-    """The dFIL measured again at each audited sigma from the verified files: per point, whether it
-    falls inside the report's interval, and a line saying both."""
-    from splitaudit.engine.pipeline import AuditEngine
-
+    """The dFIL measured again at each audited point (a sweep's sigmas, each cut of a cuts.json at
+    its sigma) from the verified files: per point, whether it falls inside the report's interval,
+    and a line saying both."""
     options = recorded_options(provenance, checks, device)
     config = next((str(c.path) for c in checks if c.role == "config"), None)
-    points = report["points"] if report.get("kind") == "sweep" else [report]
-    outcomes = []
+    if report.get("kind") == "cuts":
+        from splitaudit.engine.cuts import measure_cuts_again
+
+        measured = measure_cuts_again(options, report["cuts"], config)
+    else:
+        measured = _measure_points_again(
+            options, report["points"] if report.get("kind") == "sweep" else [report], config
+        )
+    return [_outcome(point, again) for point, again in measured]
+
+
+def _measure_points_again(options: AuditOptions, points: list[dict], config: str | None) -> list[tuple[dict, float]]:
+    """Each audited sigma's mean dFIL from one measurement of the model (it scales as 1/sigma^2)."""
+    from splitaudit.engine.pipeline import AuditEngine
+
     with AuditEngine.prepared(options, attacks=False, config_file=config) as engine:
-        for point in points:
-            stored = point["dfil"]
-            again = engine.assess(point["noise_sigma"])["dfil"]["mean"]
-            low, high = interval(stored)
-            ok = inside(again, low, high)
-            outcomes.append(
-                (
-                    ok,
-                    f"dFIL at sigma {point['noise_sigma']:g} measures {again:.6g} again, "
-                    f"{'inside' if ok else 'OUTSIDE'} the report's interval [{low:.6g}, {high:.6g}] "
-                    f"(mean {stored['mean']:.6g})",
-                )
-            )
-    return outcomes
+        return [(point, engine.assess(point["noise_sigma"])["dfil"]["mean"]) for point in points]
+
+
+def _outcome(point: dict, again: float) -> tuple[bool, str]:
+    """Whether a point's dFIL measured again lies in its interval, and a line saying both."""
+    stored = point["dfil"]
+    low, high = interval(stored)
+    ok = inside(again, low, high)
+    where = f"cut {point['name']!r}: " if "name" in point else ""
+    return ok, (
+        f"{where}dFIL at sigma {point['noise_sigma']:g} measures {again:.6g} again, "
+        f"{'inside' if ok else 'OUTSIDE'} the report's interval [{low:.6g}, {high:.6g}] (mean {stored['mean']:.6g})"
+    )
 
 
 def interval(dfil: dict) -> tuple[float, float]:
