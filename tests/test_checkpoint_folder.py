@@ -1,7 +1,8 @@
 """A Hugging Face checkpoint folder as the model of a distributed audit: the workers (--workers 2,
 Ray) rebuild it from its checkpoint files only (config, safetensors, tokenizer), the report's digest
 covers exactly those files, and a file linked from outside the folder is refused (exit 2) before
-anything reads it. The checkpoint is a tiny 2-block GPT-2 saved with save_pretrained into tmp_path."""
+anything reads it, but for a Hugging Face cache snapshot's links into its blobs. The checkpoint is
+a tiny 2-block GPT-2 saved with save_pretrained into tmp_path."""
 
 from __future__ import annotations
 
@@ -114,6 +115,29 @@ def test_a_link_inside_the_folder_is_read(folder, tmp_path):
     (inside / "model.safetensors").symlink_to("blobs/weights")
     shipped = model_files(str(inside))
     assert shipped["inside/model.safetensors"] == (folder / "model.safetensors").read_bytes()
+
+
+def test_a_hugging_face_cache_snapshot_is_read_through_its_blobs(folder, corpus, tmp_path, capsys):
+    """models--NAME/snapshots/REV/FILE -> ../../blobs/SHA, as from_pretrained downloads: the files are
+    read (and shipped to workers) through the links; a link elsewhere in the repository is refused."""
+    repository = tmp_path / "models--tiny"
+    snapshot, blobs = repository / "snapshots" / "0123abc", repository / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for name in CHECKPOINT_FILES:
+        digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        (blobs / digest).write_bytes((folder / name).read_bytes())
+        (snapshot / name).symlink_to(f"../../blobs/{digest}")
+    shipped = model_files(str(snapshot))
+    assert shipped == {f"0123abc/{name}": (folder / name).read_bytes() for name in CHECKPOINT_FILES}
+    (repository / "refs").mkdir()
+    (repository / "refs" / "main").write_bytes((folder / "tokenizer.json").read_bytes())
+    (snapshot / "tokenizer.json").unlink()
+    (snapshot / "tokenizer.json").symlink_to("../../refs/main")
+    code, _, err = run_cli(
+        ["run", str(snapshot), "--split-layer", "1", "--aux", str(corpus), "--attacks", "none", "--quick"], capsys
+    )
+    assert_one_line_error(code, err, "leads out of the checkpoint folder")
 
 
 @pytest.mark.slow

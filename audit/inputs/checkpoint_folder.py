@@ -5,8 +5,9 @@ report's digest of the folder covers; a training folder's optimizer states, logs
 beside them are neither copied nor hashed.
 
 A listed file reached through a symlink that leads out of the folder is refused, as image folders
-refuse theirs: the folder must not make the audit read, and record, files it does not hold. (A
-Hugging Face cache snapshot links every file into ../../blobs: copy it out with `cp -rL`.)
+refuse theirs: the folder must not make the audit read, and record, files it does not hold. One
+layout is read as it is: a Hugging Face cache snapshot (`models--NAME/snapshots/REVISION/`, what
+`from_pretrained` downloads), whose files link into the same repository's `blobs/` folder.
 No torch here: provenance lists these files without loading anything.
 """
 
@@ -51,16 +52,25 @@ def checkpoint_files(folder) -> list[tuple[str, Path]]:
     """(name, path) of the folder's checkpoint files, sorted by the name's bytes as folder digests
     sort theirs; InputError for one that leads out of the folder or is not a regular file."""
     folder = Path(folder)
-    root = folder.resolve()
+    roots = allowed_roots(folder)
     found = []
     for path in folder.iterdir():
         if not is_checkpoint_file(path.name):
             continue
         target = path.resolve()
-        if not target.is_relative_to(root):
+        if not any(target.is_relative_to(root) for root in roots):
             raise InputError(
                 f"{display_path(path)} leads out of the checkpoint folder {display_path(folder)} (a symlink to "
                 f"{display_path(target)}); splitaudit reads only files inside it: copy them in (cp -rL)"
             )
         found.append((path.name, require_regular_file(path, "checkpoint file")))
     return sorted(found, key=lambda item: os.fsencode(item[0]))
+
+
+def allowed_roots(folder: Path) -> list[Path]:
+    """Where the folder's files may lead: inside it, and for a Hugging Face cache snapshot
+    (models--NAME/snapshots/REVISION) also its repository's blobs/ folder."""
+    root = folder.resolve()
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
+        return [root, root.parent.parent / "blobs"]
+    return [root]
