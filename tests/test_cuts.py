@@ -397,7 +397,7 @@ def test_the_up_front_estimate_scales_the_first_cut_by_flops_and_shares_it_over_
         "(the deepest about 40 s), so the run may take about 3 min in all"
     )
     assert "may take about 2 min in all" in _plan_words(cuts, 9, "local", 2, estimate)  # 140 s
-    assert "in Ray" in _plan_words(cuts, 9, "ray", 0, None) and "no cost estimate" in _plan_words(
+    assert "cuts on Ray: c0, c1, c2" in _plan_words(cuts, 9, "ray", 0, None) and "no cost estimate" in _plan_words(
         cuts, 9, "ray", 0, None
     )
 

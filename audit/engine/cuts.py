@@ -323,8 +323,8 @@ def _cut_estimate(ctx: AuditContext, options: AuditOptions, names: list[str]) ->
 def _plan_words(chosen: list[CutPoint], count: int, executor: str, workers: int, estimate: CostEstimate | None) -> str:
     """The plan before anything slow runs: which cuts, where, and what they may cost. A cut's stages
     are the first cut's timed ones scaled by its bottom's FLOPs; the prior is trained once."""
-    where = f"{workers} local worker processes" if workers > 1 else "this process" if workers else "Ray"
-    plan = f"auditing {len(chosen)} of {count} candidate cuts in {where}: {', '.join(c.name for c in chosen)}"
+    where = f"in {workers} local worker processes" if workers > 1 else "in this process" if workers else "on Ray"
+    plan = f"auditing {len(chosen)} of {count} candidate cuts {where}: {', '.join(c.name for c in chosen)}"
     if estimate is None:
         return f"{plan}; small data, so no cost estimate (each cut takes seconds)"
     prior = sum(v for k, v in estimate.stages.items() if k.startswith("prior"))
