@@ -138,15 +138,19 @@ def run(
     on_cost: Callable | None = None,
     invocation=None,
     baseline: dict | None = None,
+    on_notice: Callable | None = None,
 ) -> AuditResult:
     """Run the audit that `options` describe (the CLI's and audit()'s one code path); invocation
     (splitaudit.engine.provenance.Invocation) says how the CLI was called, baseline is the earlier
-    report run --baseline compares with (splitaudit.reports.compare.read_baseline)."""
+    report run --baseline compares with (splitaudit.reports.compare.read_baseline); on_notice gets
+    the line that says why the model runs slower than it could, if it does."""
     from splitaudit.engine.pipeline import run_audit
     from splitaudit.inputs.context import silent_progress
 
     progress = progress or silent_progress
-    return AuditResult(run_audit(options, progress, on_cost=on_cost, invocation=invocation, baseline=baseline))
+    return AuditResult(
+        run_audit(options, progress, on_cost=on_cost, invocation=invocation, baseline=baseline, on_notice=on_notice)
+    )
 
 
 def _stderr_progress(**kwargs):

@@ -241,7 +241,12 @@ def _audit_and_report(options: AuditOptions, invocation) -> None:
             require_mlflow(options.mlflow_uri)  # installed and its store usable, before any computation
         baseline = read_baseline(options.baseline) if options.baseline else None
         outcome = run_api(
-            options, progress=cli_progress, on_cost=print_long_cost, invocation=invocation, baseline=baseline
+            options,
+            progress=cli_progress,
+            on_cost=print_long_cost,
+            invocation=invocation,
+            baseline=baseline,
+            on_notice=print_notice,
         )
         written = outcome.write(options.out, options.formats)
         if options.junit:
@@ -275,6 +280,11 @@ def held_output(out: str, document: str, junit: str | None):
             if RECEIVED_SIGNALS:  # its exception raised on the way here, or lost on the way
                 remove_previous_reports(out_dir, document, junit)
                 raise signal_exception(RECEIVED_SIGNALS[0])
+
+
+def print_notice(line: str) -> None:
+    """A line the audit says before its slow stages (why the model runs slower than it could), on stderr."""
+    click.echo(f"splitaudit: {line}", err=True)
 
 
 def print_long_cost(estimate) -> None:

@@ -114,7 +114,7 @@ def test_non_finite_advantage_is_not_gated():
 def fake_audit(monkeypatch):
     """Replace the pipeline by the image fixture, gated with the thresholds the CLI passes on."""
 
-    def run_audit(options, progress=None, on_cost=None, invocation=None, baseline=None):
+    def run_audit(options, progress=None, on_cost=None, invocation=None, baseline=None, on_notice=None):
         result = fixture("image_audit")
         result["gate"] = evaluate_gate(
             result,

@@ -243,14 +243,16 @@ def run_audit(
     on_cost: Callable[..., None] | None = None,
     invocation: Invocation | None = None,
     baseline: dict | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> dict:
     """Run the whole audit and return the result object (report.json's content): one audit point
     at options.noise_sigma, and its gate (with the regression checks against `baseline`, an earlier
     report's splitaudit.stages.regression.baseline_summary, when given).
 
     on_cost, when given, receives the up-front cost estimate (splitaudit.stages.cost.CostEstimate)
-    before the long stages start; invocation (the command line and --config file) goes into the
-    provenance section."""
+    before the long stages start; on_notice, the one line that says why the model will run slower
+    than it could (it runs in chunks of the static batch it was saved with), if it will; invocation
+    (the command line and --config file) goes into the provenance section."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     invocation = invocation or Invocation()
@@ -260,6 +262,8 @@ def run_audit(
         from splitaudit.stages.utility import utility_section
 
         utility = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
+        if on_notice is not None and ctx.encoder.batch_note:
+            on_notice(ctx.encoder.batch_note)
         if on_cost is not None:
             _announce_cost(ctx, options, names, on_cost)
         with progress(total=1 + len(names), desc="audit", unit="stage") as stages:

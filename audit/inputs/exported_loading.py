@@ -6,8 +6,10 @@ An exported program keeps the mode it was exported in (BatchNorm and dropout are
 graph; torch refuses .train()/.eval() on it), so it runs as saved, as an ONNX graph does: --model-mode
 train is refused, and copies trained by attacks keep the exported layers' behaviour (ExportedModule). A
 program exported with a static batch size (torch.export's default: the example's batch) guards
-that size and may bake it into reshapes, so ExportedModule runs any batch in chunks of it, padded:
-the attacks' trained copies then take any batch too.
+that size and may bake it into reshapes: it is opened without the guard on the batch (its other
+dimensions are still checked), and runs whole batches where real data shows that its outputs do
+not depend on the batch size (splitaudit.inputs.model_checks.settle_static_batch), else in chunks of
+its size, padded; the attacks' trained copies take any batch either way.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
 from splitaudit.inputs.exported_archive import check_exported_archive, check_program
 from splitaudit.inputs.precision import audit_precision
-from splitaudit.inputs.raw_model import Outputs, RawModel, check_single_input, first_line, in_batches, select_output
+from splitaudit.inputs.raw_model import (
+    Outputs,
+    RawModel,
+    SavedBatch,
+    check_single_input,
+    first_line,
+    in_batches,
+    select_output,
+)
 from splitaudit.inputs.torch_archives import read_archive
 from splitaudit.inputs.torchscript_loading import NON_SMOOTH_TORCHSCRIPT
 
@@ -45,23 +55,33 @@ def is_exported_archive(path: Path) -> bool:
 
 
 class ExportedModule(nn.Module):
-    """An exported program's module, run in chunks of its static batch size when it has one.
-    train()/eval() set this wrapper's flag only: torch refuses them on the program, whose layers
-    keep the mode they were exported in."""
+    """An exported program's module, run in chunks of `static_batch` when that is set (a program
+    saved with a static batch whose outputs depend on it). `sample_shape`: the per-sample shape
+    checked here for a program opened without its input guards. train()/eval() set this wrapper's
+    flag only: torch refuses them on the program, whose layers keep the mode they were exported in."""
 
-    def __init__(self, program_module: nn.Module, static_batch: int | None) -> None:
+    def __init__(
+        self, program_module: nn.Module, static_batch: int | None, sample_shape: tuple[int, ...] | None = None
+    ) -> None:
         super().__init__()
         self.program = program_module
-        self.static_batch = static_batch
+        self.saved_batch = self.static_batch = static_batch
+        self.sample_shape = sample_shape
 
     def train(self, mode: bool = True) -> "ExportedModule":
         self.training = mode
         return self
 
     def forward(self, x: torch.Tensor):
+        if self.sample_shape is not None and tuple(x.shape[1:]) != self.sample_shape:
+            raise ValueError(f"the program takes samples of shape {self.sample_shape}, not {tuple(x.shape[1:])}")
         if self.static_batch is None:
             return self.program(x)
         return in_batches(self.program, x, self.static_batch)
+
+    def batch_freely(self, free: bool) -> None:
+        """Run whole batches (free) or chunks of the size the program was saved with."""
+        self.static_batch = None if free else self.saved_batch
 
 
 def open_exported(path: Path, device: torch.device, mode: str = "saved", output_name: str | None = None) -> RawModel:
@@ -78,7 +98,9 @@ def open_exported(path: Path, device: torch.device, mode: str = "saved", output_
             check_exported_archive(data, label)  # before torch reads it: see exported_archive
             program = torch.export.load(io.BytesIO(data))
             check_program(program, label)  # before anything runs it
-            module = program.module()
+            shape = _user_input_shape(program, path)
+            batch = shape[0] if isinstance(shape[0], int) else None
+            module = program.module() if batch is None else _without_input_guards(program)
     except InputError:
         raise
     except Exception as exc:  # torch and zipfile raise anything from RuntimeError to KeyError on a bad archive
@@ -87,23 +109,14 @@ def open_exported(path: Path, device: torch.device, mode: str = "saved", output_
             f"{label} is not a loadable torch.export program ({first_line(cause)}); "
             "save it with torch.export.save(torch.export.export(model, (x,)), path)"
         ) from exc
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    inputs = [s.arg.name for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    check_single_input(inputs, path)
-    shape = tuple(placeholders[inputs[0]].meta["val"].shape)
-    batch = shape[0] if isinstance(shape[0], int) else None
     sample = tuple(shape[1:]) if all(isinstance(d, int) for d in shape[1:]) else None
     for p in module.parameters():
         p.requires_grad_(False)
     outputs = _outputs(program.call_spec.out_spec)
-    selected, notes = select_output(ExportedModule(module.to(device), batch), outputs, output_name, path)
-    if batch is not None:
-        notes.append(
-            f"the program was exported with a static batch of {batch}; it runs in chunks of {batch}, slower than "
-            "a program exported with a dynamic batch (torch.export.export(..., dynamic_shapes=...))"
-        )
+    exported = ExportedModule(module.to(device), batch, sample if batch is not None else None)
+    selected, notes = select_output(exported, outputs, output_name, path)
     computed, saved, dtype = audit_precision(selected)
-    return RawModel(
+    raw = RawModel(
         path=path,
         format="exported",
         declared_input_shape=sample,
@@ -114,6 +127,28 @@ def open_exported(path: Path, device: torch.device, mode: str = "saved", output_
         stored_dtype=dtype,
         saved_module=saved,
     )
+    if batch is not None:
+        copies = [m for model in (computed, saved) if model is not None for m in model.modules()]
+        wrappers = [m for m in copies if isinstance(m, ExportedModule)]
+        raw.saved_batch = SavedBatch(batch, computed, computed, lambda free: [m.batch_freely(free) for m in wrappers])
+    return raw
+
+
+def _user_input_shape(program, path: Path) -> tuple:
+    """The shape of the program's one user input (ints, symbols where dynamic); InputError when it has several."""
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    inputs = [s.arg.name for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    check_single_input(inputs, path)
+    return tuple(placeholders[inputs[0]].meta["val"].shape)
+
+
+def _without_input_guards(program) -> nn.Module:
+    """The program's module without the guards on its inputs' shapes (ExportedModule checks the
+    per-sample shape instead): a program traced with a static batch guards that size, and whether
+    it computes the same on other batch sizes is checked on real data."""
+    module = program.module(check_guards=False)
+    module.validate_inputs = False
+    return module
 
 
 class KeptRecords(logging.Handler):

@@ -93,6 +93,37 @@ def check_parity(raw: RawModel, mean: torch.Tensor, std: torch.Tensor, blackbox,
     return None, err
 
 
+def settle_static_batch(raw: RawModel, inputs: torch.Tensor) -> str | None:
+    """Decide how a model saved with a static batch runs (raw.saved_batch): whole batches when its
+    free-batch form gives, on a batch of another size, the outputs of the model as saved run in
+    chunks of its saved size (same shape, within the parity tolerance); else in chunks, and the note
+    that says so and why (its batch size enters the computation: a Reshape to [1, -1], a batch baked
+    into a constant). `inputs`: real data in the model's input space."""
+    saved = raw.saved_batch
+    if saved is None:
+        return None
+    if len(inputs) == saved.size:  # a batch of the saved size would show nothing
+        inputs = torch.cat([inputs, inputs[:1]])
+    try:
+        with torch.no_grad():
+            reference = in_batches(saved.saved, inputs, saved.size)
+            saved.use_free(True)
+            batched = saved.free(inputs)
+        agree = batched.shape == reference.shape and float((batched - reference).abs().max()) <= _tolerance(
+            raw, reference
+        )
+    except Exception:  # the free-batch form fails on other batch sizes (a shape baked into the graph)
+        agree = False
+    saved.use_free(agree)
+    if agree:
+        return None
+    return (
+        f"the model was saved with a static batch of {saved.size}, and its outputs depend on that size (a reshape "
+        f"or constant has it built in), so it runs {saved.size} sample{'s' if saved.size > 1 else ''} per call: "
+        "slower than a model exported with a dynamic batch dimension"
+    )
+
+
 def check_saved_precision(raw: RawModel, torch_fn: Callable, saved: Callable, sample: torch.Tensor) -> float | None:
     """The largest difference between the float32 computation of a torch model stored in float16 or
     bfloat16 and the model as saved, run on the sample; InputError when it exceeds rounding (the model

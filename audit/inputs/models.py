@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn as nn
 
@@ -32,9 +31,10 @@ from splitaudit.inputs.model_checks import (
     input_dtype_mismatch,
     input_shape_advice,
     outputs_differ,
+    settle_static_batch,
     state_digest,
 )
-from splitaudit.inputs.onnx_loading import check_onnx_output_type, open_onnx
+from splitaudit.inputs.onnx_loading import check_onnx_output_type, onnx_runner, open_onnx
 from splitaudit.inputs.precision import audit_precision, precision_note
 from splitaudit.inputs.raw_model import Normalized, RawModel, first_line, in_batches, model_layout
 from splitaudit.inputs.stochastic import apply_model_mode, describe_mode, randomness_error
@@ -82,6 +82,7 @@ class Encoder:
     mode: str = "saved"
     training_modules: list[str] = field(default_factory=list)
     fingerprint: Fingerprint | None = None  # its first answers on the loading checks' inputs (None: not rechecked)
+    batch_note: str | None = None  # why it runs in chunks of the static batch it was saved with, if it does
 
     @property
     def differentiable(self) -> bool:
@@ -219,6 +220,8 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     notes: list[str] = list(raw.notes)
     held = [m for m in (raw.torch_module, raw.saved_module) if m is not None and raw.format != "onnx"]
     weights = state_digest(held)
+    batch_note = settle_static_batch(raw, model_layout((sample - mean) / std, raw.channels_last))
+    notes.extend([batch_note] if batch_note else [])
     blackbox = _blackbox_fn(raw, mean, std)
     torch_fn = Normalized(raw.torch_module, mean, std, raw.channels_last) if raw.torch_module is not None else None
     parity = None
@@ -278,6 +281,7 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
         mode=raw.mode,
         training_modules=raw.training_modules,
         fingerprint=Fingerprint.taken(sample, first, second),
+        batch_note=batch_note,
     )
 
 
@@ -307,17 +311,11 @@ def _blackbox_fn(raw: RawModel, mean: torch.Tensor, std: torch.Tensor) -> Callab
                 return module(model_layout((x - mean) / std, raw.channels_last))
 
         return run_module
-    session = raw.session
-    meta = session.get_inputs()[0]
-    check_onnx_output_type(session, raw.output_name)
-    dtype = (
-        np.float64 if meta.type == "tensor(double)" else np.float16 if meta.type == "tensor(float16)" else np.float32
-    )
+    check_onnx_output_type(raw.session, raw.output_name)
+    runner = onnx_runner(raw.session, raw.output_name)
 
     def run_onnx(x: torch.Tensor) -> torch.Tensor:
-        feed = model_layout((x.detach() - mean) / std, raw.channels_last).cpu().numpy().astype(dtype)
-        out = session.run([raw.output_name], {meta.name: feed})[0]
-        return torch.from_numpy(np.asarray(out, dtype=np.float32)).to(x.device)
+        return runner(model_layout((x.detach() - mean) / std, raw.channels_last))
 
     return run_onnx
 

@@ -11,7 +11,10 @@ clean-up that changed the function would be caught there.
 
 Dynamic dimensions are declared in three ways: a symbol (dim_param), or the numbers -1 (Paddle2ONNX,
 some tf2onnx graphs) and 0; the last two are rewritten as symbols here so that neither splitaudit
-nor onnxruntime reads them as a fixed size.
+nor onnxruntime reads them as a fixed size. A batch declared as a fixed number (most exporters
+write [1, C, H, W] unless told otherwise) is made a symbol on a copy (symbolic_batch): whether the
+graph computes the same at other batch sizes is then checked on real data
+(splitaudit.inputs.model_checks.settle_static_batch).
 """
 
 from __future__ import annotations
@@ -34,6 +37,27 @@ def declare_dynamic_dims(proto) -> bool:
                 dim.dim_param = DYNAMIC_SYMBOLS[0] if axis == 0 else f"{DYNAMIC_SYMBOLS[1]}{axis}"
                 changed = True
     return changed
+
+
+def symbolic_batch(proto, batch: int):
+    """A copy of proto whose inputs and outputs declare their first dimension, where it is `batch`,
+    as the symbol "batch", without the shapes declared for intermediate tensors (value_info: they
+    carry the saved batch too, and shape inference recomputes them); None when no dimension was
+    `batch`. The operators are left as they are: a Reshape to [1, -1] still makes one sample."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    weights = {init.name for init in copy.graph.initializer}
+    changed = False
+    for info in (*(i for i in copy.graph.input if i.name not in weights), *copy.graph.output):
+        dims = info.type.tensor_type.shape.dim
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value == batch:
+            dims[0].Clear()
+            dims[0].dim_param = DYNAMIC_SYMBOLS[0]
+            changed = True
+    del copy.graph.value_info[:]
+    return copy if changed else None
 
 
 def drop_initializer_inputs(proto) -> None:

@@ -24,11 +24,12 @@ from splitaudit.inputs.onnx_graph import (
     slimmed,
     standard_scalers,
     straight_through,
+    symbolic_batch,
     value_op_types,
 )
 from splitaudit.inputs.optional_imports import import_torchvision_or_stub
 from splitaudit.inputs.precision import LOW_PRECISION, audit_precision, float32_graph, onnx_stored_dtype
-from splitaudit.inputs.raw_model import RawModel, check_single_input, first_line
+from splitaudit.inputs.raw_model import RawModel, SavedBatch, check_single_input, first_line
 from splitaudit.inputs.stochastic import refuse_onnx_randomness
 
 ONNX2TORCH_OPSET = 13  # onnx2torch gets older graphs upgraded to this opset (its converters start there)
@@ -99,18 +100,22 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
             session, providers = _ort_session(path, device, audited, stored)
     kernels = sorted({n.op_type for n in audited.graph.node if n.op_type.startswith(INTEGER_KERNELS)})
     notes += [QUANTIZED_OPERATORS_NOTE.format(ops=", ".join(kernels))] if kernels else []
+    saved_session = None
     if "DynamicQuantizeLinear" in kernels:  # its scale is the whole batch's range: one sample at a time
         batch = 1
         notes.append(
             "DynamicQuantizeLinear scales by the range of the whole batch, so a sample's embedding depends on "
             "its batch: the model runs one sample at a time, each quantized on its own range"
         )
+    elif batch and quantized_session is None and (free := symbolic_batch(audited, batch)) is not None:
+        saved_session, audited = session, free  # the converters get the graph with its batch free too
+        session, providers = _ort_session(path, device, free, stored)
     cleaned, slim_error = slimmed(audited, memory_limit_bytes())
     float32_graph(cleaned)  # the converters then give float32 modules (a float16 model is audited in float32)
     standard_scalers(cleaned)  # skl2onnx's Scaler, which no converter supports, as Sub and Mul
     conversions, failed = convert_onnx(cleaned, device), []
     first = next_module(conversions, failed)
-    return RawModel(
+    raw = RawModel(
         path=path,
         format="onnx",
         declared_input_shape=shape,
@@ -128,6 +133,27 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
         stored_dtype=stored,
         quantized_session=quantized_session,
     )
+    if saved_session is not None:
+        raw.saved_batch = SavedBatch(
+            batch,
+            onnx_runner(saved_session, output_name),
+            onnx_runner(session, output_name),
+            lambda free: setattr(raw, "fixed_batch", None if free else batch),
+        )
+    return raw
+
+
+def onnx_runner(session, output_name: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A torch-in, torch-out forward pass through an onnxruntime session (no gradients), in the
+    input's declared floating-point type, the audited output returned as float32 on the input's device."""
+    meta = session.get_inputs()[0]
+    dtype = {"tensor(double)": np.float64, "tensor(float16)": np.float16}.get(meta.type, np.float32)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = session.run([output_name], {meta.name: x.detach().cpu().numpy().astype(dtype)})[0]
+        return torch.from_numpy(np.asarray(out, dtype=np.float32)).to(x.device)
+
+    return run
 
 
 def next_module(conversions: Iterator[Conversion], failed: list[Conversion]) -> Conversion | None:

@@ -1,5 +1,6 @@
 """A model as a loader hands it over (RawModel), and what the loaders and the checks share:
-running a model in its fixed batch size (in_batches), folding --normalize into it (Normalized),
+running a model in its fixed batch size (in_batches), the two ways to run a model saved with a
+static batch (SavedBatch), folding --normalize into it (Normalized),
 the one-input rule, and an exception's first line for one-line error messages.
 """
 
@@ -19,6 +20,20 @@ from splitaudit.inputs.data import IMAGE_CHANNELS
 
 if TYPE_CHECKING:
     from splitaudit.inputs.onnx_loading import Conversion
+
+
+@dataclass
+class SavedBatch:
+    """A model saved with a static batch of `size` (an ONNX input [1, C, H, W], a torch.export
+    program traced without a dynamic batch), opened with that dimension free. Both functions take
+    model inputs; whether the free one gives the saved one's outputs on any batch is checked on real
+    data (splitaudit.inputs.model_checks.settle_static_batch), which then calls use_free(True); until
+    then the opened model runs in chunks of `size`."""
+
+    size: int
+    saved: Callable[[torch.Tensor], torch.Tensor]  # the model as saved (called on batches of `size`)
+    free: Callable[[torch.Tensor], torch.Tensor]  # the model with its batch dimension free
+    use_free: Callable[[bool], None]  # the opened model runs whole batches (True) or chunks of `size` (False)
 
 
 @dataclass
@@ -47,6 +62,7 @@ class RawModel:
     channels_last: bool = False  # takes H,W,C images, audited as C,H,W (audit_layout)
     scripted: object | None = None  # a TorchScript model's ScriptModule as loaded (token_models cuts its graph)
     quantized_session: object | None = None  # a quantized ONNX model as saved; `session` runs it straight-through
+    saved_batch: SavedBatch | None = None  # saved with a static batch, opened with the batch free
 
 
 # torch's recurrent layers, by class name: a TorchScript module keeps it as its original_name.
