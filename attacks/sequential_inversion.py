@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -51,14 +50,14 @@ from splitaudit.inputs.tokens import bound_mask, mask_groups
 
 CAUSALITY_SAMPLES = 2  # aux sentences the causality check perturbs at every position
 CAUSAL_RTOL = 1e-5  # an earlier state moved by more than this share of the states' largest value: not causal
-CANDIDATE_VALUES = 2**22  # values held per chunk of candidate sequences on a CPU (16 MiB float32)
+CANDIDATE_VALUES = 2**22  # values held per chunk of candidates on a CPU (16 MiB float32)
 GPU_CANDIDATE_VALUES = 2**27  # the same on a GPU (512 MiB float32)
 CACHE_CHECKS = 2  # (prefix, candidate) pairs at each position whose cached states are recomputed whole
-TIMING_SEQUENCES = 32  # candidate sequences per timed pass of the cost estimate
+TIMING_SEQUENCES = 32  # candidates per timed call of the cost estimate
 PREFIX_STATES = {
     "cached": (
-        "cached: the prefix's keys and values are computed once per position and each candidate costs one "
-        "position's forward pass (confirmed against whole sequences at every position)"
+        "cached: the prefixes' keys and values are computed once per position and the candidates are scored "
+        "as queries over them, many per call (confirmed against whole sequences at every position)"
     ),
     "recomputed": (
         "recomputed: the bottom runs whole sequences and keeps no state between calls, so each position "
@@ -71,14 +70,14 @@ _CAUSALITY: dict[int, tuple[weakref.ref, str | None]] = {}
 
 @runtime_checkable
 class PrefixCached(Protocol):
-    """A causal bottom that computes a prefix's states once and then one position per candidate
-    (audit/inputs/hf_checkpoints.py's CheckpointBottom)."""
+    """A causal bottom that computes prefixes' keys and values once and then scores many candidate
+    tokens at the next position per call (audit/inputs/hf_checkpoints.py's CheckpointBottom)."""
 
     def prefix_cache(self, prefix: torch.Tensor, mask: torch.Tensor | None): ...
 
-    def extend(self, cache, rows: torch.Tensor, step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor: ...
+    def extend(self, cache, step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor: ...
 
-    def cached_values(self, cache) -> int: ...
+    def candidates_per_call(self, cache, budget: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -175,18 +174,12 @@ class SequentialInversionAttack(Attack):
 
     def estimated_seconds(self, ctx: AuditContext, pass_seconds: float, timed) -> float:
         """Every seed: (candidates x beam) pairs at each real position of each inverted sentence, a
-        pair's cost timed on TIMING_SEQUENCES pairs midway through the first target sentence (one
-        position after a cached prefix, or the whole sequence)."""
+        pair's cost timed midway through the first target sentence on the path that runs."""
         opts = self.options(ctx)
         n = min(opts.max_sentences, len(ctx.target))
         positions = n * ctx.target.token_ids.shape[1] if ctx.target.mask is None else int(ctx.target.mask[:n].sum())
         candidates = candidate_ids(ctx, opts.candidates)
-        prefixes = ctx.target.token_ids[:1].to(ctx.device)
-        row = None if ctx.target.mask is None else ctx.target.mask[0]
-        pairs = torch.arange(TIMING_SEQUENCES, device=ctx.device)
-        with torch.no_grad(), bound_mask(ctx.tokens, row):
-            states, _ = position_states(ctx, prefixes, prefixes.shape[1] // 2, candidates, row)
-            per_pair = timed(lambda: states(pairs * 0, pairs % len(candidates))) / TIMING_SEQUENCES
+        per_pair = pair_seconds(ctx, candidates, timed)
         return len(ctx.seeds) * positions * len(candidates) * search_width(ctx, opts) * per_pair
 
 
@@ -314,38 +307,53 @@ def candidate_distances(
     target: torch.Tensor,
     row: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """||f_t(hyp with token t = v) - target||^2 for every hypothesis [S, B, T] and candidate v [K]:
-    [S, B, K], the (hypothesis, candidate) pairs run in chunks of candidate_values(device) values.
-    With a prefix-cached bottom the cached states are first confirmed against whole sequences."""
+    """||f_t(hyp with token t = v) - target||^2 for every hypothesis [S, B, T] and candidate v [K]: [S, B, K]."""
     n, width, length = hyps.shape
-    k = len(candidates)
     prefixes = hyps.reshape(n * width, length)
-    states, values_per_pair = position_states(ctx, prefixes, t, candidates, row)
-    if prefix_cached_bottom(ctx) is not None:
-        confirm_cached_states(ctx, states, prefixes, t, candidates)
-    chunk = max(1, candidate_values(hyps.device) // values_per_pair)
-    flat = torch.arange(n * width * k, device=hyps.device)
-    out = torch.empty(n * width * k, device=hyps.device)
-    for part in flat.split(chunk):
-        prefix = part // k
-        out[part] = (states(prefix, part % k) - target[prefix // width]).pow(2).sum(dim=-1)
-    return out.reshape(n, width, k)
-
-
-def position_states(
-    ctx: AuditContext, prefixes: torch.Tensor, t: int, candidates: torch.Tensor, row: torch.Tensor | None
-) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], int]:
-    """(states(p, c): the states [M, H] at position t of prefixes[p] [P, T] with token candidates[c] at t,
-    the values one pair holds in memory). A prefix-cached bottom runs the prefixes once and one position
-    per pair; any other bottom runs each pair's whole sequence (its later positions do not matter)."""
+    goal = target.repeat_interleave(width, dim=0)  # [S * B, H]
     bottom = prefix_cached_bottom(ctx)
+    if bottom is None:
+        out = whole_sequence_distances(ctx, prefixes, t, candidates, goal)
+    else:
+        out = cached_distances(ctx, bottom, prefixes, t, candidates, goal, row)
+    return out.reshape(n, width, len(candidates))
+
+
+def whole_sequence_distances(
+    ctx: AuditContext, prefixes: torch.Tensor, t: int, candidates: torch.Tensor, goal: torch.Tensor
+) -> torch.Tensor:
+    """[P, K] distances from running every (prefix, candidate) sequence whole, in chunks of
+    candidate_values(device) input values (a bottom that keeps no state between calls)."""
+    k = len(candidates)
+    chunk = max(1, candidate_values(prefixes.device) // (prefixes.shape[1] * ctx.tokens.table.shape[1]))
+    flat = torch.arange(len(prefixes) * k, device=prefixes.device)
+    out = torch.empty(len(flat), device=prefixes.device)
+    for part in flat.split(chunk):
+        p = part // k
+        out[part] = (whole_sequence_states(ctx, prefixes, t, p, candidates[part % k]) - goal[p]).pow(2).sum(dim=-1)
+    return out.reshape(len(prefixes), k)
+
+
+def cached_distances(
+    ctx: AuditContext,
+    bottom: PrefixCached,
+    prefixes: torch.Tensor,
+    t: int,
+    candidates: torch.Tensor,
+    goal: torch.Tensor,
+    row: torch.Tensor | None,
+) -> torch.Tensor:
+    """[P, K] distances from the prefixes' cached keys and values, every prefix with a chunk of candidates
+    per call; the cached states are first confirmed against whole sequences."""
     table = ctx.tokens.table
-    if bottom is not None:
-        cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
-        return (lambda p, c: bottom.extend(cache, p, table[candidates[c]], row)), bottom.cached_values(
-            cache
-        ) + table.shape[1]
-    return (lambda p, c: whole_sequence_states(ctx, prefixes, t, p, candidates[c])), prefixes.shape[1] * table.shape[1]
+    cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
+    confirm_cached_states(ctx, bottom, cache, prefixes, t, candidates, row)
+    per_call = bottom.candidates_per_call(cache, candidate_values(prefixes.device))
+    parts = [
+        (bottom.extend(cache, table[chunk], row) - goal[:, None]).pow(2).sum(dim=-1)
+        for chunk in candidates.split(per_call)
+    ]
+    return torch.cat(parts, dim=1)
 
 
 def whole_sequence_states(
@@ -358,14 +366,21 @@ def whole_sequence_states(
 
 
 def confirm_cached_states(
-    ctx: AuditContext, states: Callable, prefixes: torch.Tensor, t: int, candidates: torch.Tensor
+    ctx: AuditContext,
+    bottom: PrefixCached,
+    cache,
+    prefixes: torch.Tensor,
+    t: int,
+    candidates: torch.Tensor,
+    row: torch.Tensor | None,
 ) -> None:
     """RuntimeError when the cached states of a few (prefix, candidate) pairs differ from their
     whole-sequence recomputation by more than CAUSAL_RTOL of the states' scale: a cache that does
     not reproduce the bottom would make every distance, and the recovered text, wrong."""
     c = torch.linspace(0, len(candidates) - 1, CACHE_CHECKS, device=prefixes.device).long()
     p = torch.arange(CACHE_CHECKS, device=prefixes.device) % len(prefixes)
-    got, expected = states(p, c), whole_sequence_states(ctx, prefixes, t, p, candidates[c])
+    got = bottom.extend(cache, ctx.tokens.table[candidates[c]], row)[p, torch.arange(CACHE_CHECKS)]
+    expected = whole_sequence_states(ctx, prefixes, t, p, candidates[c])
     error = float((got - expected).abs().max())
     scale = max(float(expected.abs().max()), 1.0)
     if not error <= CAUSAL_RTOL * scale:
@@ -373,6 +388,22 @@ def confirm_cached_states(
             f"the bottom's cached prefix states at position {t + 1} differ from running the whole sequence by "
             f"{error:.3g} (states up to {scale:.3g}): the prefix cache does not reproduce the bottom"
         )
+
+
+@torch.no_grad()
+def pair_seconds(ctx: AuditContext, candidates: torch.Tensor, timed) -> float:
+    """Seconds per (prefix, candidate) pair at the middle position of the first target sentence: a call
+    of up to TIMING_SEQUENCES candidates after the cached prefix, or that many whole sequences."""
+    prefixes = ctx.target.token_ids[:1].to(ctx.device)
+    t, row = prefixes.shape[1] // 2, None if ctx.target.mask is None else ctx.target.mask[0]
+    chunk = candidates[:TIMING_SEQUENCES]
+    bottom = prefix_cached_bottom(ctx)
+    with bound_mask(ctx.tokens, row):
+        if bottom is None:
+            pairs = torch.zeros(len(chunk), dtype=torch.long, device=ctx.device)
+            return timed(lambda: whole_sequence_states(ctx, prefixes, t, pairs, chunk)) / len(chunk)
+        cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
+        return timed(lambda: bottom.extend(cache, ctx.tokens.table[chunk], row)) / len(chunk)
 
 
 def prefix_cached_bottom(ctx: AuditContext) -> PrefixCached | None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -87,46 +89,64 @@ class CheckpointBottom(nn.Module):
         return self.model(inputs_embeds=embeddings, attention_mask=mask).last_hidden_state
 
     # The prefix-cache protocol of the sequential inversion (attacks/sequential_inversion.py): a causal
-    # checkpoint's state at position t needs the prefix's keys and values, computed once per prefix,
-    # and one position of work per candidate token instead of a whole sequence.
+    # checkpoint's state at position t needs the prefix's keys and values, computed once, and then every
+    # candidate token at t is one more query over them: all candidates of a call go in as one sequence
+    # after the prefix, each at position t, attending to the prefix and to itself only.
 
-    def prefix_cache(self, prefix: torch.Tensor, mask: torch.Tensor | None):
-        """The keys and values of prefixes [P, t, D] under the mask row [t] (None: all real), or None for t = 0."""
-        if prefix.shape[1] == 0:
-            return None
-        rows = self._mask(mask, len(prefix), prefix.shape[1], prefix.device)
-        out = self.model(inputs_embeds=prefix, attention_mask=rows, use_cache=True)
-        return out[self.cache_keyword]
+    def prefix_cache(self, prefix: torch.Tensor, mask: torch.Tensor | None) -> PrefixKeys:
+        """The keys and values of the kept blocks for prefixes [P, t, D] under the mask row (None: all real)."""
+        count, length = prefix.shape[:2]
+        if length == 0:
+            return PrefixKeys([], count, 0, None)
+        rows = self._mask(mask, count, length, prefix.device)
+        cache = self.model(inputs_embeds=prefix, attention_mask=rows, use_cache=True)[self.cache_keyword]
+        kept = [(layer.keys, layer.values) for layer in cache.layers if layer.keys is not None]
+        return PrefixKeys(kept, count, length, type(cache))
 
-    def extend(self, cache, rows: torch.Tensor, step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """The states [M, H] at the position after prefix `rows` [M] of `cache` with input embeddings `step`
-        [M, D] there; `mask` is the row [t + 1] of the prefix and the new position."""
-        past = None
-        if cache is not None:
-            past = type(cache)(ddp_cache_data=[(layer.keys[rows], layer.values[rows]) for layer in _filled(cache)])
-        length = 1 if cache is None else cache.get_seq_length() + 1
-        attention = self._mask(mask, len(rows), length, step.device)
+    def extend(self, prefix: PrefixKeys, step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The states [P, K, H] at position t of every prefix followed by each candidate's input embedding
+        `step` [K, D]; `mask` is the row of at least t + 1 positions (None: all real)."""
+        count, t, k = prefix.count, prefix.length, len(step)
+        if t == 0:  # no prefix: every prefix's state is the candidate's own
+            out = self.model(inputs_embeds=step[:, None], attention_mask=self._mask(mask, k, 1, step.device))
+            return out.last_hidden_state[:, 0].expand(count, -1, -1)
+        seen = self._mask(mask, k, t, step.device).bool()  # [K, t]: the prefix's real positions
+        allowed = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=step.device)], dim=1)
+        blocked = torch.zeros(allowed.shape, dtype=step.dtype, device=step.device)
+        blocked.masked_fill_(~allowed, torch.finfo(step.dtype).min)
+        cache = prefix.cache_type(ddp_cache_data=prefix.keys)  # a fresh cache: the call appends to it, not to them
         out = self.model(
-            inputs_embeds=step[:, None], attention_mask=attention, use_cache=False, **{self.cache_keyword: past}
+            inputs_embeds=step[None].expand(count, -1, -1),
+            attention_mask=blocked[None, None].expand(count, -1, -1, -1),
+            position_ids=torch.full((count, k), t, device=step.device),
+            use_cache=True,
+            **{self.cache_keyword: cache},
         )
-        return out.last_hidden_state[:, 0]
+        return out.last_hidden_state
 
-    @staticmethod
-    def cached_values(cache) -> int:
-        """The values one prefix's cache holds (what each candidate of a chunk copies)."""
-        if cache is None:
-            return 0
-        return sum(layer.keys[0].numel() + layer.values[0].numel() for layer in _filled(cache))
+    def candidates_per_call(self, prefix: PrefixKeys, budget: int) -> int:
+        """Candidates one extend call takes within `budget` values: each (prefix, candidate) pair holds its
+        activations (about 8 x width) and a row of attention scores per head over the prefix and the call."""
+        config = self.model.config
+        heads, width = config.num_attention_heads, config.hidden_size
+        by_rows = budget // (prefix.count * (8 * width + heads * prefix.length))
+        by_scores = math.isqrt(budget // (prefix.count * heads))
+        return max(1, min(by_rows, by_scores))
 
     def _mask(self, row: torch.Tensor | None, n: int, length: int, device) -> torch.Tensor:
         """The attention mask [n, length] of the first `length` positions of `row` (None: all real)."""
         return MaskSlot(self.slot.dtype, None if row is None else row[:length]).batch(n, length, device)
 
 
-def _filled(cache) -> list:
-    """The cache's layers that hold keys: those of the kept blocks (a cache sized from the config has
-    one layer per block of the whole checkpoint)."""
-    return [layer for layer in cache.layers if layer.keys is not None]
+@dataclass
+class PrefixKeys:
+    """What CheckpointBottom.prefix_cache computed: each kept block's (keys, values) for `count`
+    prefixes of `length` positions, and the transformers cache class that held them."""
+
+    keys: list[tuple[torch.Tensor, torch.Tensor]]
+    count: int
+    length: int
+    cache_type: type | None
 
 
 def open_checkpoint(folder, device: torch.device, split_layer: int | None, vocab_path=None) -> RawModel:
