@@ -50,6 +50,7 @@ from splitaudit.attacks.sdar_training import (
     LAMBDA1,
     LAMBDA2,
     PATIENCE,
+    PATIENCE_WITH_G,
     PRECISIONS,
     SIMULATOR_LR,
     Stopping,
@@ -171,7 +172,12 @@ class SDAROptions:
         "the cap is at most eval_every x (patience + 1), where no plateau could end training earlier)",
     )
     eval_every: int = option(EVAL_EVERY, "iterations between two measurements of the held-out aux MSE", low=1)
-    patience: int = option(PATIENCE, "measurements without a better held-out aux MSE before stopping", low=1)
+    patience: int | None = option(
+        None,
+        f"measurements without a better held-out aux MSE before stopping (default {PATIENCE_WITH_G} where a top "
+        f"model labels the simulator's embeddings, {PATIENCE} without one)",
+        low=1,
+    )
     holdout_fraction: float = option(
         0.1, "share of the aux data held out of training for early stopping", above=0, below=1
     )
@@ -395,18 +401,21 @@ def sdar_settings(ctx: AuditContext) -> SDARSettings:
         label_flip=default_flip if opts.label_flip is None else opts.label_flip,
         ablation=opts.ablation,
         server_part=part,
-        stopping=early_stopping(opts, iterations),
+        stopping=early_stopping(opts, iterations, part),
         precision=training_precision(opts.precision, ctx.device, math.prod(ctx.encoder.input_shape)),
     )
 
 
-def early_stopping(stops: SDAROptions, iterations: int) -> Stopping | None:
+def early_stopping(stops: SDAROptions, iterations: int, part: str) -> Stopping | None:
     """The stopping rule, or None where it is off or could not end training before the cap: the
     earliest plateau comes `patience` measurements after the first one, and below that holding aux
-    out would only weaken the attack (a quick run's 150 iterations, with the defaults' 350)."""
-    if not stops.early_stopping or iterations <= stops.eval_every * (stops.patience + 1):
+    out would only weaken the attack (a quick run's 150 iterations, with the defaults' 350 or 550).
+    The patience defaults to PATIENCE_WITH_G where the top model g (server part `part`) labels the
+    simulator's embeddings, there the held-out signal tracks the targets, and to PATIENCE without g."""
+    patience = stops.patience or (PATIENCE_WITH_G if part in ("classifier", "body") else PATIENCE)
+    if not stops.early_stopping or iterations <= stops.eval_every * (patience + 1):
         return None
-    return Stopping(stops.eval_every, stops.patience, stops.holdout_fraction)
+    return Stopping(stops.eval_every, patience, stops.holdout_fraction)
 
 
 def stop_details(plateau: Plateau | None, iterations: int) -> dict:

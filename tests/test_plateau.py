@@ -200,12 +200,17 @@ def test_optimization_at_its_cap_is_the_fixed_budget(digits_ctx):
 
 def test_sdar_holds_no_aux_out_when_no_plateau_could_end_training_before_the_cap(digits_top_ctx):
     """The earliest stop is eval_every x (patience + 1) iterations; at or below it (a quick run's
-    150 against the defaults' 350) stopping is off, so no aux is held out for nothing."""
-    settings = lambda **options: sdar_settings(dataclasses.replace(digits_top_ctx, attack_options={"sdar": options}))
-    assert digits_top_ctx.quick and settings().iterations == 150 and settings().stopping is None
-    assert settings(iterations=350).stopping is None
-    assert settings(iterations=351).stopping == Stopping(every=50, patience=6, holdout_fraction=0.1)
-    assert settings(iterations=40, eval_every=10, patience=1).stopping is not None
+    150 against the defaults' 550 with g, 350 without) stopping is off, so no aux is held out for
+    nothing. The default patience is 10 measurements where g labels the simulator's embeddings, 6
+    without g."""
+    settings = lambda ctx, **options: sdar_settings(dataclasses.replace(ctx, attack_options={"sdar": options}))
+    with_g, without_g = digits_top_ctx, dataclasses.replace(digits_top_ctx, top_model=None)
+    assert with_g.quick and settings(with_g).iterations == 150 and settings(with_g).stopping is None
+    assert settings(with_g, iterations=550).stopping is None
+    assert settings(with_g, iterations=551).stopping == Stopping(every=50, patience=10, holdout_fraction=0.1)
+    assert settings(without_g, iterations=350).stopping is None
+    assert settings(without_g, iterations=351).stopping == Stopping(every=50, patience=6, holdout_fraction=0.1)
+    assert settings(with_g, iterations=40, eval_every=10, patience=1).stopping is not None
 
 
 def test_optimization_pilot_keeps_the_step_and_stop_that_best_invert_the_attackers_own_aux(digits_ctx):
