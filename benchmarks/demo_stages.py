@@ -5,9 +5,12 @@ the reports), with its stages wrapped in timers: model + data load, leakage (dFI
 bounds), each attack, the reports. Peak memory per stage is the process's peak resident set
 size while the stage ran (Linux: VmHWM, reset at each stage start; elsewhere the running
 ru_maxrss); --tracemalloc adds the peak of Python and numpy allocations (torch tensors are not
-traced, and tracing slows the run).
+traced, and tracing slows the run). --estimate makes the demo print its up-front cost estimate
+(the digits are below the size worth estimating) and prints it stage by stage beside what the
+stages took: the estimate counts CPU seconds over each step's threads, and on a busy machine also
+what it makes of the load.
 
-    python benchmarks/demo_stages.py [--quick] [--device cpu|cuda|auto] [--threads 2] [--tracemalloc]
+    python benchmarks/demo_stages.py [--quick] [--device cpu|cuda|auto] [--threads 2] [--tracemalloc] [--estimate]
 """
 
 from __future__ import annotations
@@ -104,8 +107,9 @@ def reset_peak_rss() -> None:
         CLEAR_REFS.write_text("5")
 
 
-def instrument(clock: StageClock, results: list[dict]) -> None:
-    """Wrap the demo's stages; attacks are whatever the registry holds."""
+def instrument(clock: StageClock, results: list[dict], estimates: list | None = None) -> None:
+    """Wrap the demo's stages; attacks are whatever the registry holds. Every run's result goes to
+    `results`, and every up-front cost estimate (CostEstimate) to `estimates` when given."""
     from splitaudit.stages import cost, leakage
 
     clock.wrap(pipeline, "prepare_context", "load model + data")
@@ -126,6 +130,14 @@ def instrument(clock: StageClock, results: list[dict]) -> None:
 
     tasks.run_seed_task = timed_task
     pipeline.run_audit = keep_result
+    if estimates is not None:
+        estimate_cost = cost.estimate_cost
+
+        def keep_estimate(*args, **kwargs):
+            estimates.append(estimate_cost(*args, **kwargs))
+            return estimates[-1]
+
+        cost.estimate_cost = keep_estimate
 
 
 def quiet_cli_run(clock: StageClock, argv: list[str]) -> tuple[int, str]:
@@ -150,12 +162,17 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="default cpu")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument("--tracemalloc", action="store_true", help="also trace Python/numpy allocations")
+    parser.add_argument("--estimate", action="store_true", help="the up-front estimate beside the measured stages")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.tracemalloc:
         tracemalloc.start()
-    clock, results = StageClock(args.tracemalloc), []
-    instrument(clock, results)
+    clock, results, estimates = StageClock(args.tracemalloc), [], []
+    instrument(clock, results, estimates)
+    if args.estimate:
+        from splitaudit.stages import cost
+
+        cost.MIN_VALUES_TO_ESTIMATE = 0
     with tempfile.TemporaryDirectory() as out:
         # one process (--workers 1): the stages are timed where they run; through the CLI's entry
         # point, as a user runs it (the demo reads its command line from the click context)
@@ -166,6 +183,50 @@ def main() -> None:
         f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}, demo exit code {exit_code}"
     )
     print_stages(clock.stages, results[0] if results else {})
+    if estimates:
+        print_estimate(estimates[0], clock.stages)
+
+
+def stage_totals(stages: list[Stage]) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds per stage name, an attack's seeds added up under "attack NAME"."""
+    totals: dict[str, tuple[float, float]] = {}
+    for s in stages:
+        name = s.name.split(" (seed ")[0]
+        wall, cpu = totals.get(name, (0.0, 0.0))
+        totals[name] = (wall + s.seconds, cpu + s.cpu_seconds)
+    return totals
+
+
+ESTIMATED_STAGES = {"dFIL": "Jacobian traces", "prior": "prior J(pi)"}  # estimate's stage -> measured stage
+
+
+def measured_stage(estimated: str) -> str:
+    """The measured stage an estimated one is ("prior (ssm)" -> "prior J(pi)", "sdar" -> "attack sdar")."""
+    return ESTIMATED_STAGES.get(estimated.split(" (")[0], f"attack {estimated}")
+
+
+def print_estimate(estimate, stages: list[Stage]) -> None:
+    """The up-front estimate (splitaudit.stages.cost.CostEstimate) stage by stage beside the measured
+    stages: about (the seeds that always run, the expected share of a capped training), at most,
+    and the wall and CPU seconds the stage took (every seed that ran); then the estimated stages'
+    total against the run's, also as the estimate reads at the load it was timed at."""
+    totals = stage_totals(stages)
+    print(f"\nup-front estimate: {estimate.summary()}")
+    print(
+        f"{'estimated stage':24s} {'about s':>8s} {'at most s':>9s} {'ran s':>8s} {'ran CPU s':>9s} {'ran/about':>9s}"
+    )
+    ran = 0.0
+    for name, about in estimate.stages.items():
+        wall, cpu = totals.get(measured_stage(name), (0.0, 0.0))
+        ran += wall
+        ratio = f"{wall / about:9.2f}" if about > 0 else f"{'':9s}"
+        print(f"{name:24s} {about:8.1f} {estimate.ceilings.get(name, about):9.1f} {wall:8.1f} {cpu:9.1f} {ratio}")
+    at_load = estimate.total / estimate.share
+    print(
+        f"{'estimated stages':24s} {estimate.total:8.1f} {estimate.ceiling:9.1f} {ran:8.1f} {'':9s} "
+        f"{ran / estimate.total:9.2f}; at the load it was timed at the estimate reads {at_load:.1f} s "
+        f"(ran / that {ran / at_load:.2f}; busy: {estimate.busy or 'no'})"
+    )
 
 
 def print_stages(stages: list[Stage], result: dict) -> None:
