@@ -383,23 +383,25 @@ def test_the_plan_is_said_before_any_cut_runs_and_each_cut_as_it_ends(chain, mon
     assert lines[3] == "START h2" and lines[4].startswith("cut 2 of 2 done in ") and ": h2 (noise sigma 0.5" in lines[4]
 
 
-def test_the_up_front_estimate_scales_the_first_cut_by_flops_and_shares_it_over_workers():
-    """The first cut's timed stages (dFIL 10 s here) scale with each bottom's FLOPs (1x, 2x, 4x: 10,
-    20, 40 s); the prior (100 s) is trained once. One process: 100 + 70 s; two workers: the work
-    (35 s each) is less than the deepest cut alone, so 100 + 40 s."""
+def test_the_up_front_estimate_adds_each_cut_to_the_prior_trained_once_and_shares_cuts_over_workers():
+    """Each cut's stages as timed on its bottom (dFIL 10, 20, 40 s here), the prior (100 s) once: in
+    one process 100 + 70 s; on two workers the work (35 s each) is less than the dearest cut alone,
+    so 100 + 40 s; on a busy machine whose timed steps got a quarter of their threads, 4x that."""
     from splitaudit.engine.cuts import _plan_words
     from splitaudit.inputs.onnx_cuts import CutPoint
     from splitaudit.stages.cost import CostEstimate
 
     cuts = [CutPoint(f"c{k}", "Conv", k, [1], 1, flops, 4) for k, flops in enumerate((100, 200, 400))]
-    estimate = CostEstimate(stages={"dFIL": 10.0, "prior (ssm)": 100.0})
-    assert _plan_words(cuts, 9, "local", 1, estimate).endswith(
-        "(the deepest about 40 s), so the run may take about 3 min in all"
-    )
-    assert "may take about 2 min in all" in _plan_words(cuts, 9, "local", 2, estimate)  # 140 s
-    assert "cuts on Ray: c0, c1, c2" in _plan_words(cuts, 9, "ray", 0, None) and "no cost estimate" in _plan_words(
-        cuts, 9, "ray", 0, None
-    )
+    estimates = [CostEstimate(stages={"dFIL": 10.0, "prior (ssm)": 100.0}, not_estimated=["sdar"])]
+    estimates += [CostEstimate(stages={"dFIL": seconds}) for seconds in (20.0, 40.0)]
+    words = _plan_words(cuts, 9, 1, estimates)
+    assert words.startswith("auditing 3 of 9 candidate cuts in this process: c0, c1, c2; ")
+    assert words.endswith("the cuts 10 s, 20 s, 40 s (dFIL and attacks), so about 3 min in all; not estimated: sdar")
+    assert "so about 2 min in all;" in _plan_words(cuts, 9, 2, estimates)  # 140 s
+    estimates[1].busy, estimates[1].share = "load average 8", 0.25
+    assert "about 3 min in all (at this load about 11 min)" in _plan_words(cuts, 9, 1, estimates)  # 680 s
+    words = _plan_words(cuts, 9, 0, None)
+    assert "cuts on Ray: c0, c1, c2" in words and "no cost estimate" in words
 
 
 def test_cuts_json_records_provenance_and_verify_checks_and_remeasures_it(chain, capsys):

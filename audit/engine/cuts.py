@@ -221,10 +221,13 @@ def _prepare(
         check_conversion(program, run_onnx(whole.proto, x), x)
     accuracy = whole_accuracy(whole, ctx)
     workers = local_workers(options.workers, ctx) if options.executor == "local" else 0
-    say(_plan_words(chosen, len(candidates), options.executor, workers, _cut_estimate(ctx, options, names)))
+    data = ctx.aux.to("cpu"), ctx.target.to("cpu")
+    first = _cut_estimate(ctx, options, names)
+    later = [_bottom_estimate(options, whole, cut, data, folder, names) for cut in chosen[1:]] if first else []
+    say(_plan_words(chosen, len(candidates), workers, [first, *later] if first else None))
     return Preparation(
         header=_header(ctx, options, whole, candidates, started),
-        data=(ctx.aux.to("cpu"), ctx.target.to("cpu")),
+        data=data,
         prior=prior_term(ctx, options.prior, options.smoothing),
         whole_accuracy=accuracy,
         device=ctx.device,
@@ -310,7 +313,7 @@ def whole_accuracy(whole: WholeModel, ctx: AuditContext) -> dict:
 
 
 def _cut_estimate(ctx: AuditContext, options: AuditOptions, names: list[str]) -> CostEstimate | None:
-    """The first cut's cost estimate (stages/cost.py), when the data is large enough to be worth it."""
+    """A cut's cost estimate (stages/cost.py) timed on its bottom, when the data is large enough to be worth it."""
     from splitaudit.stages import leakage
     from splitaudit.stages.cost import estimate_cost, worth_estimating
 
@@ -320,21 +323,33 @@ def _cut_estimate(ctx: AuditContext, options: AuditOptions, names: list[str]) ->
     return estimate_cost(ctx, options.prior, smoothing, names, options.dfil_samples)
 
 
-def _plan_words(chosen: list[CutPoint], count: int, executor: str, workers: int, estimate: CostEstimate | None) -> str:
-    """The plan before anything slow runs: which cuts, where, and what they may cost. A cut's stages
-    are the first cut's timed ones scaled by its bottom's FLOPs; the prior is trained once."""
+def _bottom_estimate(
+    options: AuditOptions, whole: WholeModel, cut: CutPoint, data: SplitData, folder: Path, names: list[str]
+) -> CostEstimate | None:
+    """The estimate of a later cut, timed on its own bottom opened on the shared data (a cut's dFIL
+    products follow its embedding's size, not only its FLOPs), then released."""
+    with tempfile.TemporaryDirectory(dir=folder) as halves:
+        _, _, bottom, top = write_halves(whole, cut, Path(halves))
+        ctx, _ = prepare_audit(cut_options(options, bottom, top), silent_progress, data)
+        return _cut_estimate(ctx, options, names)
+
+
+def _plan_words(chosen: list[CutPoint], count: int, workers: int, estimates: list[CostEstimate] | None) -> str:
+    """The plan before anything slow runs: which cuts, where, and what they may cost: each cut's
+    stages timed on its bottom, the prior trained once, the cuts shared out over the workers."""
     where = f"in {workers} local worker processes" if workers > 1 else "in this process" if workers else "on Ray"
     plan = f"auditing {len(chosen)} of {count} candidate cuts {where}: {', '.join(c.name for c in chosen)}"
-    if estimate is None:
+    if not estimates:
         return f"{plan}; small data, so no cost estimate (each cut takes seconds)"
-    prior = sum(v for k, v in estimate.stages.items() if k.startswith("prior"))
-    first = estimate.total - prior
-    per_cut = [first * c.flops / max(chosen[0].flops, 1) for c in chosen]
-    cuts = max(max(per_cut), sum(per_cut) / max(workers, 1))  # the deepest cut alone, or the work shared out
+    prior = sum(v for k, v in estimates[0].stages.items() if k.startswith("prior"))
+    per_cut = [e.total - sum(v for k, v in e.stages.items() if k.startswith("prior")) for e in estimates]
+    total = prior + max(max(per_cut), sum(per_cut) / max(workers, 1))  # the dearest cut alone, or the work shared
+    load = f" (at this load about {duration(total / min(e.share for e in estimates))})"
+    left_out = sorted({name for e in estimates for name in e.not_estimated})
     return (
-        f"{plan}; the first cut's estimate: {estimate.summary()}; the prior is trained once and the deeper cuts "
-        f"cost more by their FLOPs (the deepest about {duration(max(per_cut))}), so the run may take about "
-        f"{duration(prior + cuts)} in all"
+        f"{plan}; timed on each bottom: the prior about {duration(prior)} (trained once), the cuts "
+        f"{', '.join(duration(s) for s in per_cut)} (dFIL and attacks), so about {duration(total)} in all"
+        f"{load if any(e.busy for e in estimates) else ''}{'; not estimated: ' + ', '.join(left_out) if left_out else ''}"
     )
 
 
