@@ -404,6 +404,28 @@ def test_the_up_front_estimate_adds_each_cut_to_the_prior_trained_once_and_share
     assert "cuts on Ray: c0, c1, c2" in words and "no cost estimate" in words
 
 
+def test_the_plan_is_timed_on_every_chosen_bottom_before_the_first_cut_runs(chain, monkeypatch):
+    from splitaudit.engine import cut_tasks
+    from splitaudit.stages import cost
+
+    model, _, aux, target = chain
+    monkeypatch.setattr(cost, "worth_estimating", lambda ctx: True)  # the chain's data is too small to be worth it
+    timed, lines = [], []
+    estimate_cost = cost.estimate_cost
+    monkeypatch.setattr(
+        cost, "estimate_cost", lambda ctx, *a: timed.append(ctx.encoder.output_shape) or estimate_cost(ctx, *a)
+    )
+
+    def no_cut(space, cut):
+        raise RuntimeError("a cut ran")
+
+    monkeypatch.setattr(cut_tasks, "audit_cut", no_cut)
+    with pytest.raises(RuntimeError, match="cut 'h1' failed after 1 attempt.*a cut ran"):
+        run_cuts(_options(model, aux, target, prior="gaussian", attacks=["none"]), on_cost=lines.append)
+    assert timed == [(5,), (4,)]  # h1's bottom, then h2's, before any cut ran
+    assert lines[0].startswith("auditing 2 of 2 candidate cuts in this process: h1, h2; timed on each bottom: ")
+
+
 def test_cuts_json_records_provenance_and_verify_checks_and_remeasures_it(chain, capsys):
     model, _, aux, target = chain
     args = ["cuts", str(model), "--aux", str(aux), "--target", str(target), "--quick", "--prior", "gaussian"]
