@@ -80,6 +80,7 @@ class AttributeAttack(Attack):
         )
         raw = probe_attack(ctx.aux.x, aux_attr, ctx.target.x, target_attr, seed, epochs)
         majority = majority_guess(aux_attr, target_attr)
+        why = undefined_auc(target_attr, np.unique(aux_attr))
         return SeedOutcome(
             metrics=attack["scores"],
             baseline=majority["scores"],
@@ -89,6 +90,7 @@ class AttributeAttack(Attack):
                 "baseline": majority["probe"],
                 "raw_input_probe": raw,
                 "majority": majority,
+                **({"auc_undefined": why} if why else {}),
             },
         )
 
@@ -152,23 +154,43 @@ def fit_interruptibly(probe: Pipeline, x: np.ndarray, y: np.ndarray) -> Pipeline
 
 
 def probe_scores(probe: Pipeline, features: np.ndarray, attr: np.ndarray) -> dict[str, float]:
-    """Accuracy and AUC (one-vs-rest for more than two values) of a fitted probe."""
+    """Accuracy and AUC (one-vs-rest for more than two values) of a fitted probe; an undefined AUC is
+    NaN (written "nan" in report.json), and undefined_auc says why."""
     proba = probe.predict_proba(features)
     accuracy = float((probe.classes_[proba.argmax(1)] == attr).mean())
     return {"accuracy": accuracy, "auc": auc(attr, proba, probe.classes_)}
 
 
 def auc(attr: np.ndarray, proba: np.ndarray, classes: np.ndarray) -> float:
-    """ROC AUC of predicted probabilities; NaN when the target holds a single attribute value."""
-    if len(np.unique(attr)) < 2:
+    """ROC AUC of predicted probabilities; NaN where it is undefined (undefined_auc)."""
+    if undefined_auc(attr, classes):
         return math.nan
     if len(classes) == 2:
         return float(roc_auc_score(attr == classes[1], proba[:, 1]))
     return float(roc_auc_score(attr, proba, multi_class="ovr", labels=classes))
 
 
+def undefined_auc(attr: np.ndarray, classes: np.ndarray) -> str | None:
+    """Why the probe's ROC AUC on these target values is undefined, or None: it ranks each value the
+    probe knows against the rest, which needs target samples with and without it (scikit-learn
+    would warn UndefinedMetricWarning and return NaN)."""
+    values, classes = np.unique(attr).tolist(), list(classes.tolist())
+    if len(values) < 2:
+        return f"the target samples all hold one attribute value ({values[0]!r}): ROC AUC needs two"
+    ranked = classes[1:] if len(classes) == 2 else classes
+    absent = [c for c in ranked if c not in values]
+    if absent:
+        return f"attribute value {absent[0]!r}, which the probe learned, is absent from the target samples"
+    unseen = [v for v in values if v not in classes]
+    if unseen and len(classes) > 2:
+        return f"the target samples hold attribute value {unseen[0]!r}, which the probe never saw, so cannot rank"
+    return None
+
+
 def majority_guess(aux_attr: np.ndarray, target_attr: np.ndarray) -> dict:
-    """Predict the aux data's most frequent attribute value for everyone (AUC of a constant: 0.5)."""
+    """Predict the aux data's most frequent attribute value for everyone (AUC of a constant: 0.5,
+    where an AUC is defined)."""
     values, counts = np.unique(aux_attr, return_counts=True)
     accuracy = float((target_attr == values[counts.argmax()]).mean())
-    return {"probe": "majority", "scores": {"accuracy": accuracy, "auc": 0.5}}
+    chance = math.nan if undefined_auc(target_attr, values) else 0.5
+    return {"probe": "majority", "scores": {"accuracy": accuracy, "auc": chance}}
