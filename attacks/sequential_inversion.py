@@ -20,9 +20,11 @@ position's token frequencies, so the choice is the maximum a posteriori one and,
 grows, falls back to what the text alone predicts instead of to noise (`prior=none`: maximum
 likelihood). A beam keeps the `beam` prefixes of least summed score (the most probable prefixes),
 so an early wrong choice can be undone. At sigma = 0 the prior is not used: the true prefix is the
-only one at distance 0, so one hypothesis suffices.
+only one at distance 0, so one hypothesis suffices, and the candidates are scored most frequent
+first, in chunks, stopping at the chunk where every sentence's token is found within float32
+rounding (the whole vocabulary when it is not).
 
-Cost: V x T (x beam) candidate evaluations per sentence. A Hugging Face checkpoint's bottom keeps
+Cost: V x T (x beam) candidate evaluations per sentence at most. A Hugging Face checkpoint's bottom keeps
 the prefix's keys and values (computed once per position, confirmed at every position against whole
 sequences), so a candidate costs one position's forward pass; ONNX and TorchScript graphs run whole
 sequences and keep no state between calls, so each candidate costs a forward pass of the full
@@ -34,6 +36,7 @@ from __future__ import annotations
 import math
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -189,18 +192,25 @@ def search_width(ctx: AuditContext, opts: SequentialInversionOptions) -> int:
 
 
 def candidate_ids(ctx: AuditContext, limit: int | None) -> torch.Tensor:
-    """The token ids scored at each position: the whole vocabulary, or its `limit` most frequent aux tokens."""
-    if limit is None or limit >= ctx.tokens.size:
-        return torch.arange(ctx.tokens.size, device=ctx.device)
+    """The token ids scored at each position, the most frequent in aux first (ties by id): the whole
+    vocabulary, or its `limit` most frequent aux tokens. At sigma 0 the order lets the search stop at the
+    exact match after few chunks, as text is mostly frequent tokens; it changes no result."""
     counts = position_counts(ctx.aux.token_ids, ctx.tokens.size, ctx.aux.mask).sum(dim=0)
-    return counts.topk(limit).indices.sort().values.to(ctx.device)
+    order = torch.sort(counts, descending=True, stable=True).indices
+    return order[: limit or ctx.tokens.size].to(ctx.device)
 
 
 def exact_tolerance(observed: torch.Tensor) -> float:
     """The summed squared distance over a sentence [T, H] that float32 rounding may leave between its
     states and their recomputation: CAUSAL_RTOL of the states' largest value in every coordinate."""
+    return position_tolerance(observed) * observed.shape[-2]
+
+
+def position_tolerance(observed: torch.Tensor) -> float:
+    """The squared distance float32 rounding may leave between one position's state [H] and its
+    recomputation: CAUSAL_RTOL of the states' largest value in every coordinate."""
     scale = float(observed.abs().max()) if observed.numel() else 0.0
-    return (CAUSAL_RTOL * max(scale, 1.0)) ** 2 * observed[0].numel()
+    return (CAUSAL_RTOL * max(scale, 1.0)) ** 2 * observed.shape[-1]
 
 
 def cached_causality(ctx: AuditContext) -> str | None:
@@ -285,8 +295,9 @@ def beam_search(
     for t in range(length):
         if row is not None and not bool(row[t]):
             continue
-        distances = candidate_distances(ctx, hyps, t, candidates, observed[:, t], row)  # [S, B, K]
-        passes += distances.numel()
+        stop_at = position_tolerance(observed) if ctx.noise_sigma == 0 else None
+        distances, scored = candidate_distances(ctx, hyps, t, candidates, observed[:, t], row, stop_at)  # [S, B, K]
+        passes += hyps.shape[0] * hyps.shape[1] * scored
         step = distances
         if ctx.noise_sigma > 0:
             step = distances / (2 * ctx.noise_sigma**2)
@@ -306,35 +317,44 @@ def candidate_distances(
     candidates: torch.Tensor,
     target: torch.Tensor,
     row: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """||f_t(hyp with token t = v) - target||^2 for every hypothesis [S, B, T] and candidate v [K]: [S, B, K]."""
+    stop_at: float | None = None,
+) -> tuple[torch.Tensor, int]:
+    """(||f_t(hyp with token t = v) - target||^2 for every hypothesis [S, B, T] and candidate v [K]: [S, B, K],
+    how many candidates were scored). Candidates are scored in chunks, in their order; with `stop_at`
+    (sigma 0) the chunks stop once every hypothesis has a candidate within it, the rest left at +inf."""
     n, width, length = hyps.shape
     prefixes = hyps.reshape(n * width, length)
     goal = target.repeat_interleave(width, dim=0)  # [S * B, H]
     bottom = prefix_cached_bottom(ctx)
-    if bottom is None:
-        out = whole_sequence_distances(ctx, prefixes, t, candidates, goal)
-    else:
-        out = cached_distances(ctx, bottom, prefixes, t, candidates, goal, row)
-    return out.reshape(n, width, len(candidates))
+    chunks = (
+        whole_sequence_chunks(ctx, prefixes, t, candidates, goal)
+        if bottom is None
+        else cached_chunks(ctx, bottom, prefixes, t, candidates, goal, row)
+    )
+    out = torch.full((len(prefixes), len(candidates)), math.inf, device=hyps.device)
+    scored = 0
+    for part in chunks:
+        out[:, scored : scored + part.shape[1]] = part
+        scored += part.shape[1]
+        if stop_at is not None and bool((out.amin(dim=1) <= stop_at).all()):
+            break
+    return out.reshape(n, width, len(candidates)), scored
 
 
-def whole_sequence_distances(
+def whole_sequence_chunks(
     ctx: AuditContext, prefixes: torch.Tensor, t: int, candidates: torch.Tensor, goal: torch.Tensor
-) -> torch.Tensor:
-    """[P, K] distances from running every (prefix, candidate) sequence whole, in chunks of
-    candidate_values(device) input values (a bottom that keeps no state between calls)."""
-    k = len(candidates)
-    chunk = max(1, candidate_values(prefixes.device) // (prefixes.shape[1] * ctx.tokens.table.shape[1]))
-    flat = torch.arange(len(prefixes) * k, device=prefixes.device)
-    out = torch.empty(len(flat), device=prefixes.device)
-    for part in flat.split(chunk):
-        p = part // k
-        out[part] = (whole_sequence_states(ctx, prefixes, t, p, candidates[part % k]) - goal[p]).pow(2).sum(dim=-1)
-    return out.reshape(len(prefixes), k)
+) -> Iterator[torch.Tensor]:
+    """[P, Kc] distances per chunk of candidates, every (prefix, candidate) sequence run whole (a bottom
+    that keeps no state between calls), chunks of candidate_values(device) input values."""
+    p = len(prefixes)
+    per_call = max(1, candidate_values(prefixes.device) // (p * prefixes.shape[1] * ctx.tokens.table.shape[1]))
+    rows = torch.arange(p, device=prefixes.device)
+    for chunk in candidates.split(per_call):
+        states = whole_sequence_states(ctx, prefixes, t, rows.repeat_interleave(len(chunk)), chunk.repeat(p))
+        yield (states.reshape(p, len(chunk), -1) - goal[:, None]).pow(2).sum(dim=-1)
 
 
-def cached_distances(
+def cached_chunks(
     ctx: AuditContext,
     bottom: PrefixCached,
     prefixes: torch.Tensor,
@@ -342,18 +362,14 @@ def cached_distances(
     candidates: torch.Tensor,
     goal: torch.Tensor,
     row: torch.Tensor | None,
-) -> torch.Tensor:
-    """[P, K] distances from the prefixes' cached keys and values, every prefix with a chunk of candidates
-    per call; the cached states are first confirmed against whole sequences."""
+) -> Iterator[torch.Tensor]:
+    """[P, Kc] distances per chunk of candidates from the prefixes' cached keys and values, every prefix
+    with a chunk of candidates per call; the cached states are first confirmed against whole sequences."""
     table = ctx.tokens.table
     cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
     confirm_cached_states(ctx, bottom, cache, prefixes, t, candidates, row)
-    per_call = bottom.candidates_per_call(cache, candidate_values(prefixes.device))
-    parts = [
-        (bottom.extend(cache, table[chunk], row) - goal[:, None]).pow(2).sum(dim=-1)
-        for chunk in candidates.split(per_call)
-    ]
-    return torch.cat(parts, dim=1)
+    for chunk in candidates.split(bottom.candidates_per_call(cache, candidate_values(prefixes.device))):
+        yield (bottom.extend(cache, table[chunk], row) - goal[:, None]).pow(2).sum(dim=-1)
 
 
 def whole_sequence_states(

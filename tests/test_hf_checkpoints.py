@@ -183,3 +183,17 @@ def test_a_prefix_cache_that_does_not_reproduce_the_bottom_stops_the_attack(chec
     entry = get_attack("sequential-inversion").run(ctx)
     assert entry["status"] == "failed"
     assert "cached prefix states at position 1 differ from running the whole sequence" in entry["reason"]
+
+
+def test_at_sigma_zero_the_search_stops_at_the_chunk_holding_each_exact_match(checkpoints, token_data, monkeypatch):
+    """Candidates scored most frequent first, a few per call: the search stops once every sentence's
+    token is found, scoring fewer than the whole vocabulary at each position, and still recovers every
+    sentence exactly (the final residual check would fail otherwise)."""
+    import splitaudit.attacks.sequential_inversion as sipit
+
+    monkeypatch.setattr(sipit, "CANDIDATE_VALUES", 2**13)  # a handful of candidates per call
+    ctx = token_context(str(checkpoints["gpt2"]), token_data, None, split_layer=2)
+    entry = get_attack("sequential-inversion").run(ctx)
+    details = entry["details"]
+    assert entry["status"] == "ok" and entry["metrics"]["exact_match"] == 1.0
+    assert details["forward_passes"] < details["sentences_inverted"] * LENGTH * VOCAB
