@@ -72,7 +72,7 @@ class Preparation:
 
     header: dict
     data: SplitData
-    prior: PriorEstimate
+    prior: PriorEstimate | None  # estimated last, after the plan is said
     whole_accuracy: dict
     device: torch.device
     workers: int  # local worker processes (1: every cut in this process)
@@ -212,29 +212,35 @@ def _prepare(
 ) -> Preparation:
     """What every cut shares, from the data loaded once beside the first cut's bottom: the .pt2's
     graph checked against its program, the whole model's accuracy, the plan and its cost estimate
-    (said before anything slow), then the prior term. The first bottom's context is released
-    before the cuts run (each cut builds its own)."""
+    (timed on each chosen bottom, one context at a time, and said before anything slow), then the
+    prior term. No bottom's context outlives this (each cut builds its own)."""
     _, _, bottom, top = write_halves(whole, chosen[0], folder)
     ctx, names = prepare_audit(cut_options(options, bottom, top), progress)
     if program is not None:  # the graph that is cut is the program's
         x = model_inputs(ctx).astype(input_dtype(whole), copy=False)
         check_conversion(program, run_onnx(whole.proto, x), x)
-    accuracy = whole_accuracy(whole, ctx)
     workers = local_workers(options.workers, ctx) if options.executor == "local" else 0
     data = ctx.aux.to("cpu"), ctx.target.to("cpu")
-    first = _cut_estimate(ctx, options, names)
-    later = [_bottom_estimate(options, whole, cut, data, folder, names) for cut in chosen[1:]] if first else []
-    say(_plan_words(chosen, len(candidates), workers, [first, *later] if first else None))
-    return Preparation(
+    prepared = Preparation(
         header=_header(ctx, options, whole, candidates, started),
         data=data,
-        prior=prior_term(ctx, options.prior, options.smoothing),
-        whole_accuracy=accuracy,
+        prior=None,
+        whole_accuracy=whole_accuracy(whole, ctx),
         device=ctx.device,
         workers=max(1, workers),
         seeds=ctx.seeds,
         converter=ctx.encoder.converter,
     )
+    estimates = [_cut_estimate(ctx, options, names)]
+    for cut in chosen[1:] if estimates[0] else []:
+        del ctx  # one bottom's context at a time
+        with tempfile.TemporaryDirectory(dir=folder) as halves:
+            _, _, bottom, top = write_halves(whole, cut, Path(halves))
+            ctx, _ = prepare_audit(cut_options(options, bottom, top), silent_progress, data)
+        estimates.append(_cut_estimate(ctx, options, names))
+    say(_plan_words(chosen, len(candidates), workers, estimates if estimates[0] else None))
+    prepared.prior = prior_term(ctx, options.prior, options.smoothing)  # any cut's context: it reads the data alone
+    return prepared
 
 
 def _audit_cuts(
@@ -321,17 +327,6 @@ def _cut_estimate(ctx: AuditContext, options: AuditOptions, names: list[str]) ->
         return None
     smoothing = leakage.resolve_smoothing(ctx, options.smoothing)
     return estimate_cost(ctx, options.prior, smoothing, names, options.dfil_samples)
-
-
-def _bottom_estimate(
-    options: AuditOptions, whole: WholeModel, cut: CutPoint, data: SplitData, folder: Path, names: list[str]
-) -> CostEstimate | None:
-    """The estimate of a later cut, timed on its own bottom opened on the shared data (a cut's dFIL
-    products follow its embedding's size, not only its FLOPs), then released."""
-    with tempfile.TemporaryDirectory(dir=folder) as halves:
-        _, _, bottom, top = write_halves(whole, cut, Path(halves))
-        ctx, _ = prepare_audit(cut_options(options, bottom, top), silent_progress, data)
-        return _cut_estimate(ctx, options, names)
 
 
 def _plan_words(chosen: list[CutPoint], count: int, workers: int, estimates: list[CostEstimate] | None) -> str:
