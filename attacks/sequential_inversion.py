@@ -20,9 +20,10 @@ position's token frequencies, so the choice is the maximum a posteriori one and,
 grows, falls back to what the text alone predicts instead of to noise (`prior=none`: maximum
 likelihood). A beam keeps the `beam` prefixes of least summed score (the most probable prefixes),
 so an early wrong choice can be undone. At sigma = 0 the prior is not used: the true prefix is the
-only one at distance 0, so one hypothesis suffices, and the candidates are scored most frequent
-first, in chunks, stopping at the chunk where every sentence's token is found within float32
-rounding (the whole vocabulary when it is not).
+only one at distance 0, so one hypothesis suffices, and each sentence scores its candidates in
+chunks, likeliest first under the aux bigram prior, stopping at the chunk where every sentence's
+token is found within float32 rounding (the whole vocabulary when it is not): the order changes no
+result, only how soon the exact match comes.
 
 Cost: V x T (x beam) candidate evaluations per sentence at most. A Hugging Face checkpoint's bottom keeps
 the prefix's keys and values (computed once per position, confirmed at every position against whole
@@ -78,7 +79,7 @@ class PrefixCached(Protocol):
 
     def prefix_cache(self, prefix: torch.Tensor, mask: torch.Tensor | None): ...
 
-    def extend(self, cache, step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor: ...
+    def extend(self, cache, steps: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor: ...
 
     def candidates_per_call(self, cache, budget: int) -> int: ...
 
@@ -193,8 +194,7 @@ def search_width(ctx: AuditContext, opts: SequentialInversionOptions) -> int:
 
 def candidate_ids(ctx: AuditContext, limit: int | None) -> torch.Tensor:
     """The token ids scored at each position, the most frequent in aux first (ties by id): the whole
-    vocabulary, or its `limit` most frequent aux tokens. At sigma 0 the order lets the search stop at the
-    exact match after few chunks, as text is mostly frequent tokens; it changes no result."""
+    vocabulary, or its `limit` most frequent aux tokens."""
     counts = position_counts(ctx.aux.token_ids, ctx.tokens.size, ctx.aux.mask).sum(dim=0)
     order = torch.sort(counts, descending=True, stable=True).indices
     return order[: limit or ctx.tokens.size].to(ctx.device)
@@ -295,8 +295,11 @@ def beam_search(
     for t in range(length):
         if row is not None and not bool(row[t]):
             continue
-        stop_at = position_tolerance(observed) if ctx.noise_sigma == 0 else None
-        distances, scored = candidate_distances(ctx, hyps, t, candidates, observed[:, t], row, stop_at)  # [S, B, K]
+        stop_at = order = None
+        if ctx.noise_sigma == 0:  # the likeliest next tokens first, so the exact match comes early
+            stop_at = position_tolerance(observed)
+            order = aux_log_prior(ctx, hyps, t, candidates).flatten(0, 1).argsort(dim=1, descending=True, stable=True)
+        distances, scored = candidate_distances(ctx, hyps, t, candidates, observed[:, t], row, stop_at, order)
         passes += hyps.shape[0] * hyps.shape[1] * scored
         step = distances
         if ctx.noise_sigma > 0:
@@ -318,23 +321,28 @@ def candidate_distances(
     target: torch.Tensor,
     row: torch.Tensor | None = None,
     stop_at: float | None = None,
+    order: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """(||f_t(hyp with token t = v) - target||^2 for every hypothesis [S, B, T] and candidate v [K]: [S, B, K],
-    how many candidates were scored). Candidates are scored in chunks, in their order; with `stop_at`
-    (sigma 0) the chunks stop once every hypothesis has a candidate within it, the rest left at +inf."""
+    how many candidates each hypothesis had scored). Each hypothesis scores its candidates in chunks, in
+    its `order` [S * B, K] (default: the candidates' own); with `stop_at` (sigma 0) the chunks stop once
+    every hypothesis has a candidate within it, the rest left at +inf."""
     n, width, length = hyps.shape
     prefixes = hyps.reshape(n * width, length)
     goal = target.repeat_interleave(width, dim=0)  # [S * B, H]
+    if order is None:
+        order = torch.arange(len(candidates), device=hyps.device).expand(len(prefixes), -1)
     bottom = prefix_cached_bottom(ctx)
+    ids = candidates[order]  # [P, K]: each hypothesis's candidates in its order
     chunks = (
-        whole_sequence_chunks(ctx, prefixes, t, candidates, goal)
+        whole_sequence_chunks(ctx, prefixes, t, ids, goal)
         if bottom is None
-        else cached_chunks(ctx, bottom, prefixes, t, candidates, goal, row)
+        else cached_chunks(ctx, bottom, prefixes, t, ids, goal, row)
     )
-    out = torch.full((len(prefixes), len(candidates)), math.inf, device=hyps.device)
+    out = torch.full(ids.shape, math.inf, device=hyps.device)
     scored = 0
     for part in chunks:
-        out[:, scored : scored + part.shape[1]] = part
+        out.scatter_(1, order[:, scored : scored + part.shape[1]], part)
         scored += part.shape[1]
         if stop_at is not None and bool((out.amin(dim=1) <= stop_at).all()):
             break
@@ -342,16 +350,16 @@ def candidate_distances(
 
 
 def whole_sequence_chunks(
-    ctx: AuditContext, prefixes: torch.Tensor, t: int, candidates: torch.Tensor, goal: torch.Tensor
+    ctx: AuditContext, prefixes: torch.Tensor, t: int, ids: torch.Tensor, goal: torch.Tensor
 ) -> Iterator[torch.Tensor]:
-    """[P, Kc] distances per chunk of candidates, every (prefix, candidate) sequence run whole (a bottom
-    that keeps no state between calls), chunks of candidate_values(device) input values."""
+    """[P, Kc] distances per chunk of the columns of `ids` [P, K] (prefix p's candidates), every sequence
+    run whole (a bottom that keeps no state between calls), chunks of candidate_values(device) input values."""
     p = len(prefixes)
     per_call = max(1, candidate_values(prefixes.device) // (p * prefixes.shape[1] * ctx.tokens.table.shape[1]))
     rows = torch.arange(p, device=prefixes.device)
-    for chunk in candidates.split(per_call):
-        states = whole_sequence_states(ctx, prefixes, t, rows.repeat_interleave(len(chunk)), chunk.repeat(p))
-        yield (states.reshape(p, len(chunk), -1) - goal[:, None]).pow(2).sum(dim=-1)
+    for chunk in ids.split(per_call, dim=1):
+        states = whole_sequence_states(ctx, prefixes, t, rows.repeat_interleave(chunk.shape[1]), chunk.reshape(-1))
+        yield (states.reshape(p, chunk.shape[1], -1) - goal[:, None]).pow(2).sum(dim=-1)
 
 
 def cached_chunks(
@@ -359,16 +367,17 @@ def cached_chunks(
     bottom: PrefixCached,
     prefixes: torch.Tensor,
     t: int,
-    candidates: torch.Tensor,
+    ids: torch.Tensor,
     goal: torch.Tensor,
     row: torch.Tensor | None,
 ) -> Iterator[torch.Tensor]:
-    """[P, Kc] distances per chunk of candidates from the prefixes' cached keys and values, every prefix
-    with a chunk of candidates per call; the cached states are first confirmed against whole sequences."""
+    """[P, Kc] distances per chunk of the columns of `ids` [P, K] from the prefixes' cached keys and values,
+    every prefix with its chunk of candidates per call; the cached states are first confirmed against
+    whole sequences."""
     table = ctx.tokens.table
     cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
-    confirm_cached_states(ctx, bottom, cache, prefixes, t, candidates, row)
-    for chunk in candidates.split(bottom.candidates_per_call(cache, candidate_values(prefixes.device))):
+    confirm_cached_states(ctx, bottom, cache, prefixes, t, ids, row)
+    for chunk in ids.split(bottom.candidates_per_call(cache, candidate_values(prefixes.device)), dim=1):
         yield (bottom.extend(cache, table[chunk], row) - goal[:, None]).pow(2).sum(dim=-1)
 
 
@@ -387,16 +396,16 @@ def confirm_cached_states(
     cache,
     prefixes: torch.Tensor,
     t: int,
-    candidates: torch.Tensor,
+    ids: torch.Tensor,
     row: torch.Tensor | None,
 ) -> None:
-    """RuntimeError when the cached states of a few (prefix, candidate) pairs differ from their
-    whole-sequence recomputation by more than CAUSAL_RTOL of the states' scale: a cache that does
-    not reproduce the bottom would make every distance, and the recovered text, wrong."""
-    c = torch.linspace(0, len(candidates) - 1, CACHE_CHECKS, device=prefixes.device).long()
-    p = torch.arange(CACHE_CHECKS, device=prefixes.device) % len(prefixes)
-    got = bottom.extend(cache, ctx.tokens.table[candidates[c]], row)[p, torch.arange(CACHE_CHECKS)]
-    expected = whole_sequence_states(ctx, prefixes, t, p, candidates[c])
+    """RuntimeError when the cached states of the first and last candidates of the first CACHE_CHECKS
+    prefixes differ from their whole-sequence recomputation by more than CAUSAL_RTOL of the states'
+    scale: a cache that does not reproduce the bottom would make every distance, and the text, wrong."""
+    checked = ids[:CACHE_CHECKS, [0, -1]]  # [C, 2]
+    got = bottom.extend(cache, ctx.tokens.table[ids[:, [0, -1]]], row)[:CACHE_CHECKS].flatten(0, 1)
+    rows = torch.arange(len(checked), device=ids.device).repeat_interleave(2)
+    expected = whole_sequence_states(ctx, prefixes, t, rows, checked.reshape(-1))
     error = float((got - expected).abs().max())
     scale = max(float(expected.abs().max()), 1.0)
     if not error <= CAUSAL_RTOL * scale:
@@ -419,7 +428,7 @@ def pair_seconds(ctx: AuditContext, candidates: torch.Tensor, timed) -> float:
             pairs = torch.zeros(len(chunk), dtype=torch.long, device=ctx.device)
             return timed(lambda: whole_sequence_states(ctx, prefixes, t, pairs, chunk)) / len(chunk)
         cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
-        return timed(lambda: bottom.extend(cache, ctx.tokens.table[chunk], row)) / len(chunk)
+        return timed(lambda: bottom.extend(cache, ctx.tokens.table[chunk][None], row)) / len(chunk)
 
 
 def prefix_cached_bottom(ctx: AuditContext) -> PrefixCached | None:

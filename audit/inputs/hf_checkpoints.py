@@ -103,22 +103,25 @@ class CheckpointBottom(nn.Module):
         kept = [(layer.keys, layer.values) for layer in cache.layers if layer.keys is not None]
         return PrefixKeys(kept, count, length, type(cache))
 
-    def extend(self, prefix: PrefixKeys, step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """The states [P, K, H] at position t of every prefix followed by each candidate's input embedding
-        `step` [K, D]; `mask` is the row of at least t + 1 positions (None: all real)."""
-        count, t, k = prefix.count, prefix.length, len(step)
-        if t == 0:  # no prefix: every prefix's state is the candidate's own
-            out = self.model(inputs_embeds=step[:, None], attention_mask=self._mask(mask, k, 1, step.device))
-            return out.last_hidden_state[:, 0].expand(count, -1, -1)
-        seen = self._mask(mask, k, t, step.device).bool()  # [K, t]: the prefix's real positions
-        allowed = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=step.device)], dim=1)
-        blocked = torch.zeros(allowed.shape, dtype=step.dtype, device=step.device)
-        blocked.masked_fill_(~allowed, torch.finfo(step.dtype).min)
+    def extend(self, prefix: PrefixKeys, steps: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The states [P, K, H] at position t of each prefix p followed by each of its candidates' input
+        embeddings steps[p] [K, D]; `mask` is the row of at least t + 1 positions (None: all real)."""
+        count, t, k = prefix.count, prefix.length, steps.shape[1]
+        if t == 0:  # no prefix: a candidate's state is its own
+            out = self.model(
+                inputs_embeds=steps.reshape(count * k, 1, -1),
+                attention_mask=self._mask(mask, count * k, 1, steps.device),
+            )
+            return out.last_hidden_state.reshape(count, k, -1)
+        seen = self._mask(mask, k, t, steps.device).bool()  # [K, t]: the prefix's real positions
+        allowed = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=steps.device)], dim=1)
+        blocked = torch.zeros(allowed.shape, dtype=steps.dtype, device=steps.device)
+        blocked.masked_fill_(~allowed, torch.finfo(steps.dtype).min)
         cache = prefix.cache_type(ddp_cache_data=prefix.keys)  # a fresh cache: the call appends to it, not to them
         out = self.model(
-            inputs_embeds=step[None].expand(count, -1, -1),
+            inputs_embeds=steps,
             attention_mask=blocked[None, None].expand(count, -1, -1, -1),
-            position_ids=torch.full((count, k), t, device=step.device),
+            position_ids=torch.full((count, k), t, device=steps.device),
             use_cache=True,
             **{self.cache_keyword: cache},
         )
