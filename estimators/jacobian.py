@@ -114,11 +114,13 @@ class Method:
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes measured once per call: input and output dimensions and memory per product."""
+    """Sizes measured once per call: input and output dimensions, memory per product, and how many
+    samples the trace is taken on (what a plain exact method would cost scales with it)."""
 
     d: int
     m: int
     bytes_per_product: int
+    samples: int = 1
 
     def directions_per_chunk(self, n_samples: int, budget: int) -> int:
         return max(1, budget // (self.bytes_per_product * max(1, n_samples)))
@@ -150,7 +152,7 @@ def measure_plan(f: BatchFn, x: Tensor, differentiable: bool = True) -> Plan:
     d = x[0].numel()
     m = one[1]
     floor = 4 * (d + m) * x.element_size()
-    return Plan(d=d, m=m, bytes_per_product=max(floor, two[0] - one[0]))
+    return Plan(d=d, m=m, bytes_per_product=max(floor, two[0] - one[0]), samples=len(x))
 
 
 def _saved_bytes(f: BatchFn, x: Tensor, differentiable: bool) -> tuple[int, int]:

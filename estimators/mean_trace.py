@@ -57,9 +57,10 @@ from splitaudit.estimators.jacobian import (
     rademacher,
     seeded_draws,
 )
-from splitaudit.estimators.methods import cheapest_exact, differentiates, jacobian_trace, method_named
+from splitaudit.estimators.methods import cheapest_exact, differentiates, exact_choice, jacobian_trace, method_named
 
 EXACT_PRODUCTS = 128  # exact whenever it needs at most this many products per sample
+ASKED = {"finite-difference": "central finite differences: the model runs black-box, without gradients"}
 EXACT_PREFERENCE = 2.0  # ... or at most this many times the randomised estimate's products
 PILOT_SAMPLES, PILOT_PROBES = 16, 4
 MIN_PROBES = 2  # per sample: the least that gives a per-sample standard error
@@ -203,6 +204,7 @@ class MeanTrace:
     total_products: int
     check: dict = field(default_factory=dict)
     fd_choice: StepChoice | None = None  # black-box: the pilot that chose the finite-difference step
+    choice: str = ""  # which method ran and why, in words for the report
 
     @property
     def fd_error(self) -> float:
@@ -247,8 +249,11 @@ def estimate_mean_trace(
         if method == "auto":
             return _auto(f, x, plan, options, on_samples)
         if method == "hutchinson":
-            return _randomised(f, x, plan, options, on_samples)
-        return _exact(f, x, method, options, on_samples)
+            result = _randomised(f, x, plan, options, on_samples)
+        else:
+            result = _exact(f, x, method, options, on_samples)
+        result.choice = ASKED.get(method, f"{method}, as asked for")
+        return result
 
 
 def default_method(differentiable: bool) -> str:
@@ -270,7 +275,8 @@ def planned_products(f: BatchFn, x: Tensor, n: int, method: str) -> int:
     randomised = min(n, MeanOptions().min_samples) * RANDOMISED_PROBES + CHECK_SAMPLES * CHECK_PROBES
     if not differentiates(method):
         return 4 * randomised  # central differences at two steps: four forward passes per probe
-    products = cheapest_exact(f, x, measure_plan(f, x))[1] * exact_draws(f)
+    plan = dataclasses.replace(measure_plan(f, x), samples=n)  # the structure search's budget counts all n
+    products = cheapest_exact(f, x, plan)[1] * exact_draws(f)
     if exact_is_preferred(products, n, randomised):
         return n * products + CHECK_SAMPLES * CHECK_PROBES
     return randomised
@@ -279,13 +285,24 @@ def planned_products(f: BatchFn, x: Tensor, n: int, method: str) -> int:
 def _auto(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samples) -> MeanTrace:
     cheapest, per_sample = cheapest_exact(f, x, plan)
     products = per_sample * exact_draws(f)
+    why = exact_choice(f, x, plan, cheapest)
     if products <= EXACT_PRODUCTS:  # exact whatever the pilot would find: no pilot
-        return _exact(f, x, cheapest, options, on_samples)
+        return _chosen(_exact(f, x, cheapest, options, on_samples), why)
     sampler = ProbeSampler(f, x, plan, options)
     sampler.pilot()
-    if exact_is_preferred(products, len(x), sampler.predicted_products()):
-        return _exact(f, x, cheapest, options, on_samples)
-    return sampler.finish(on_samples)
+    predicted = sampler.predicted_products()
+    if exact_is_preferred(products, len(x), predicted):
+        return _chosen(_exact(f, x, cheapest, options, on_samples), why)
+    return _chosen(
+        sampler.finish(on_samples),
+        f"random probes (Hutchinson): the cheapest exact method would take {products * len(x)} products on "
+        f"{len(x)} samples, more than {EXACT_PREFERENCE:g} times the probes' expected {predicted:.0f}; it is {why}",
+    )
+
+
+def _chosen(result: MeanTrace, why: str) -> MeanTrace:
+    result.choice = why
+    return result
 
 
 def _randomised(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samples) -> MeanTrace:

@@ -26,10 +26,11 @@ from splitaudit.estimators.jacobian import (
     forward_mode_works,
     forward_trace,
     hutchinson_trace,
+    is_stochastic,
     measure_plan,
     reverse_trace,
 )
-from splitaudit.estimators.structured import STRUCTURED
+from splitaudit.estimators.structured import STRUCTURED, search_structure
 
 DEFAULT_OPTIONS = TraceOptions()
 
@@ -112,3 +113,25 @@ def exact_costs(f: BatchFn, x: Tensor, plan: Plan) -> dict[str, int]:
     """Products per sample of each exact method that applies to (f, x)."""
     costs = {name: m.products(f, x, plan) for name, m in METHODS.items()}
     return {name: c for name, c in costs.items() if c is not None}
+
+
+PER_PRODUCT = {"forward": "one per input", "reverse": "one per output"}
+
+
+def exact_choice(f: BatchFn, x: Tensor, plan: Plan, name: str) -> str:
+    """Why the exact method `name` is the cheapest on (f, x), for the report: its products per sample,
+    the plain methods', and what the search for local structure found, in what CPU time and budget."""
+    costs = exact_costs(f, x, plan)  # cached: the search ran when the method was chosen
+    if name == "structured":
+        plain = min((c, n) for n, c in costs.items() if n != "structured")
+        text = (
+            f"the structured method (exact): {costs[name]} products per sample against {plain[0]} for {plain[1]} mode"
+        )
+    else:
+        text = f"{name} mode (exact): {costs[name]} products per sample ({PER_PRODUCT[name]})"
+    if is_stochastic(f):
+        return text + "; no structured method: the encoder draws random numbers"
+    search = search_structure(f, x, plan)
+    found = "" if name == "structured" else "no structured method: "
+    budget = "" if search.budget is None else f", budget {search.budget:.2g} s"
+    return f"{text}; {found}{search.reason} (search: {search.seconds:.2g} s of CPU time{budget})"

@@ -130,3 +130,5 @@ def test_the_cli_says_once_on_stderr_and_once_in_the_report_that_the_model_runs_
     assert sum(CHUNKED in line for line in err.splitlines()) == 1
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert sum(CHUNKED in note for note in report["model"]["warnings"]) == 1
+    assert report["dfil"]["method"] == "structured"  # 2048 inputs, 1024 outputs, each from a local patch
+    assert any(n.startswith("Jacobian traces by the structured method (exact): ") for n in report["dfil"]["notes"])

@@ -3,6 +3,8 @@ models without local structure (global normalisation, dense layers, hidden coupl
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -10,7 +12,8 @@ from torch.func import jacrev
 
 from splitaudit.estimators import jacobian_sq_norm, jacobian_trace, structured
 from splitaudit.estimators.jacobian import measure_plan
-from splitaudit.estimators.structured import BLOCK, find_colouring, greedy_colouring
+from splitaudit.estimators.mean_trace import estimate_mean_trace
+from splitaudit.estimators.structured import BLOCK, complete_colouring, find_colouring, greedy_colouring
 
 RTOL = 1e-4  # float32 exact methods agree to rounding; 1e-4 leaves room for summation order
 
@@ -36,8 +39,17 @@ def local_conv() -> nn.Module:
     )
 
 
+@pytest.fixture
+def unbudgeted(monkeypatch):
+    """The search for structure without its budget: on models this small the plain methods cost about
+    as little as the search, which may then stop (the budget's own tests are at the end)."""
+    monkeypatch.setattr(structured, "PROBING_SHARE", math.inf)
+
+
 def colouring(f, x):
-    return find_colouring(f, x, measure_plan(f, x))
+    """The colouring searched without a budget (on models this small the budgeted search may stop:
+    the plain method costs about as little)."""
+    return complete_colouring(f, x, measure_plan(f, x))
 
 
 class Counting(nn.Module):
@@ -53,7 +65,7 @@ class Counting(nn.Module):
         return self.inner(x)
 
 
-def test_exact_on_a_batch_of_a_local_conv_encoder():
+def test_exact_on_a_batch_of_a_local_conv_encoder(unbudgeted):
     f = local_conv()
     x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     got = jacobian_trace(f, x, "auto")
@@ -81,7 +93,7 @@ def test_colouring_is_optimal_and_classes_are_disjoint_on_a_single_conv():
     )
 
 
-def test_inputs_are_coloured_when_they_need_fewer_products():
+def test_inputs_are_coloured_when_they_need_fewer_products(unbudgeted):
     # 1x16x16 -> 16x16x16: each pixel reaches 3x3 positions in all 16 channels, so outputs need
     # 9 x 16 = 144 colours (more than min(d, m) / MIN_GAIN = 64) but inputs only 3 x 3 = 9.
     f = frozen(nn.Conv2d(1, 16, 3, padding=1))
@@ -167,3 +179,35 @@ def test_cuda_matches_cpu(monkeypatch):
     cpu = jacobian_sq_norm(f, x, "structured")
     gpu = jacobian_sq_norm(f.cuda(), x.cuda(), "structured")
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=RTOL, atol=0)
+
+
+def test_a_search_past_its_budget_stops_and_the_plain_exact_method_runs(monkeypatch):
+    """With no budget left the search stops at its first check: auto falls back to the plain exact
+    method (the same traces), says why, and the structured method asked for by name still runs."""
+    monkeypatch.setattr(structured, "PROBING_SHARE", 0.0)
+    f = local_conv()
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    search = structured.search_structure(f, x, measure_plan(f, x))
+    assert search.stopped and search.colouring is None and search.budget == 0.0 < search.seconds
+    assert "stopped at its budget, 0% of the CPU time" in search.reason
+    exact = jacobian_trace(f, x, "auto")
+    assert exact.method == "reverse"
+    torch.testing.assert_close(exact.values, jacobian_sq_norm(f, x, "structured"), rtol=RTOL, atol=0)
+    mean = estimate_mean_trace(f, x)  # on two samples random probes cost less than 2048 products each
+    assert mean.choice.startswith("random probes (Hutchinson): the cheapest exact method would take 4096 products")
+    assert (
+        "it is reverse mode (exact): 2048 products per sample (one per output); no structured method: " in mean.choice
+    )
+    assert "the search for local structure was stopped at its budget" in mean.choice
+
+
+def test_the_search_runs_within_a_share_of_the_plain_method_and_the_choice_says_so():
+    f = local_conv()
+    x = torch.rand(64, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    mean = estimate_mean_trace(f, x)
+    search = structured.search_structure(f, x, measure_plan(f, x))
+    assert mean.traces.method == "structured" and not search.stopped
+    assert 0 < search.seconds <= search.budget
+    # the budget is PROBING_SHARE of 2048 products on each of 64 samples; 128 are measured per sample
+    assert mean.choice.startswith("the structured method (exact): 128 products per sample against 2048 for reverse")
+    assert "each output depends on a local patch of inputs" in mean.choice

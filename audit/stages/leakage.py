@@ -259,6 +259,8 @@ def _dfil_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor, m
             "Jacobian is non-zero and the provable bound is 0; the calibration section gives the "
             "noise sigma that reaches a target bound"
         )
+    if m.mean_trace.choice:
+        notes.append(f"Jacobian traces by {m.mean_trace.choice}")
     if len(m.index) < m.n_target:
         notes.append(f"dFIL computed on a seeded random subset of {len(m.index)} of the {m.n_target} target samples")
     fd_error = _fd_error(m, ctx.noise_sigma)
