@@ -120,7 +120,8 @@ PER_PRODUCT = {"forward": "one per input", "reverse": "one per output"}
 
 def exact_choice(f: BatchFn, x: Tensor, plan: Plan, name: str) -> str:
     """Why the exact method `name` is the cheapest on (f, x), for the report: its products per sample,
-    the plain methods', and what the search for local structure found, in what CPU time and budget."""
+    the plain methods', and what the search for local structure found (not its CPU time, which
+    would make two runs' reports differ: structured.Search keeps it)."""
     costs = exact_costs(f, x, plan)  # cached: the search ran when the method was chosen
     if name == "structured":
         plain = min((c, n) for n, c in costs.items() if n != "structured")
@@ -131,7 +132,5 @@ def exact_choice(f: BatchFn, x: Tensor, plan: Plan, name: str) -> str:
         text = f"{name} mode (exact): {costs[name]} products per sample ({PER_PRODUCT[name]})"
     if is_stochastic(f):
         return text + "; no structured method: the encoder draws random numbers"
-    search = search_structure(f, x, plan)
     found = "" if name == "structured" else "no structured method: "
-    budget = "" if search.budget is None else f", budget {search.budget:.2g} s"
-    return f"{text}; {found}{search.reason} (search: {search.seconds:.2g} s of CPU time{budget})"
+    return f"{text}; {found}{search_structure(f, x, plan).reason}"
