@@ -56,6 +56,7 @@ CAUSALITY_SAMPLES = 2  # aux sentences the causality check perturbs at every pos
 CAUSAL_RTOL = 1e-5  # an earlier state moved by more than this share of the states' largest value: not causal
 CANDIDATE_VALUES = 2**22  # values held per chunk of candidates on a CPU (16 MiB float32)
 GPU_CANDIDATE_VALUES = 2**27  # the same on a GPU (512 MiB float32)
+FIRST_CHUNK = 16  # candidates per sentence in the first chunk at sigma 0 (doubling after each miss)
 CACHE_CHECKS = 2  # (prefix, candidate) pairs at each position whose cached states are recomputed whole
 TIMING_SEQUENCES = 32  # candidates per timed call of the cost estimate
 PREFIX_STATES = {
@@ -334,10 +335,11 @@ def candidate_distances(
         order = torch.arange(len(candidates), device=hyps.device).expand(len(prefixes), -1)
     bottom = prefix_cached_bottom(ctx)
     ids = candidates[order]  # [P, K]: each hypothesis's candidates in its order
+    first = FIRST_CHUNK if stop_at is not None else len(candidates)
     chunks = (
-        whole_sequence_chunks(ctx, prefixes, t, ids, goal)
+        whole_sequence_chunks(ctx, prefixes, t, ids, goal, first)
         if bottom is None
-        else cached_chunks(ctx, bottom, prefixes, t, ids, goal, row)
+        else cached_chunks(ctx, bottom, prefixes, t, ids, goal, row, first)
     )
     out = torch.full(ids.shape, math.inf, device=hyps.device)
     scored = 0
@@ -350,14 +352,15 @@ def candidate_distances(
 
 
 def whole_sequence_chunks(
-    ctx: AuditContext, prefixes: torch.Tensor, t: int, ids: torch.Tensor, goal: torch.Tensor
+    ctx: AuditContext, prefixes: torch.Tensor, t: int, ids: torch.Tensor, goal: torch.Tensor, first: int
 ) -> Iterator[torch.Tensor]:
     """[P, Kc] distances per chunk of the columns of `ids` [P, K] (prefix p's candidates), every sequence
-    run whole (a bottom that keeps no state between calls), chunks of candidate_values(device) input values."""
+    run whole (a bottom that keeps no state between calls), chunks growing from `first` columns up to
+    candidate_values(device) input values."""
     p = len(prefixes)
     per_call = max(1, candidate_values(prefixes.device) // (p * prefixes.shape[1] * ctx.tokens.table.shape[1]))
     rows = torch.arange(p, device=prefixes.device)
-    for chunk in ids.split(per_call, dim=1):
+    for chunk in column_chunks(ids, per_call, first):
         states = whole_sequence_states(ctx, prefixes, t, rows.repeat_interleave(chunk.shape[1]), chunk.reshape(-1))
         yield (states.reshape(p, chunk.shape[1], -1) - goal[:, None]).pow(2).sum(dim=-1)
 
@@ -370,15 +373,25 @@ def cached_chunks(
     ids: torch.Tensor,
     goal: torch.Tensor,
     row: torch.Tensor | None,
+    first: int,
 ) -> Iterator[torch.Tensor]:
     """[P, Kc] distances per chunk of the columns of `ids` [P, K] from the prefixes' cached keys and values,
-    every prefix with its chunk of candidates per call; the cached states are first confirmed against
-    whole sequences."""
+    every prefix with its chunk of candidates per call, chunks growing from `first` columns up to what
+    the memory budget allows; the cached states are first confirmed against whole sequences."""
     table = ctx.tokens.table
     cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
     confirm_cached_states(ctx, bottom, cache, prefixes, t, ids, row)
-    for chunk in ids.split(bottom.candidates_per_call(cache, candidate_values(prefixes.device)), dim=1):
+    for chunk in column_chunks(ids, bottom.candidates_per_call(cache, candidate_values(prefixes.device)), first):
         yield (bottom.extend(cache, table[chunk], row) - goal[:, None]).pow(2).sum(dim=-1)
+
+
+def column_chunks(ids: torch.Tensor, per_call: int, first: int) -> Iterator[torch.Tensor]:
+    """The columns of `ids` [P, K] in consecutive chunks of `first`, then twice as many each time, at most
+    `per_call`: small first chunks when the search may stop early, full ones when it scores every column."""
+    start, size = 0, max(1, min(first, per_call))
+    while start < ids.shape[1]:
+        yield ids[:, start : start + size]
+        start, size = start + size, min(2 * size, per_call)
 
 
 def whole_sequence_states(

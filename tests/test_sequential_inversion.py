@@ -111,7 +111,8 @@ def test_padded_sentences_are_recovered_at_their_real_positions(tmp_path):
     assert entry["status"] == "ok", entry.get("reason")
     assert entry["metrics"]["token_accuracy"] == 1.0 and entry["metrics"]["exact_match"] == 1.0
     real = int(ctx.target.mask[: entry["details"]["sentences_inverted"]].sum())
-    assert entry["details"]["forward_passes"] == real * VOCAB < entry["details"]["sentences_inverted"] * LENGTH * VOCAB
+    # at sigma 0 a position stops at the first chunk holding every sentence's token: 16 or all 40 candidates
+    assert real * 16 <= entry["details"]["forward_passes"] <= real * VOCAB
 
 
 def test_the_cost_estimate_counts_vocabulary_times_positions_per_sentence(folder):
