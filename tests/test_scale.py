@@ -216,13 +216,16 @@ def test_prior_cost_expects_its_early_stop_and_caps_at_its_epoch_cap(size, epoch
     """The score network stops by itself after 115-166 of its 300 epochs (estimators/prior.py), so
     its expected time is EXPECTED_EPOCHS of them and its ceiling all 300; where the work cap
     cuts training to fewer epochs, both are those epochs (224 px: 1e8 / (3 x 224 x 224) = 664
-    sample-epochs over 13 training samples, 51 epochs). One step's time is fixed at 1 ms: an epoch
-    is (16 samples + 3 held-out evaluations) steps."""
-    from splitaudit.estimators.prior import EXPECTED_EPOCHS
+    sample-epochs over 13 training samples, 51 epochs). The timed step is one on the training's
+    batch (the 13 training samples, fewer where their activations would not fit), its time fixed
+    at 1 ms a sample of it: an epoch is (16 samples + 3 held-out evaluations) x 1 ms."""
+    from splitaudit.estimators.prior import EXPECTED_EPOCHS, score_training_step
     from splitaudit.stages import cost
 
-    step = lambda _step: 2e-3  # per PRIOR_TIMING_BATCH = 2 samples
-    expected, ceiling = cost.prior_seconds(_cost_context(size), "ssm", 0.25, step)
+    ctx = _cost_context(size)
+    batch = score_training_step(ctx.aux.x, "ssm", 0.25, 13)[1]
+    assert 1 <= batch <= 13 and (size == 224 or batch == 13)
+    expected, ceiling = cost.prior_seconds(ctx, "ssm", 0.25, lambda _step: batch * 1e-3)
     assert ceiling == pytest.approx(epochs * 19 * 1e-3)
     assert expected == pytest.approx(min(epochs, EXPECTED_EPOCHS) * 19 * 1e-3)
 

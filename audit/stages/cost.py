@@ -42,7 +42,6 @@ from splitaudit.inputs.context import AuditContext
 TIMING_BATCH = 16  # samples per timed pass (batches amortise per-call overhead, as the stages do)
 MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 3, 100, 1.5  # counted calls of a timed step, and how long it repeats
 BUSY_SHARE = 0.5  # timed steps that got less of their threads' time than this ran beside other work
-PRIOR_TIMING_BATCH = 2  # samples per timed score-network step
 EVAL_PASSES_PER_EPOCH = 1  # the held-out loss: about one training step per held-out sample
 MIN_VALUES_TO_ESTIMATE = 2**20  # input values (aux + target); the bundled digits hold 115k
 
@@ -222,16 +221,17 @@ def prior_seconds(
     ctx: AuditContext, prior: str, smoothing: float, timer: Callable[[Callable], float]
 ) -> tuple[float, float]:
     """(expected, at most) seconds of the score network's training, 0 for a closed-form prior: at
-    most its epoch cap (after the work cap), expected EXPECTED_EPOCHS of it, where its
-    early stopping usually ends it."""
+    most its epoch cap (after the work cap), expected EXPECTED_EPOCHS of it, where its early
+    stopping usually ends it; an epoch is its samples' steps at the per-sample time of one step
+    on the batch the training uses."""
     if not PRIORS[prior].trains:
         return 0.0, 0.0
     x = ctx.aux.x
     settings = within_work_cap(len(x), x[0].numel(), QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings())
     n = min(len(x), settings.max_samples)
-    steps_per_epoch = n + EVAL_PASSES_PER_EPOCH * max(1, round(settings.heldout_fraction * n))
-    step = timer(score_training_step(x, prior, smoothing, PRIOR_TIMING_BATCH)) / PRIOR_TIMING_BATCH
-    epoch = steps_per_epoch * step
+    heldout = max(1, round(settings.heldout_fraction * n))
+    step, batch = score_training_step(x, prior, smoothing, min(settings.batch_size, max(1, n - heldout)))
+    epoch = (n + EVAL_PASSES_PER_EPOCH * heldout) * timer(step) / batch
     return min(settings.max_epochs, EXPECTED_EPOCHS) * epoch, settings.max_epochs * epoch
 
 
