@@ -130,7 +130,9 @@ def open_exported(path: Path, device: torch.device, mode: str = "saved", output_
     if batch is not None:
         copies = [m for model in (computed, saved) if model is not None for m in model.modules()]
         wrappers = [m for m in copies if isinstance(m, ExportedModule)]
-        raw.saved_batch = SavedBatch(batch, computed, computed, lambda free: [m.batch_freely(free) for m in wrappers])
+        raw.saved_batch = SavedBatch(
+            batch, computed, computed, lambda _model, free: [m.batch_freely(free) for m in wrappers]
+        )
     return raw
 
 

@@ -107,14 +107,14 @@ def settle_static_batch(raw: RawModel, inputs: torch.Tensor) -> str | None:
     try:
         with torch.no_grad():
             reference = in_batches(saved.saved, inputs, saved.size)
-            saved.use_free(True)
+            saved.use_free(raw, True)
             batched = saved.free(inputs)
         agree = batched.shape == reference.shape and float((batched - reference).abs().max()) <= _tolerance(
             raw, reference
         )
     except Exception:  # the free-batch form fails on other batch sizes (a shape baked into the graph)
         agree = False
-    saved.use_free(agree)
+    saved.use_free(raw, agree)
     if agree:
         return None
     return (

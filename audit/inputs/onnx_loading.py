@@ -138,7 +138,7 @@ def open_onnx(path: Path, device: torch.device, output_name: str | None = None, 
             batch,
             onnx_runner(saved_session, output_name),
             onnx_runner(session, output_name),
-            lambda free: setattr(raw, "fixed_batch", None if free else batch),
+            lambda model, free: setattr(model, "fixed_batch", None if free else batch),
         )
     return raw
 

@@ -27,13 +27,13 @@ class SavedBatch:
     """A model saved with a static batch of `size` (an ONNX input [1, C, H, W], a torch.export
     program traced without a dynamic batch), opened with that dimension free. Both functions take
     model inputs; whether the free one gives the saved one's outputs on any batch is checked on real
-    data (splitaudit.inputs.model_checks.settle_static_batch), which then calls use_free(True); until
-    then the opened model runs in chunks of `size`."""
+    data (splitaudit.inputs.model_checks.settle_static_batch), which then calls use_free(raw, True) on
+    the RawModel as it is then (loaders may have replaced it); until then it runs in chunks of `size`."""
 
     size: int
     saved: Callable[[torch.Tensor], torch.Tensor]  # the model as saved (called on batches of `size`)
     free: Callable[[torch.Tensor], torch.Tensor]  # the model with its batch dimension free
-    use_free: Callable[[bool], None]  # the opened model runs whole batches (True) or chunks of `size` (False)
+    use_free: Callable[[RawModel, bool], None]  # have it run whole batches (True) or chunks of `size` (False)
 
 
 @dataclass

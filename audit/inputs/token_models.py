@@ -306,6 +306,7 @@ def _onnx_from_embeddings(
     if slot is not None:
         raw = replace(
             raw,
+            saved_batch=None,  # a static batch stays in chunks: the check's sessions would need the mask too
             session=MaskFeedingSession(raw.session, slot),
             torch_module=None if raw.torch_module is None else WithBoundMask(raw.torch_module, slot),
             pending_conversions=(
