@@ -2,7 +2,9 @@
 audited output), declare its dynamic dimensions, start an onnxruntime session, and convert the
 cleaned graph (splitaudit.inputs.onnx_graph) to torch modules, one converter at a time (onnx2pytorch,
 else onnx2torch). Which converted module is used is decided against onnxruntime on real data
-(splitaudit.inputs.model_checks.check_parity).
+(splitaudit.inputs.model_checks.check_parity). A batch saved as a fixed size is made a symbol, and a
+session of the graph as saved kept to decide on real data whether the model runs whole batches
+(splitaudit.inputs.model_checks.settle_static_batch).
 """
 
 from __future__ import annotations
