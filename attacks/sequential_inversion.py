@@ -21,7 +21,7 @@ grows, falls back to what the text alone predicts instead of to noise (`prior=no
 likelihood). A beam keeps the `beam` prefixes of least summed score (the most probable prefixes),
 so an early wrong choice can be undone. At sigma = 0 the prior is not used: the true prefix is the
 only one at distance 0, so one hypothesis suffices, and each sentence scores its candidates in
-chunks, likeliest first under the aux bigram prior, stopping at the chunk where every sentence's
+chunks, likeliest first after its previous token in the aux sentences, stopping at the chunk where every sentence's
 token is found within float32 rounding (the whole vocabulary when it is not): the order changes no
 result, only how soon the exact match comes.
 
@@ -57,7 +57,6 @@ CAUSAL_RTOL = 1e-5  # an earlier state moved by more than this share of the stat
 CANDIDATE_VALUES = 2**22  # values held per chunk of candidates on a CPU (16 MiB float32)
 GPU_CANDIDATE_VALUES = 2**27  # the same on a GPU (512 MiB float32)
 FIRST_CHUNK = 16  # candidates per sentence in the first chunk at sigma 0 (doubling after each miss)
-CACHE_CHECKS = 2  # (prefix, candidate) pairs at each position whose cached states are recomputed whole
 TIMING_SEQUENCES = 32  # candidates per timed call of the cost estimate
 PREFIX_STATES = {
     "cached": (
@@ -299,7 +298,7 @@ def beam_search(
         stop_at = order = None
         if ctx.noise_sigma == 0:  # the likeliest next tokens first, so the exact match comes early
             stop_at = position_tolerance(observed)
-            order = aux_log_prior(ctx, hyps, t, candidates).flatten(0, 1).argsort(dim=1, descending=True, stable=True)
+            order = search_order(ctx, hyps, t, candidates)
         distances, scored = candidate_distances(ctx, hyps, t, candidates, observed[:, t], row, stop_at, order)
         passes += hyps.shape[0] * hyps.shape[1] * scored
         step = distances
@@ -412,13 +411,16 @@ def confirm_cached_states(
     ids: torch.Tensor,
     row: torch.Tensor | None,
 ) -> None:
-    """RuntimeError when the cached states of the first and last candidates of the first CACHE_CHECKS
-    prefixes differ from their whole-sequence recomputation by more than CAUSAL_RTOL of the states'
-    scale: a cache that does not reproduce the bottom would make every distance, and the text, wrong."""
-    checked = ids[:CACHE_CHECKS, [0, -1]]  # [C, 2]
-    got = bottom.extend(cache, ctx.tokens.table[ids[:, [0, -1]]], row)[:CACHE_CHECKS].flatten(0, 1)
-    rows = torch.arange(len(checked), device=ids.device).repeat_interleave(2)
-    expected = whole_sequence_states(ctx, prefixes, t, rows, checked.reshape(-1))
+    """RuntimeError when the cached states of two (prefix, candidate) pairs (the first prefix's first
+    candidate, the last prefix's last) differ from running their sequences up to t through the bottom's
+    own forward by more than CAUSAL_RTOL of the states' scale: a cache that does not reproduce the bottom
+    would make every distance, and the text, wrong. Up to t suffices: the bottom was found causal."""
+    last = len(prefixes) - 1
+    got = bottom.extend(cache, ctx.tokens.table[ids[:, [0, -1]]], row)[[0, last], [0, 1]]
+    with bound_mask(ctx.tokens, None if row is None else row[: t + 1]):
+        expected = whole_sequence_states(
+            ctx, prefixes[:, : t + 1], t, torch.tensor([0, last], device=ids.device), ids[[0, last], [0, -1]]
+        )
     error = float((got - expected).abs().max())
     scale = max(float(expected.abs().max()), 1.0)
     if not error <= CAUSAL_RTOL * scale:
@@ -455,6 +457,22 @@ def prefix_cached_bottom(ctx: AuditContext) -> PrefixCached | None:
 def candidate_values(device: torch.device) -> int:
     """Values held per chunk of (prefix, candidate) pairs: 16 MiB float32 on a CPU, 512 MiB on a GPU."""
     return CANDIDATE_VALUES if device.type == "cpu" else GPU_CANDIDATE_VALUES
+
+
+def search_order(ctx: AuditContext, hyps: torch.Tensor, t: int, candidates: torch.Tensor) -> torch.Tensor:
+    """Each hypothesis's candidates (indices into `candidates`, [S * B, K]) likeliest first: by how often
+    they follow its token at t - 1 anywhere in the aux sentences, ties by their overall aux frequency.
+    Position-free counts, as the aux sentences are too few to rank a whole vocabulary at each position."""
+    ids = ctx.aux.token_ids
+    valid = torch.ones_like(ids, dtype=torch.bool) if ctx.aux.mask is None else ctx.aux.mask
+    frequency = torch.bincount(ids[valid], minlength=ctx.tokens.size).float()
+    rank = (frequency / (frequency.max() + 1)).expand(hyps.shape[0] * hyps.shape[1], -1).clone()  # < 1: ties only
+    if t > 0:
+        both = valid[:, :-1] & valid[:, 1:]
+        before, after = ids[:, :-1][both], ids[:, 1:][both]
+        rows, pairs = (hyps[:, :, t - 1].reshape(-1, 1) == before[None, :]).nonzero(as_tuple=True)
+        rank.index_put_((rows, after[pairs]), torch.ones(()), accumulate=True)
+    return rank[:, candidates].argsort(dim=1, descending=True, stable=True)
 
 
 def aux_log_prior(ctx: AuditContext, hyps: torch.Tensor, t: int, candidates: torch.Tensor) -> torch.Tensor:
