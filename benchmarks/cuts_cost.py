@@ -161,7 +161,14 @@ def main() -> None:
 
 
 def _separate_run(cli: list[str], whole, point, sigma: float, common: list[str], out: Path) -> float:
-    """`splitaudit run` of this cut's bottom with its top, at the sigma `cuts` audited it at."""
+    """Seconds of `splitaudit run` on this cut's bottom with its top, at the sigma `cuts` audited it at."""
+    seconds, _ = timed(separate_run_command(cli, whole, point, sigma, common, out))
+    return seconds
+
+
+def separate_run_command(cli: list[str], whole, point, sigma: float, common: list[str], out: Path) -> list[str]:
+    """The cut's halves written in `out`, and the `splitaudit run` of its bottom with its top at `sigma`,
+    as a user would audit that cut by hand."""
     import onnx
 
     from splitaudit.inputs.onnx_cuts import split_at
@@ -171,8 +178,7 @@ def _separate_run(cli: list[str], whole, point, sigma: float, common: list[str],
     for half, path in zip(split_at(whole, point), paths):
         onnx.save(half, str(path))
     command = [*cli, "run", str(paths[0]), "--top-model", str(paths[1]), *common]
-    seconds, _ = timed([*command, "--noise-sigma", repr(sigma), "--out", str(out)])
-    return seconds
+    return [*command, "--noise-sigma", repr(sigma), "--out", str(out)]
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuts_cost import make_model_and_data  # noqa: E402  (the same whole model and data)
+from cuts_cost import make_model_and_data, separate_run_command  # noqa: E402  (the same model, data and runs)
 
 MIB = 1024**2
 WHOLE_PASS = """
@@ -34,7 +34,7 @@ from splitaudit.inputs.onnx_cuts import open_whole_model, run_onnx, samples_per_
 whole = open_whole_model(sys.argv[1], (3, int(sys.argv[2]), int(sys.argv[2])))
 x = np.load(sys.argv[3])["x"]
 batch = None if sys.argv[4] == "all" else samples_per_batch(whole)
-print(batch or len(x), run_onnx(whole.proto, x, batch=batch).shape)
+print(min(batch or len(x), len(x)), run_onnx(whole.proto, x, batch=batch).shape)
 """
 
 
@@ -83,7 +83,8 @@ def main() -> None:
     print(f"\n{'cut':40s} {'embedding MiB/sample':>20s} {'separate run peak RSS':>22s}")
     runs = []
     for i, cut in enumerate(document["cuts"]):
-        run_rss = _separate_run(cli, whole, points[cut["name"]], cut["noise_sigma"], common, folder / f"run{i}")
+        run = separate_run_command(cli, whole, points[cut["name"]], cut["noise_sigma"], common, folder / f"run{i}")
+        run_rss, _, _ = peak(run)
         runs.append(run_rss)
         print(f"{cut['name'][:40]:40s} {cut['bytes_sent'] / MIB:20.2f} {run_rss:20.0f} MiB")
     print(f"cuts / largest separate run = {rss / max(runs):.2f}")
@@ -92,21 +93,6 @@ def main() -> None:
         rss, seconds, done = peak([sys.executable, "-c", WHOLE_PASS, str(model), str(args.size), str(data), how])
         samples, shape = done.stdout.split(" ", 1)
         print(f"whole model over {args.n} images, {samples} at a time: peak RSS {rss:.0f} MiB ({seconds:.0f} s)")
-
-
-def _separate_run(cli: list[str], whole, point, sigma: float, common: list[str], out: Path) -> float:
-    """Peak RSS (MiB) of `splitaudit run` on this cut's bottom with its top, at the sigma `cuts` used."""
-    import onnx
-
-    from splitaudit.inputs.onnx_cuts import split_at
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = out / "bottom.onnx", out / "top.onnx"
-    for half, path in zip(split_at(whole, point), paths):
-        onnx.save(half, str(path))
-    command = [*cli, "run", str(paths[0]), "--top-model", str(paths[1]), *common]
-    rss, _, _ = peak([*command, "--noise-sigma", repr(sigma), "--out", str(out)])
-    return rss
 
 
 if __name__ == "__main__":
