@@ -288,8 +288,9 @@ def print_notice(line: str) -> None:
 
 
 def print_long_cost(estimate) -> None:
-    """The up-front cost estimate on stderr, when the audit will take more than a few minutes."""
-    if estimate.total > COST_NOTICE_SECONDS:
+    """The up-front cost estimate on stderr, when the audit will take more than a few minutes (at the
+    machine's present load)."""
+    if estimate.at_load > COST_NOTICE_SECONDS:
         click.echo(f"splitaudit: {estimate.summary()}", err=True)
 
 

@@ -221,7 +221,7 @@ def print_estimate(estimate, stages: list[Stage]) -> None:
         ran += wall
         ratio = f"{wall / about:9.2f}" if about > 0 else f"{'':9s}"
         print(f"{name:24s} {about:8.1f} {estimate.ceilings.get(name, about):9.1f} {wall:8.1f} {cpu:9.1f} {ratio}")
-    at_load = estimate.total / estimate.share
+    at_load = estimate.at_load
     print(
         f"{'estimated stages':24s} {estimate.total:8.1f} {estimate.ceiling:9.1f} {ran:8.1f} {'':9s} "
         f"{ran / estimate.total:9.2f}; at the load it was timed at the estimate reads {at_load:.1f} s "

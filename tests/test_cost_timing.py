@@ -95,6 +95,7 @@ def test_a_busy_estimate_says_so_and_what_the_load_makes_of_it():
     """The stages are CPU seconds; at a share of 0.25 the 10 minutes of work take 40 minutes of wall
     time, which the summary adds after the estimate. An idle estimate has no such note."""
     busy = CostEstimate(stages={"sdar": 600.0}, busy="load average 8.0 on 2 cores", share=0.25)
+    assert busy.at_load == 2400.0
     assert busy.summary().startswith("this audit may take about 10 min (sdar 10 min)")
     assert busy.summary().endswith("; timed on a busy machine (load average 8.0 on 2 cores): at this load about 40 min")
     assert "busy" not in CostEstimate(stages={"sdar": 600.0}).summary()

@@ -68,6 +68,12 @@ class CostEstimate:
         return sum(self.stages.values())
 
     @property
+    def at_load(self) -> float:
+        """What the estimated stages take at the load they were timed at: their CPU seconds run at
+        `share` of a second a second."""
+        return self.total / self.share
+
+    @property
     def ceiling(self) -> float:
         """The most the estimated stages can take together."""
         return sum(self.ceilings.get(name, seconds) for name, seconds in self.stages.items())
@@ -85,7 +91,7 @@ class CostEstimate:
         the stages' times are CPU seconds, and at that load the run gets only `share` of them a second."""
         if not self.busy:
             return ""
-        return f"; timed on a busy machine ({self.busy}): at this load about {duration(self.total / self.share)}"
+        return f"; timed on a busy machine ({self.busy}): at this load about {duration(self.at_load)}"
 
 
 def duration(seconds: float) -> str:
