@@ -11,7 +11,7 @@ matrix of distances between the aux classes' input centroids, up to the unknown 
 renaming that makes the two matrices agree best names the clusters (a quadratic assignment
 problem, solved exactly for up to EXACT_CLASSES classes and by restarted pairwise swaps above).
 
-Measured on U-shaped models of tests/ushaped.py (benchmarks/RESULTS.md, seed 0): the named labels
+Measured on U-shaped models of tests/support/ushaped.py (benchmarks/RESULTS.md, seed 0): the named labels
 are right as often as the partition is on the flat LayerNorm model (0.98, where SDAR's simulated
 tail h~ names the same clusters wrongly offline: 0.04) and the ResNet (0.94); only partly on the
 MobileNet (0.65 of a 0.81 partition) and the ViT, whose layouts agree less (correlation 0.85

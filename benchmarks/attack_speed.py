@@ -12,11 +12,11 @@ decoder's output on a fixed batch is compared with the baseline's: "identical" o
 otherwise the largest absolute difference (floating-point reordering grows through training,
 so a variant that is kept must show its final MSE within the seeds' spread, benchmarks/RESULTS.md).
 
-    python benchmarks/attack_speed.py                                # digits CNN with g (batch 32)
-    python benchmarks/attack_speed.py --architecture resnet --size 64 --width 64 --rounds 3 --per-round 2
-    python benchmarks/attack_speed.py --threads 2                    # torch threads for the runs
-    python benchmarks/attack_speed.py --profile 50 --shape textline  # where one iteration's time goes
-    python benchmarks/attack_speed.py --variants baseline bfloat16 --check 0   # the bf16 forward passes
+    python -m benchmarks.attack_speed                                # digits CNN with g (batch 32)
+    python -m benchmarks.attack_speed --architecture resnet --size 64 --width 64 --rounds 3 --per-round 2
+    python -m benchmarks.attack_speed --threads 2                    # torch threads for the runs
+    python -m benchmarks.attack_speed --profile 50 --shape textline  # where one iteration's time goes
+    python -m benchmarks.attack_speed --variants baseline bfloat16 --check 0   # the bf16 forward passes
 
 The baseline runs in float32 (sdar_training's default precision); the attack's own default,
 precision=auto, is the "bfloat16" variant on CPUs with native bf16 for inputs of 1024+ values a sample.
@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -43,12 +42,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.sdar_stopping import context
+from benchmarks.shapes_scale import SHAPES
 from splitaudit.attacks.sdar import PRESETS
 from splitaudit.attacks.sdar_training import ADAM_EPS, EVAL_EVERY, FULL, SDARNets, sdar_training
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sdar_stopping import context  # noqa: E402
-from shapes_scale import SHAPES  # noqa: E402
 
 Step = Callable[[], None]
 
@@ -284,7 +281,7 @@ def trained_output(ctx, name: str, iterations: int) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="digits_cnn", help="a bundled sample model's name (with its g)")
-    parser.add_argument("--architecture", help="a stem of tests/architectures.py instead of a sample model")
+    parser.add_argument("--architecture", help="a stem of tests/support/architectures.py instead of a sample model")
     parser.add_argument("--shape", choices=sorted(SHAPES), help="shapes_scale.py's bottom and data instead (no g)")
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--width", type=int, default=16)

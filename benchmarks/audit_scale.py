@@ -2,7 +2,7 @@
 
 The targets: `--quick` under 15 minutes on 2 CPU cores, `--full` under
 30 minutes. The model: a ResNet-style bottom (ResNet-18
-stem + layer1 from tests/architectures.py, width 64, random weights with trained-looking
+stem + layer1 from tests/support/architectures.py, width 64, random weights with trained-looking
 BatchNorm statistics) at 3x64x64, exported with torch.onnx.export(dynamo=True), audited with
 `--quick --attacks all` on 400 generated samples. It prints the measured wall time and peak resident memory of every stage (load, dFIL, prior, each attack,
 reports).
@@ -11,9 +11,9 @@ The data are generated here, nothing is downloaded: smooth random colour fields 
 at 1/8 resolution, bilinearly upsampled) whose mean colour depends on the class (10 classes)
 and whose brightness gradient depends on a binary sensitive attribute.
 
-    python benchmarks/audit_scale.py [--size 64] [--samples 400] [--width 64] [--threads 2]
-    python benchmarks/audit_scale.py --full [--workers auto] [--attack-option sdar.batch_size=32]
-    python benchmarks/audit_scale.py --full --beside-quick    # issue 43's bar, measured in one sitting
+    python -m benchmarks.audit_scale [--size 64] [--samples 400] [--width 64] [--threads 2]
+    python -m benchmarks.audit_scale --full [--workers auto] [--attack-option sdar.batch_size=32]
+    python -m benchmarks.audit_scale --full --beside-quick    # issue 43's bar, measured in one sitting
 
 --beside-quick runs the quick battery first, then the full one on the same model and data, and
 prints them side by side: each stage's wall and CPU seconds, and each attack's metric and advantage
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,11 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from architectures import build, export_onnx  # noqa: E402
-from demo_stages import StageClock, instrument, print_estimate, print_stages, quiet_cli_run, stage_totals  # noqa: E402
+from benchmarks.demo_stages import StageClock, instrument, print_estimate, print_stages, quiet_cli_run, stage_totals
+from tests.support.architectures import build, export_onnx
 
 CLASSES = 10
 

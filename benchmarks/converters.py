@@ -1,20 +1,19 @@
 """Which ONNX-to-torch converter loads which graph: the evidence behind splitaudit.inputs.onnx_loading.CONVERTERS.
 
 For every graph of the load matrix (the tests' exports: torch dynamo and legacy, the bundled
-sample models, and the exporter-style graphs of tests/exporter_graphs.py at opsets 9..20) and
+sample models, and the exporter-style graphs of tests/support/exporter_graphs.py at opsets 9..20) and
 for each converter, on the graph as written ("raw") and after splitaudit's clean-up
 (splitaudit.inputs.onnx_graph: dynamic dims, onnxslim), it prints whether the converter gave a module
 and its max abs error against onnxruntime on random inputs (a module counts only when the error
 is within splitaudit's parity tolerance). The last column is what `open_model` +
 `prepare_encoder` end with: the converter used, or black-box.
 
-    python benchmarks/converters.py            # about 4 minutes on 2 busy CPU cores
+    python -m benchmarks.converters            # about 4 minutes on 2 busy CPU cores
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -23,16 +22,14 @@ import numpy as np
 import onnx
 import torch
 
+from splitaudit.inputs.model_checks import PARITY_RTOL
+from splitaudit.inputs.models import open_model, prepare_encoder
+from splitaudit.inputs.onnx_graph import declare_dynamic_dims, slimmed
+from splitaudit.inputs.onnx_loading import CONVERTERS, import_torchvision_or_stub
+from tests.support.architectures import build, export_onnx
+from tests.support.exporter_graphs import STYLES, OpsNet, SequenceNet, Style, image_net, write_style
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from architectures import build, export_onnx  # noqa: E402
-from exporter_graphs import STYLES, OpsNet, SequenceNet, Style, image_net, write_style  # noqa: E402
-
-from splitaudit.inputs.model_checks import PARITY_RTOL  # noqa: E402
-from splitaudit.inputs.models import open_model, prepare_encoder  # noqa: E402
-from splitaudit.inputs.onnx_graph import declare_dynamic_dims, slimmed  # noqa: E402
-from splitaudit.inputs.onnx_loading import CONVERTERS, import_torchvision_or_stub  # noqa: E402
 
 OPSETS = range(9, 21)
 CPU = torch.device("cpu")

@@ -3,7 +3,7 @@ bottoms, side by side.
 
 The model is torchvision's ResNet-18 written out (conv 7x7/2, BatchNorm, ReLU, MaxPool 3x3/2, four
 stages of two basic blocks at widths 64-128-256-512, global average pool, a linear head), with
-random convolution weights and trained-looking BatchNorm statistics (tests/architectures.py's
+random convolution weights and trained-looking BatchNorm statistics (tests/support/architectures.py's
 `build` recipe), and a linear head fitted on its pooled features for a synthetic three-class task
 (which quadrant of the image is bright), so the whole model has a real accuracy to lose. The data
 is 3x64x64 images in [0, 1].
@@ -13,8 +13,8 @@ is 3x64x64 images in [0, 1].
 sigma `cuts` used there, as a user would by hand. Both print their wall time; `cuts` shares the
 prior term across cuts and runs each cut in one process, the separate runs each train their own.
 
-    python benchmarks/cuts_cost.py                          # 4 cuts, --quick, prior ssm (~10-30 min on 2 cores)
-    python benchmarks/cuts_cost.py --cuts 6 --prior gaussian --width 16
+    python -m benchmarks.cuts_cost                          # 4 cuts, --quick, prior ssm (~10-30 min on 2 cores)
+    python -m benchmarks.cuts_cost --cuts 6 --prior gaussian --width 16
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def resnet18(width: int, classes: int):
     """torchvision's resnet18 layout at base width `width` (64 is ResNet-18 itself)."""
     import torch.nn as nn
-    from architectures import BasicBlock
+
+    from tests.support.architectures import BasicBlock
 
     class ResNet18(nn.Module):
         def __init__(self) -> None:
@@ -70,7 +70,8 @@ def make_model_and_data(folder: Path, width: int, n: int, size: int, seed: int) 
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    from architectures import export_onnx
+
+    from tests.support.architectures import export_onnx
 
     torch.manual_seed(seed)
     y = torch.arange(n) % 3

@@ -9,8 +9,8 @@ memory could pile up); then each audited cut's bottom is run alone with its real
 rusage (os.wait4). Also measured: one onnxruntime pass of the whole model over the target images at
 once against the batches `cuts` uses now (splitaudit.inputs.onnx_cuts.samples_per_batch).
 
-    python benchmarks/cuts_memory.py                       # 3 cuts, 96 images at 224 px (~15-30 min on 2 cores)
-    python benchmarks/cuts_memory.py --cuts 2 --n 48 --size 112
+    python -m benchmarks.cuts_memory                       # 3 cuts, 96 images at 224 px (~15-30 min on 2 cores)
+    python -m benchmarks.cuts_memory --cuts 2 --n 48 --size 112
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuts_cost import make_model_and_data, separate_run_command  # noqa: E402  (the same model, data and runs)
+from benchmarks.cuts_cost import make_model_and_data, separate_run_command  # noqa: E402  (the same model, data and runs)
 
 MIB = 1024**2
 WHOLE_PASS = """

@@ -1,13 +1,13 @@
 """`splitaudit cuts` on a small transformer over tokens: where to split a text classifier.
 
 The whole model: a token embedding (vocabulary 40, width 16) plus a position embedding, three
-pre-norm transformer blocks (tests/architectures.py's ViTBlock: multi-head attention and a GELU MLP,
+pre-norm transformer blocks (tests/support/architectures.py's ViTBlock: multi-head attention and a GELU MLP,
 each with its residual add), a final LayerNorm, mean pooling over the 12 positions and a linear head.
 It is trained for 150 full-batch Adam steps on a synthetic task (the parity of the first token) and
 exported by torch's legacy ONNX exporter with a dynamic batch; the data is 400 sequences of ids.
 
-    python benchmarks/cuts_tokens.py                           # 5 cuts, --quick, Gaussian prior (~3 min on 2 cores)
-    python benchmarks/cuts_tokens.py --cuts 10 --target-mse 0.05
+    python -m benchmarks.cuts_tokens                           # 5 cuts, --quick, Gaussian prior (~3 min on 2 cores)
+    python -m benchmarks.cuts_tokens --cuts 10 --target-mse 0.05
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 VOCAB, LENGTH, WIDTH = 40, 12, 16
 
 
@@ -31,7 +30,8 @@ def make_model_and_data(folder: Path, n: int, seed: int) -> tuple[Path, Path, Pa
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    from architectures import ViTBlock
+
+    from tests.support.architectures import ViTBlock
 
     class TokenClassifier(nn.Module):
         def __init__(self, depth: int = 3) -> None:

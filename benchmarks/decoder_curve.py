@@ -7,7 +7,7 @@ cannot). Then it replays the stopping rule for patience floors of several sizes 
 (`epochs_of_patience`) on the recording, per seed: where it stops, its best epoch, and the target
 MSE of the restored best state, which is what the attack reports.
 
-    python benchmarks/decoder_curve.py MODEL AUX [--noise-sigma S] [--seeds 0 1 2] [--samples N]
+    python -m benchmarks.decoder_curve MODEL AUX [--noise-sigma S] [--seeds 0 1 2] [--samples N]
 
 --samples N keeps the first N samples of AUX (split 50/50 into aux and targets, as the audit does).
 """

@@ -10,7 +10,7 @@ traced, and tracing slows the run). --estimate makes the demo print its up-front
 stages took: the estimate counts CPU seconds over each step's threads, and on a busy machine also
 what it makes of the load.
 
-    python benchmarks/demo_stages.py [--quick] [--device cpu|cuda|auto] [--threads 2] [--tracemalloc] [--estimate]
+    python -m benchmarks.demo_stages [--quick] [--device cpu|cuda|auto] [--threads 2] [--tracemalloc] [--estimate]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the whole `--attacks none --prior gaussian --noise-sigma 0.1` audit per stage.
 
 Model: ResNet-18 stem + layer1 (conv 7x7/2, BN, ReLU, MaxPool, two basic blocks, width 64) from
-tests/architectures.py, random weights with trained-like BN statistics, on uniform [0,1] images.
+tests/support/architectures.py, random weights with trained-like BN statistics, on uniform [0,1] images.
 For each size it prints one JSON line:
   auto:  seconds, method, mean ||J||_F^2, its standard error and 95% interval, products used;
   exact: forward mode over all d inputs on the first --exact-samples samples (sizes up to
@@ -15,7 +15,7 @@ For each size it prints one JSON line:
          `splitaudit run` on a TorchScript trace of the model with --target N samples.
 Prints the load average: compare ratios within one run, not seconds across runs.
 
-    python benchmarks/dfil_scale.py [--sizes 32,64,224] [--samples 256] [--exact-samples 8]
+    python -m benchmarks.dfil_scale [--sizes 32,64,224] [--samples 256] [--exact-samples 8]
                                     [--exact-max-size 64] [--device cpu|cuda|auto] [--threads 2]
                                     [--reverse-check K] [--no-audit]
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,14 +32,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from architectures import build, export_torchscript  # noqa: E402
-
-from splitaudit.core.config import AuditOptions  # noqa: E402
-from splitaudit.estimators import jacobian_sq_norm  # noqa: E402
-from splitaudit.estimators.jacobian import DEFAULT_MEMORY_BYTES, measure_plan  # noqa: E402
-from splitaudit.estimators.mean_trace import MeanOptions, estimate_mean_trace, probe_sums  # noqa: E402
-from splitaudit.inputs.models import resolve_device  # noqa: E402
+from splitaudit.core.config import AuditOptions
+from splitaudit.estimators import jacobian_sq_norm
+from splitaudit.estimators.jacobian import DEFAULT_MEMORY_BYTES, measure_plan
+from splitaudit.estimators.mean_trace import MeanOptions, estimate_mean_trace, probe_sums
+from splitaudit.inputs.models import resolve_device
+from tests.support.architectures import build, export_torchscript
 
 
 def sync(device: torch.device) -> None:

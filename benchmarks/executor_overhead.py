@@ -8,7 +8,7 @@ checks that every backend gave the same numbers, then prints the wall times, the
 overhead per task, the one-off costs (starting Ray, putting the model and data in the object
 store) and a projection to N machines of that many slots each.
 
-    python benchmarks/executor_overhead.py [--model breast_cancer_mlp.onnx --data breast_cancer.npz]
+    python -m benchmarks.executor_overhead [--model breast_cancer_mlp.onnx --data breast_cancer.npz]
         [--sigmas 0,0.3,1] [--attacks kmeans,attribute,decoder] [--cpus 2] [--quick]
 """
 

@@ -1,13 +1,13 @@
 """Audit exporter-style ONNX models end to end and check their dFIL against the torch module they came from.
 
-    python benchmarks/exporter_models.py build DIR
+    python -m benchmarks.exporter_models build DIR
         writes, for a MobileNetV3-style text-line bottom (3x48x192) and a 1-D conv bottom (4x400),
         the model in Paddle2ONNX style (weights as Constant nodes, batch declared -1 or 0) as
         DIR/NAME.onnx and its data DIR/NAME.npz (text lines rendered with PIL's default font,
         label upright / turned 180 degrees; sequences of two tones, label which is louder)
     splitaudit run DIR/NAME.onnx --aux DIR/NAME.npz --attacks none --noise-sigma 0.1 --smoothing 0 \
         --out DIR/NAME-report --format json
-    python benchmarks/exporter_models.py check DIR NAME [--samples 8]
+    python -m benchmarks.exporter_models check DIR NAME [--samples 8]
         recomputes ||J||_F^2 exactly (reverse mode, every output, chunked) on the original torch
         module at the first target samples the report computed the dFIL at, and prints the
         report's load mode, parity, and per-sample dFIL next to the exact values.
@@ -20,18 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from exporter_graphs import SEQUENCE, STYLES, TEXT_LINE, seeded  # noqa: E402
-from exporter_graphs import write_style as write_graph  # noqa: E402
-
-from splitaudit.inputs.data import load_dataset, split_dataset  # noqa: E402
+from splitaudit.inputs.data import load_dataset, split_dataset
+from tests.support.exporter_graphs import SEQUENCE, STYLES, TEXT_LINE, seeded
+from tests.support.exporter_graphs import write_style as write_graph
 
 MODELS = {"textline": STYLES[0], "sequence": STYLES[1]}
 NOISE_SIGMA = 0.1

@@ -13,7 +13,7 @@ probes. For each shape and gain it prints one JSON line:
   and whether each interval contains the autograd mean; new's seconds (pilot, two steps and the
   cross-check). Prints the load average: seconds depend on what else runs.
 
-    python benchmarks/fd_kinks.py [--samples 64] [--gains 1000,3000,10000] [--shapes 3x4x12,3x8x24]
+    python -m benchmarks.fd_kinks [--samples 64] [--gains 1000,3000,10000] [--shapes 3x4x12,3x8x24]
                                   [--threads 2]
 """
 
@@ -23,21 +23,17 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_finite_difference import KinkedBlock, black_box  # noqa: E402
-
-from splitaudit.estimators.jacobian import (  # noqa: E402
+from splitaudit.estimators.jacobian import (
     TraceOptions,
     finite_difference_step,
 )
-from splitaudit.estimators.mean_trace import Z_95, MeanOptions, estimate_mean_trace  # noqa: E402
-from splitaudit.estimators.methods import jacobian_sq_norm, jacobian_trace  # noqa: E402
+from splitaudit.estimators.mean_trace import Z_95, MeanOptions, estimate_mean_trace
+from splitaudit.estimators.methods import jacobian_sq_norm, jacobian_trace
+from tests.test_finite_difference import KinkedBlock, black_box
 
 
 def interval(values: torch.Tensor) -> tuple[float, float, float]:

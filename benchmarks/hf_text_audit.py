@@ -11,8 +11,8 @@ about 140 words, one a line in a .jsonl whose label is the source file, tokenise
 each text attack's token accuracy, exact match and ROUGE-L per sigma, the sequential inversion's
 seconds per sentence and how its prefix states were computed, and the sweep's wall time.
 
-    python benchmarks/hf_text_audit.py --corpus a.txt b.txt --device cuda          # sigmas 0, 1, 4
-    python benchmarks/hf_text_audit.py --width 64 --heads 2 --vocab-size 2000 --quick   # a CPU-sized rehearsal
+    python -m benchmarks.hf_text_audit --corpus a.txt b.txt --device cuda          # sigmas 0, 1, 4
+    python -m benchmarks.hf_text_audit --width 64 --heads 2 --vocab-size 2000 --quick   # a CPU-sized rehearsal
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Encoder: conv(3,16,3,p1)-GELU-conv(16,16,3,p1)-GELU-avgpool2, 3x32x32 -> 16x16x1
 
 checks that all agree to 1e-4 relative and prints times and ratios.
 
-    python benchmarks/jacobian_trace.py [--batch 8] [--device cpu|cuda|auto] [--threads 2]
+    python -m benchmarks.jacobian_trace [--batch 8] [--device cpu|cuda|auto] [--threads 2]
                                         [--naive-outputs 512 | 0 for all]
 """
 

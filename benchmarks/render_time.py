@@ -5,7 +5,7 @@ reports and nothing of the computation. With --baseline-tree DIR (a folder holdi
 package laid out as installed, e.g. another checkout's audit/ with attacks/, estimators/,
 reports/ and sample_models/ copied into it) the two are timed side by side, interleaved:
 
-    python benchmarks/render_time.py splitaudit-report/report.json --baseline-tree /tmp/main-src
+    python -m benchmarks.render_time splitaudit-report/report.json --baseline-tree /tmp/main-src
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A refactoring must leave a seeded audit's numbers unchanged: run `splitaudit demo --quick` (or
 `demo --sweep --quick`) before and after, then
 
-    python benchmarks/same_numbers.py before/report.json after/report.json
+    python -m benchmarks.same_numbers before/report.json after/report.json
 
 prints each number that differs (path, before, after), the paths present on one side only, and
 exits 1 when anything but wall-clock fields differs. Wall-clock fields (seconds, start time and

@@ -6,29 +6,27 @@ same seed with every regulariser and without d1, and prints the MSE of its recon
 the target data every `--every` iterations, beside the mean-guess baseline. The target MSE is
 what the attacker cannot see; this script is a measurement, not part of the attack.
 
-    python benchmarks/sdar_curve.py                          # digits CNN without g, 2500 iterations
-    python benchmarks/sdar_curve.py --top-model --iterations 1500 --seed 1
-    python benchmarks/sdar_curve.py --top-model --preset paper --iterations 2000 --batch-size 32
-    python benchmarks/sdar_curve.py --model breast_cancer_mlp --top-model
+    python -m benchmarks.sdar_curve                          # digits CNN without g, 2500 iterations
+    python -m benchmarks.sdar_curve --top-model --iterations 1500 --seed 1
+    python -m benchmarks.sdar_curve --top-model --preset paper --iterations 2000 --batch-size 32
+    python -m benchmarks.sdar_curve --model breast_cancer_mlp --top-model
 
 U-shaped SL (`--labels inferred`, Zhu et al., NDSS 2025, Sec. IV-B): the label accuracy of the
 inferred target labels is printed beside the MSE (majority-class baseline). `--body` gives the
 attacker only the server's body g: for the bundled digits CNN the first layer (linear + GELU)
 of its top model, whose last linear layer is the client's tail h; `--u-shaped ARCH` trains a
-U-shaped model of tests/ushaped.py on the target data (with `--top-model`, the attacker gets its g).
+U-shaped model of tests/support/ushaped.py on the target data (with `--top-model`, the attacker gets its g).
 
-    python benchmarks/sdar_curve.py --labels inferred --variant full           # no g at all
-    python benchmarks/sdar_curve.py --labels inferred --variant full --top-model --body
-    python benchmarks/sdar_curve.py --labels inferred --variant full --u-shaped flat_ln --top-model
+    python -m benchmarks.sdar_curve --labels inferred --variant full           # no g at all
+    python -m benchmarks.sdar_curve --labels inferred --variant full --top-model --body
+    python -m benchmarks.sdar_curve --labels inferred --variant full --u-shaped flat_ln --top-model
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from importlib.resources import files
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -44,9 +42,7 @@ from splitaudit.attacks.sdar import (
 from splitaudit.attacks.sdar_training import ABLATIONS, FULL, SDARNets, Stopping, bce, sdar_reconstruct
 from splitaudit.core.config import AuditOptions
 from splitaudit.engine.pipeline import prepare_context
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from ushaped import ARCHITECTURES, train_u_shaped  # noqa: E402
+from tests.support.ushaped import ARCHITECTURES, train_u_shaped
 
 DATA = {"breast_cancer_mlp": "breast_cancer.npz"}  # every other sample model uses digits.npz
 VARIANTS = {"full": FULL, "no d1": ABLATIONS["mse_no_d1"]}
@@ -150,7 +146,7 @@ def bundled_body(path: str) -> nn.Module:
 
 
 def u_shaped_context(arch: str, aux: str, epochs: int, with_body: bool):
-    """A context whose bottom model is f of a tests/ushaped.py model trained on the target data, and
+    """A context whose bottom model is f of a tests/support/ushaped.py model trained on the target data, and
     whose top model is its body g (`with_body`); prints the model's accuracy."""
     reference = prepare_context(
         AuditOptions(
@@ -183,7 +179,7 @@ def main() -> None:
         "--labels", choices=["known", "inferred", "clustered"], default="known", help="inferred, clustered: U-shaped SL"
     )
     parser.add_argument("--body", action="store_true", help="the top model's first layer only, as the body g")
-    parser.add_argument("--u-shaped", choices=ARCHITECTURES, help="a U-shaped model of tests/ushaped.py")
+    parser.add_argument("--u-shaped", choices=ARCHITECTURES, help="a U-shaped model of tests/support/ushaped.py")
     parser.add_argument("--label-flip", type=float, default=LABEL_FLIP, help="U-shaped label flips")
     parser.add_argument(
         "--holdout", type=float, default=0.0, help="share of aux held out for the attacker's own signal (0: none)"

@@ -25,8 +25,8 @@ aux), printed first from the pixels and from the untrained f~ as references (on 
 400 aux all three are near or below 0: the probe is uninformative there). `--nets` prints the networks
 the attack builds for the shapes (each layer's output shape), then stops.
 
-    nice python benchmarks/sdar_diagnosis.py --controls oracle full no_d1 --iterations 300
-    python benchmarks/sdar_diagnosis.py --nets
+    nice python -m benchmarks.sdar_diagnosis --controls oracle full no_d1 --iterations 300
+    python -m benchmarks.sdar_diagnosis --nets
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+from benchmarks.sdar_curve import d1_loss
+from benchmarks.shapes_scale import SHAPES, cpu_seconds, write_inputs
 from splitaudit.attacks.nets import decode_batch
 from splitaudit.attacks.reconstruction import mean_guess_baseline
 from splitaudit.attacks.sdar import PRESETS
@@ -58,10 +59,6 @@ from splitaudit.core.config import AuditOptions
 from splitaudit.core.plateau import evaluating
 from splitaudit.core.threads import threads_for
 from splitaudit.engine.pipeline import prepare_context
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sdar_curve import d1_loss  # noqa: E402
-from shapes_scale import SHAPES, cpu_seconds, write_inputs  # noqa: E402
 
 PRESET = PRESETS["cpu"]
 HOLDOUT = 0.1

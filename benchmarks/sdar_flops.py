@@ -3,33 +3,29 @@
 The target is the 64 px ResNet stem's full audit in under 30 minutes on 2 CPU cores, and
 SDAR is most of its estimate. Seconds depend on the machine and its load; operation counts do
 not. This script builds the attack's own networks (`sdar_training`, batch 32 as the cpu preset)
-for a bundled sample model or a tests/architectures.py stem on generated images, and counts
+for a bundled sample model or a tests/support/architectures.py stem on generated images, and counts
 with torch's FlopCounterMode one whole iteration and one forward + backward pass of each
 network on a batch (an iteration runs f~ once with and once without gradients, the decoder on
 aux and on observed embeddings, d1 on simulated and observed embeddings, d2 on decoded and real
 inputs). It prints GFLOP per iteration and each network's parameters and GFLOP per pass.
 
-    python benchmarks/sdar_flops.py                                           # digits CNN with g
-    python benchmarks/sdar_flops.py --architecture resnet --size 64 --width 64   # a ResNet-18 stem + layer1 at 64 px
-    python benchmarks/sdar_flops.py --shape textline        # shapes_scale.py's text-line bottom, no g
+    python -m benchmarks.sdar_flops                                           # digits CNN with g
+    python -m benchmarks.sdar_flops --architecture resnet --size 64 --width 64   # a ResNet-18 stem + layer1 at 64 px
+    python -m benchmarks.sdar_flops --shape textline        # shapes_scale.py's text-line bottom, no g
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.sdar_stopping import context
+from benchmarks.shapes_scale import SHAPES
 from splitaudit.attacks.sdar_training import Regularizers, sdar_training
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from architectures import ARCHITECTURES  # noqa: E402
-from sdar_stopping import context  # noqa: E402
-from shapes_scale import SHAPES  # noqa: E402
+from tests.support.architectures import ARCHITECTURES
 
 BATCH = 32  # the cpu preset's batch
 

@@ -12,7 +12,7 @@ This runs the attack's own code (`SDARNets` and `sdar_iteration` from splitaudit
 on synthetic CIFAR-shaped data: f~ is the level-7 bottom model re-initialised, g a frozen
 random top model. Not run by CI.
 
-    python benchmarks/sdar_iteration.py [--iterations 20] [--warmup 3] [--device auto|cpu|cuda]
+    python -m benchmarks.sdar_iteration [--iterations 20] [--warmup 3] [--device auto|cpu|cuda]
                                         [--preset paper|cpu] [--threads 2]
 
 --preset paper (default) times the paper's batch of 128; cpu the attack's CPU batch. Prints

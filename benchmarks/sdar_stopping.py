@@ -12,14 +12,14 @@ option early_stopping). For every seed this runs
   on the recorded signal gives what the stopped attack returns for every (every k, patience):
   the target MSE where it stops, beside the fixed budget's mean and spread between seeds.
 
-    python benchmarks/sdar_stopping.py                                   # digits CNN with g, seeds 0-2
-    python benchmarks/sdar_stopping.py --model breast_cancer_mlp         # tabular, with g
-    python benchmarks/sdar_stopping.py --architecture resnet --size 32 --width 16 --iterations 2500
-    python benchmarks/sdar_stopping.py --onnx stem.onnx --aux data.npz --iterations 2500 --same-data \
+    python -m benchmarks.sdar_stopping                                   # digits CNN with g, seeds 0-2
+    python -m benchmarks.sdar_stopping --model breast_cancer_mlp         # tabular, with g
+    python -m benchmarks.sdar_stopping --architecture resnet --size 32 --width 16 --iterations 2500
+    python -m benchmarks.sdar_stopping --onnx stem.onnx --aux data.npz --iterations 2500 --same-data \
         --seeds 0 --save 'seed{seed}.json'                                   # a model file, as `splitaudit run` loads it
-    python benchmarks/sdar_stopping.py --replay seed0.json seed1.json   # the table from saved recordings
+    python -m benchmarks.sdar_stopping --replay seed0.json seed1.json   # the table from saved recordings
 
-`--architecture` audits a stem of tests/architectures.py (random weights, trained-looking batch
+`--architecture` audits a stem of tests/support/architectures.py (random weights, trained-looking batch
 norm) on generated smooth class-coloured images (benchmarks/audit_scale.py's data), without a
 top model (the cpu preset's budget is then 2500 iterations).
 """
@@ -32,7 +32,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from importlib.resources import files
@@ -41,6 +40,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from benchmarks.audit_scale import smooth_images
+from benchmarks.sdar_curve import DATA, curve
 from splitaudit.attacks import sdar_training
 from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
 from splitaudit.attacks.sdar import PRESETS
@@ -48,12 +49,7 @@ from splitaudit.attacks.sdar_training import FULL, PRECISIONS, sdar_reconstruct,
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.plateau import Plateau
 from splitaudit.engine.pipeline import prepare_context
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from architectures import ARCHITECTURES, build  # noqa: E402
-from audit_scale import smooth_images  # noqa: E402
-from sdar_curve import DATA, curve  # noqa: E402
+from tests.support.architectures import ARCHITECTURES, build
 
 EVERY_CHOICES = (1, 2, 4)  # evaluation intervals replayed, in multiples of --every
 PATIENCE_CHOICES = (2, 3, 4, 6, 8)
@@ -66,7 +62,7 @@ def context(args, folder: Path):
         options = AuditOptions(model=args.onnx, aux=args.aux, seed=0)
         return prepare_context(options.validate()), f"{Path(args.onnx).name} on {Path(args.aux).name}, no g"
     if getattr(args, "shape", None):
-        from shapes_scale import write_inputs
+        from benchmarks.shapes_scale import write_inputs
 
         model, aux, target = write_inputs(folder, args.shape, args.samples, args.samples // 2)
         options = AuditOptions(model=str(model), aux=str(aux), target=str(target), seed=0)

@@ -1,13 +1,13 @@
 """Anisotropic and 1-D bottoms: the up-front cost estimate against the measured `--quick --attacks all`.
 
 The target on 2 CPU cores: a MobileNetV3-style text-line bottom (3x48x192 -> 16x3x96,
-tests/architectures.py `textline`), 400 aux and 200 target lines, `splitaudit run --quick
+tests/support/architectures.py `textline`), 400 aux and 200 target lines, `splitaudit run --quick
 --attacks all` under 15 minutes with every attack ok, and the full battery's up-front
 estimate under 2 hours. The bottom is first trained briefly on its own task (upright/turned,
-the audio class; tests/architectures.py `train_briefly`): with random weights and random
+the audio class; tests/support/architectures.py `train_briefly`): with random weights and random
 BatchNorm statistics the text-line bottom keeps 1e-5 of its output's spread for the input, and
 every attack failed on it. `--shape audio1d` does the same for the 1-D conv audio-style bottom
-(1x1024 -> 16x128). The data are generated (tests/shaped_data.py), nothing is downloaded; the
+(1x1024 -> 16x128). The data are generated (tests/support/shaped_data.py), nothing is downloaded; the
 model is exported with torch.onnx.export(dynamo=True).
 
 It prints the estimate of the quick and of the full battery stage by stage, then (unless
@@ -20,7 +20,7 @@ seed of that attack at the full battery's settings instead of the quick audit, a
 seconds beside the estimate's share of one seed. `--attacks` runs (and estimates) only the attacks
 named, `--attack-option` passes an attack setting on, as `splitaudit run` takes them.
 
-    python benchmarks/shapes_scale.py [--shape textline|audio1d] [--aux 400] [--target 200] [--estimate-only]
+    python -m benchmarks.shapes_scale [--shape textline|audio1d] [--aux 400] [--target 200] [--estimate-only]
                                       [--cpu-time] [--full-seed decoder|sdar|optimization]
                                       [--attacks all|NAME,...] [--attack-option NAME.KEY=VALUE ...]
 """
@@ -33,7 +33,6 @@ import io
 import json
 import os
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,20 +40,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from architectures import build, export_onnx, train_briefly  # noqa: E402
-from demo_stages import StageClock, instrument  # noqa: E402
-from shaped_data import audio_clips, text_lines  # noqa: E402
-
-from splitaudit import cli  # noqa: E402
-from splitaudit.attacks import ATTACK_NAMES, get_attack  # noqa: E402
-from splitaudit.core.config import AuditOptions  # noqa: E402
-from splitaudit.core.threads import threads_for  # noqa: E402
-from splitaudit.engine.pipeline import prepare_context  # noqa: E402
+from benchmarks.demo_stages import StageClock, instrument
+from splitaudit import cli
+from splitaudit.attacks import ATTACK_NAMES, get_attack
+from splitaudit.core.config import AuditOptions
+from splitaudit.core.threads import threads_for
+from splitaudit.engine.pipeline import prepare_context
 from splitaudit.stages import cost, leakage
-from splitaudit.stages.cost import estimate_cost  # noqa: E402
+from splitaudit.stages.cost import estimate_cost
+from tests.support.architectures import build, export_onnx, train_briefly
+from tests.support.shaped_data import audio_clips, text_lines
 
 SHAPES = {"textline": text_lines, "audio1d": audio_clips}
 

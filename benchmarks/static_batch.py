@@ -13,7 +13,7 @@ JSON line: dFIL's process CPU seconds and wall seconds (estimate_mean_trace, met
 planner), the method, the mean ||J||_F^2, and the planner's share (the structure search's CPU seconds
 over dFIL's). Then the ratios. Prints the load average: compare ratios within one run.
 
-    python benchmarks/static_batch.py [--width 64] [--samples 16] [--repeats 1] [--threads 2]
+    python -m benchmarks.static_batch [--width 64] [--samples 16] [--repeats 1] [--threads 2]
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,13 +29,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from architectures import export_onnx  # noqa: E402
-
-from splitaudit.estimators.jacobian import measure_plan  # noqa: E402
-from splitaudit.estimators.mean_trace import estimate_mean_trace  # noqa: E402
-from splitaudit.estimators.structured import search_structure  # noqa: E402
-from splitaudit.inputs.models import open_model, prepare_encoder  # noqa: E402
+from splitaudit.estimators.jacobian import measure_plan
+from splitaudit.estimators.mean_trace import estimate_mean_trace
+from splitaudit.estimators.structured import search_structure
+from splitaudit.inputs.models import open_model, prepare_encoder
+from tests.support.architectures import export_onnx
 
 
 def line_stem() -> nn.Module:

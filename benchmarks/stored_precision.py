@@ -1,31 +1,28 @@
 """Models stored in float16: how far the audit's float32 computation is from the model's own run.
 
-For each architecture of tests/architectures.py, a seeded model is exported to ONNX in float16
+For each architecture of tests/support/architectures.py, a seeded model is exported to ONNX in float16
 (torch's legacy exporter) and saved as float16 TorchScript, then opened by splitaudit. It prints
 the gradient mode, and the largest difference between the float32 computation the audit
 differentiates and the model run as saved (onnxruntime on the float16 graph, or the float16
 TorchScript module), relative to the largest |embedding| and in units of float16's eps: the
 measurement behind ROUNDING_EPS (audit/inputs/precision.py), the tolerance of that check.
 
-    python benchmarks/stored_precision.py
-    python benchmarks/stored_precision.py --architectures resnet vit --samples 32
+    python -m benchmarks.stored_precision
+    python -m benchmarks.stored_precision --architectures resnet vit --samples 32
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from architectures import build, export_onnx, export_torchscript  # noqa: E402
-
-from splitaudit.inputs.models import open_model, prepare_encoder  # noqa: E402
-from splitaudit.inputs.precision import ROUNDING_EPS  # noqa: E402
+from splitaudit.inputs.models import open_model, prepare_encoder
+from splitaudit.inputs.precision import ROUNDING_EPS
+from tests.support.architectures import build, export_onnx, export_torchscript
 
 SHAPES = {
     "resnet": (3, 32, 32),

@@ -6,7 +6,7 @@ MLP 3072), random weights, T = 128, exported with torch.onnx.export (legacy expo
 input_ids), audited with `--vocab` on generated Zipf-distributed token ids. It prints the
 measured wall time and peak resident memory of every stage (load, dFIL, prior, each attack).
 
-    python benchmarks/token_scale.py [--samples 64] [--length 128] [--vocab 50257] [--dim 768] [--prior gaussian]
+    python -m benchmarks.token_scale [--samples 64] [--length 128] [--vocab 50257] [--dim 768] [--prior gaussian]
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 import warnings
@@ -24,8 +23,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_stages import StageClock, instrument, print_stages, quiet_cli_run  # noqa: E402
+from benchmarks.demo_stages import StageClock, instrument, print_stages, quiet_cli_run
 
 
 class GPT2Bottom(nn.Module):

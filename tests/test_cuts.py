@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from architectures import build, export_onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from splitaudit.cli import main
@@ -25,6 +24,7 @@ from splitaudit.core.config import AuditOptions
 from splitaudit.engine.cuts import run_cuts
 from splitaudit.inputs.onnx_cuts import candidate_cuts, open_whole_model, run_onnx, split_at
 from splitaudit.stages.recommend_cut import qualifies, recommend_cut
+from tests.support.architectures import build, export_onnx
 
 D, SIGMA, S = 6, 0.5, 0.8  # input size, --noise-sigma, the data's per-dimension std
 
@@ -205,7 +205,7 @@ def _brute_force_cuts(proto, input_name: str, output_name: str) -> set[str]:
 
 
 class _Classifier(nn.Module):
-    """A stem of tests/architectures.py with a classification head on its pooled output."""
+    """A stem of tests/support/architectures.py with a classification head on its pooled output."""
 
     def __init__(self, name: str) -> None:
         super().__init__()

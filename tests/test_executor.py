@@ -117,10 +117,10 @@ def test_workers_rebuild_an_onnx_model_with_external_data_from_the_object_store(
     deleted once the executor has put them in the object store, and Ray still gives local's numbers."""
     import numpy as np
     import torch
-    from architectures import build, export_onnx
 
     from splitaudit.engine.pipeline import prepare_context
     from splitaudit.execution.recipe import model_files
+    from tests.support.architectures import build, export_onnx
 
     model = export_onnx(build("mobilenet"), torch.rand(2, 3, 32, 32), tmp_path / "stem.onnx")
     rng = np.random.default_rng(0)
@@ -254,7 +254,8 @@ def test_randomised_dfil_shards_on_workers_give_the_in_process_estimate(tmp_path
     process, and the report says how many shard tasks ran."""
     import numpy as np
     import torch
-    from architectures import build
+
+    from tests.support.architectures import build
 
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "data.npz", x=rng.random((192, 3, 16, 16), dtype=np.float32), y=rng.integers(0, 3, 192))

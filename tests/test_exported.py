@@ -14,13 +14,13 @@ import zipfile
 import pytest
 import torch
 import torch.nn as nn
-from architectures import build
 from conftest import SAMPLES, sample
 from test_cli import run_cli
 
 from splitaudit.attacks.nets import reinitialized_copy
 from splitaudit.core.errors import InputError
 from splitaudit.inputs.models import open_model, prepare_encoder, prepare_top_model
+from tests.support.architectures import build
 
 CPU = torch.device("cpu")
 RTOL = 1e-5  # the program's aten kernels against the module's: the same kernels, reordered at most

@@ -1,6 +1,6 @@
 """Loading ONNX graphs as other exporters write them, and errors that name their cause.
 
-Graphs come from tests/exporter_graphs.py (Paddle2ONNX / tf2onnx / old-IR styles built from
+Graphs come from tests/support/exporter_graphs.py (Paddle2ONNX / tf2onnx / old-IR styles built from
 small torch modules) or are written node by node with onnx.helper. Every converted model is
 checked against the torch module it was exported from (an independent computation of f).
 """
@@ -15,9 +15,7 @@ import onnx
 import pytest
 import torch
 import torch.nn as nn
-from architectures import build, export_onnx
 from conftest import make_context, sample
-from exporter_graphs import STYLES, TEXT_LINE, write_style
 from onnx import TensorProto, helper, numpy_helper
 
 import splitaudit.inputs.onnx_loading as onnx_loading
@@ -26,6 +24,8 @@ from splitaudit.cli import main
 from splitaudit.core.errors import InputError
 from splitaudit.inputs.models import open_model, prepare_encoder
 from splitaudit.inputs.onnx_graph import declare_dynamic_dims
+from tests.support.architectures import build, export_onnx
+from tests.support.exporter_graphs import STYLES, TEXT_LINE, write_style
 
 CPU = torch.device("cpu")
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from architectures import export_onnx
 
 import splitaudit
 from splitaudit.core.result import first_error
@@ -26,6 +25,7 @@ from splitaudit.estimators.jacobian import (
 )
 from splitaudit.estimators.mean_trace import Z_95, MeanOptions, MeanTrace, estimate_mean_trace
 from splitaudit.estimators.methods import jacobian_sq_norm, jacobian_trace
+from tests.support.architectures import export_onnx
 
 
 class KinkedBlock(nn.Module):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from exporter_graphs import STYLES, write_style
 from PIL import Image
 
 from splitaudit.core.config import AuditOptions
@@ -16,6 +15,7 @@ from splitaudit.core.errors import InputError
 from splitaudit.engine.pipeline import prepare_context
 from splitaudit.execution.recipe import make_recipe, rebuild_context
 from splitaudit.inputs.data import load_dataset
+from tests.support.exporter_graphs import STYLES, write_style
 
 NHWC_STYLE = next(s for s in STYLES if s.name.startswith("tf2onnx NHWC"))  # NHWCNet on 16x16x3
 

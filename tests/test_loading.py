@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from architectures import export_onnx
 from conftest import sample
 from PIL import Image
 
 from splitaudit.core.errors import InputError
 from splitaudit.inputs.data import load_dataset, split_dataset
 from splitaudit.inputs.models import open_model, prepare_encoder
+from tests.support.architectures import export_onnx
 
 CPU = torch.device("cpu")
 

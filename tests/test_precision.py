@@ -16,12 +16,12 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from architectures import build, export_onnx, export_torchscript
 from onnx import TensorProto, helper
 
 from splitaudit.core.errors import InputError
 from splitaudit.inputs.models import open_model, prepare_encoder
 from splitaudit.inputs.precision import float32_graph
+from tests.support.architectures import build, export_onnx, export_torchscript
 
 CPU = torch.device("cpu")
 FLOAT32_RTOL = 1e-5  # float32 against float32 (or float64), reordered sums

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from architectures import export_onnx
 
 from splitaudit.inputs.models import open_model, prepare_encoder
+from tests.support.architectures import export_onnx
 
 CPU = torch.device("cpu")
 INT8_RTOL = 0.05  # int8 weights and activations against float32: a few % of the largest value (measured 1-2%)

@@ -169,7 +169,7 @@ def test_decoder_on_small_aux_data_trains_for_its_patience_in_steps_not_epochs(t
     the decoder after about 20 steps, worse than the mean guess (MSE 0.026 against 0.021 on this ViT stem,
     measured) while 200 epochs reach 0.004; the patience now spans at least 200 steps (here the
     epoch cap is 100, half the default, to keep the test short)."""
-    from architectures import build, export_torchscript
+    from tests.support.architectures import build, export_torchscript
 
     x = smooth_images(200, 16)
     export_torchscript(build("vit", image_size=16, patch=4), torch.from_numpy(x[:2]), tmp_path / "vit.pt")

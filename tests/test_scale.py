@@ -1,6 +1,6 @@
 """Memory at real image sizes: saved-activation accounting, the prior's score networks, the
 optimisation attack's chunked inversion and the raw-input baselines' dimension reduction, on
-real architectures (tests/architectures.py) at 3x64x64 with tiny widths."""
+real architectures (tests/support/architectures.py) at 3x64x64 with tiny widths."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from architectures import build
 
 from splitaudit.attacks.base import MIN_SEEDS
 from splitaudit.attacks.features import COMPONENTS, reduced
@@ -25,6 +24,7 @@ from splitaudit.estimators.prior import (
 )
 from splitaudit.inputs.models import Encoder
 from splitaudit.stages.cost import StepTimer
+from tests.support.architectures import build
 
 
 def smooth_images(n: int, size: int, classes: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -202,10 +202,10 @@ def test_bfloat16_trains_simulators_converted_from_onnx_stems(tmp_path, architec
     norm restored): ResNet (residuals, max pooling), MobileNet (depthwise) and ViT (attention, layer
     norm) stems take bf16 autocast, so the probe keeps bfloat16, and two steps leave finite weights."""
     import numpy as np
-    from architectures import build, export_onnx
 
     from splitaudit.core.config import AuditOptions
     from splitaudit.engine.pipeline import prepare_context
+    from tests.support.architectures import build, export_onnx
 
     model = export_onnx(build(architecture), torch.rand(2, *shape), tmp_path / "stem.onnx", exporter=exporter)
     rng = np.random.default_rng(0)
@@ -327,7 +327,7 @@ def test_level7_d1_and_d2_are_table_ix_stacks_without_extra_layers_after_the_las
 
 
 def test_d1_narrows_with_fewer_embedding_channels_than_table_ix_at_most_4x():
-    """8 channels on 8x8 (tests/ushaped.py's ResNet; Table IX's level 7 has 64): widths / 4, not / 8;
+    """8 channels on 8x8 (tests/support/ushaped.py's ResNet; Table IX's level 7 has 64): widths / 4, not / 8;
     32 channels: / 2; 16 channels on 16x16 (Table IX's levels 4-6 have 32): / 2."""
     widths = lambda shape: [row[1] for row in layer_list(d1_discriminator(shape, None).body) if row[0] == "Conv2d"]
     assert widths((8, 8, 8)) == [32, 64, 64, 64, 64]
@@ -414,9 +414,8 @@ def test_presets_and_label_options(digits_ctx):
 def test_simulator_of_an_onnx_resnet_gets_back_its_folded_batch_norm_and_glorot_weights(tmp_path):
     """ONNX export folds BatchNorm into the convolutions; the simulator gets one BN per conv back.
     Glorot-uniform (Keras's default): weights within sqrt(6 / (fan_in + fan_out)), reaching it."""
-    from architectures import build, export_onnx
-
     from splitaudit.inputs.models import open_model
+    from tests.support.architectures import build, export_onnx
 
     model = build("resnet")
     path = export_onnx(model, torch.rand(2, 3, 32, 32), tmp_path / "resnet.onnx", exporter="legacy", opset=17)
@@ -634,7 +633,7 @@ def test_relabelled_accuracy_scores_the_partition_whatever_the_class_names():
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, iterations", [("flat_ln", 250)])
 def test_u_shaped_sdar_with_only_the_servers_body(digits_ctx, arch, iterations):
-    """U-shaped models (tests/ushaped.py) trained on the target data, the attacker given
+    """U-shaped models (tests/support/ushaped.py) trained on the target data, the attacker given
     g alone (top_model_role = body), never h. Through g the partition of the targets into their
     classes leaks (flat LayerNorm model, seed 0: relabelled label accuracy 0.48 at 250 iterations
     against 0.11 for any constant labelling) while the class names need not (label accuracy 0.013,
@@ -657,12 +656,11 @@ def test_u_shaped_sdar_with_only_the_servers_body(digits_ctx, arch, iterations):
 
 
 def u_shaped_sdar_entry(digits_ctx, arch: str, labels: str, iterations: int, epochs: int) -> dict:
-    """SDAR's ok entry on a tests/ushaped.py model trained on the digits targets, the attacker
+    """SDAR's ok entry on a tests/support/ushaped.py model trained on the digits targets, the attacker
     holding its body g only (quick: one seed)."""
-    from ushaped import train_u_shaped
-
     from splitaudit.core.config import AuditOptions
     from splitaudit.engine.pipeline import prepare_context
+    from tests.support.ushaped import train_u_shaped
 
     f, g, _, accuracy = train_u_shaped(arch, digits_ctx.target.x, digits_ctx.target.y, epochs=epochs)
     assert accuracy > 0.9

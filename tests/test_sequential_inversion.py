@@ -15,11 +15,11 @@ import torch
 import torch.nn as nn
 from conftest import sample
 from test_tokens import token_context
-from token_models import LENGTH, VOCAB, TokenBottom, save_token_data, save_token_model
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.sequential_inversion import causality_violation
 from splitaudit.stages.cost import StepTimer
+from tests.support.token_models import LENGTH, VOCAB, TokenBottom, save_token_data, save_token_model
 
 NAME = "sequential-inversion"
 

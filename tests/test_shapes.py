@@ -3,7 +3,7 @@ and 1-D sequences (C x T from 1-D conv bottoms) in every attack and estimator.
 
 The networks the attacks build grow per axis and never past the input (a 16x3x96 map headed
 for 48x192 must not pass through 24x768 as it did), sequences get 1-D networks, and the battery
-runs on a 1-D conv audio bottom written in tests/architectures.py with every attack ok and the
+runs on a 1-D conv audio bottom written in tests/support/architectures.py with every attack ok and the
 reconstruction attacks better than their baseline. (The text-line and spectrogram batteries take
 longer than a slow test's 600 s on 2 cores: benchmarks/shapes_scale.py measures the text line, on
 a bottom trained briefly by `train_briefly`: the optimization attack is ok there from its learned
@@ -16,8 +16,6 @@ import math
 
 import pytest
 import torch
-from architectures import build, export_onnx, export_torchscript
-from shaped_data import audio_clips
 
 import splitaudit
 from splitaudit.attacks.nets import Decoder, generic_encoder, stage_sizes
@@ -26,6 +24,8 @@ from splitaudit.attacks.sdar_training import D2_CONVS, D2_SIDE, d1_discriminator
 from splitaudit.core.input_space import decide_space
 from splitaudit.estimators import jacobian_sq_norm
 from splitaudit.inputs.models import open_model, prepare_encoder
+from tests.support.architectures import build, export_onnx, export_torchscript
+from tests.support.shaped_data import audio_clips
 
 TEXT_LINE, TEXT_EMBEDDING = (3, 48, 192), (16, 3, 96)
 SPECTROGRAM, SPECTROGRAM_EMBEDDING = (1, 64, 400), (16, 4, 200)
@@ -267,7 +267,7 @@ def test_train_briefly_gives_a_bottom_trained_statistics_and_spread_between_samp
     BatchNorm's running mean and variance are those of its input over the training data
     (computed here independently from the conv's output), the model is in eval mode, and the
     embeddings of different clips differ by much more than a random bottom's."""
-    from architectures import train_briefly
+    from tests.support.architectures import train_briefly
 
     x, y, _ = audio_clips(64)
     x, y = torch.from_numpy(x), torch.from_numpy(y).long()

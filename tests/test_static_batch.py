@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from architectures import export_onnx
 from test_cli import run_cli
 
 from splitaudit.estimators.methods import jacobian_trace
 from splitaudit.inputs.models import open_model, prepare_encoder
+from tests.support.architectures import export_onnx
 
 CPU = torch.device("cpu")
 LINE = (1, 64, 32)  # a captcha text line: one channel, 64 pixels high (the ddddocr OCR model's input height)

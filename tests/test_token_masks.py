@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn as nn
 from test_cli import assert_one_line_error, run_cli
-from token_models import DIM, LENGTH, VOCAB, TokenBottom
 
 from splitaudit.attacks.text_metrics import most_frequent_guess, position_accuracy, rare_tokens, token_metrics
 from splitaudit.core.config import AuditOptions
@@ -19,6 +18,7 @@ from splitaudit.core.result import first_error
 from splitaudit.engine.pipeline import prepare_context
 from splitaudit.inputs.tokens import per_mask_pattern
 from splitaudit.stages import leakage
+from tests.support.token_models import DIM, LENGTH, VOCAB, TokenBottom
 
 FORMATS = ("torchscript", "legacy", "dynamo")
 

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 from test_tokens import bottom, files, token_context  # noqa: F401  (bottom and files are fixtures)
-from token_models import VOCAB
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks import token_relaxation as relaxation
 from splitaudit.attacks.optimization import PILOT_TARGETS, STEP_FRACTIONS
+from tests.support.token_models import VOCAB
 
 
 def test_the_simplex_starts_at_the_smoothed_aux_frequencies_and_spans_the_table(files):  # noqa: F811

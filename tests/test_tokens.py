@@ -11,7 +11,6 @@ import pytest
 import torch
 from conftest import sample
 from test_cli import assert_one_line_error, run_cli
-from token_models import LENGTH, TokenBottom, save_token_data, save_token_model
 
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.input_space import InputSpace
@@ -19,6 +18,7 @@ from splitaudit.core.result import first_error
 from splitaudit.engine.pipeline import prepare_context
 from splitaudit.inputs.tokens import load_vocab
 from splitaudit.stages import leakage
+from tests.support.token_models import LENGTH, TokenBottom, save_token_data, save_token_model
 
 FORMATS = ("torchscript", "legacy", "dynamo")
 

@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from architectures import BasicBlock, build, export_onnx, export_torchscript
 
 from splitaudit.estimators import jacobian_sq_norm, jacobian_trace, mean_trace
 from splitaudit.estimators.jacobian import TraceOptions, forward_mode_works, measure_plan
 from splitaudit.estimators.mean_trace import MeanOptions, TraceCheckError, estimate_mean_trace
 from splitaudit.estimators.structured import find_colouring
 from splitaudit.inputs.models import open_model, prepare_encoder
+from tests.support.architectures import BasicBlock, build, export_onnx, export_torchscript
 
 EXACT_RTOL = 1e-4  # float32 exact methods agree to rounding and summation order
 Z = 5.0  # a random estimate lies within 5 of its standard errors of the truth (p ~ 6e-7)
@@ -204,8 +204,8 @@ def test_dfil_flags_are_validated(flag, value, capsys):
 
 PEAK_RSS = """
 import resource, sys, torch
-sys.path.insert(0, {tests!r})
-from architectures import build
+sys.path.insert(0, {root!r})
+from tests.support.architectures import build
 from splitaudit.estimators import jacobian_sq_norm
 torch.set_num_threads(1)
 model = build("resnet", width=16)
@@ -221,11 +221,11 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
 @pytest.mark.parametrize("method", ["reverse", "forward"])
 def test_parameters_that_require_grad_cost_no_extra_memory(method):
     """Before the fix, reverse mode kept every chunk's graph: 680 MiB more than frozen here."""
-    tests = str(Path(__file__).parent)
+    root = str(Path(__file__).resolve().parents[1])
     peak = {
         grad: float(
             subprocess.run(
-                [sys.executable, "-c", PEAK_RSS.format(tests=tests, grad=grad, method=method)],
+                [sys.executable, "-c", PEAK_RSS.format(root=root, grad=grad, method=method)],
                 capture_output=True,
                 text=True,
                 check=True,

@@ -18,8 +18,9 @@ import onnx
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from architectures import MobileNetStem, build, export_onnx
 from onnx import helper, numpy_helper
+
+from tests.support.architectures import MobileNetStem, build, export_onnx
 
 TEXT_LINE = (3, 48, 192)
 SEQUENCE = (4, 400)

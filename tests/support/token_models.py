@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
-from architectures import export_onnx
+
+from tests.support.architectures import export_onnx
 
 VOCAB, DIM, LENGTH = 40, 8, 6
 

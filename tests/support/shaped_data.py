@@ -1,4 +1,4 @@
-"""Generated data for the anisotropic and 1-D bottoms of tests/architectures.py (nothing is downloaded).
+"""Generated data for the anisotropic and 1-D bottoms of tests/support/architectures.py (nothing is downloaded).
 
 - `text_lines`: 3x48x192 rendered text lines in [0, 1]: a line of glyphs from a fixed random
   alphabet (with ascenders and descenders, so that a line has a top and a bottom) on light

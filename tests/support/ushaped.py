@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from architectures import BasicBlock, InvertedResidual, ViTBlock, ViTStem
+
+from tests.support.architectures import BasicBlock, InvertedResidual, ViTBlock, ViTStem
 
 CLASSES = 10
 
