@@ -79,7 +79,7 @@ class PrefixCached(Protocol):
 
     def prefix_cache(self, prefix: torch.Tensor, mask: torch.Tensor | None): ...
 
-    def extend(self, cache, steps: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor: ...
+    def extend(self, cache, steps: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor: ...
 
     def candidates_per_call(self, cache, budget: int) -> int: ...
 
@@ -300,7 +300,7 @@ def beam_search(
             stop_at = position_tolerance(observed)
             order = search_order(ctx, hyps, t, candidates)
         distances, scored = candidate_distances(ctx, hyps, t, candidates, observed[:, t], row, stop_at, order)
-        passes += hyps.shape[0] * hyps.shape[1] * scored
+        passes += scored
         step = distances
         if ctx.noise_sigma > 0:
             step = distances / (2 * ctx.noise_sigma**2)
@@ -324,72 +324,74 @@ def candidate_distances(
     order: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """(||f_t(hyp with token t = v) - target||^2 for every hypothesis [S, B, T] and candidate v [K]: [S, B, K],
-    how many candidates each hypothesis had scored). Each hypothesis scores its candidates in chunks, in
-    its `order` [S * B, K] (default: the candidates' own); with `stop_at` (sigma 0) the chunks stop once
-    every hypothesis has a candidate within it, the rest left at +inf."""
+    the (hypothesis, candidate) pairs scored). Each hypothesis scores its candidates in chunks, in its
+    `order` [S * B, K] (default: the candidates' own); with `stop_at` (sigma 0) a hypothesis stops at the
+    chunk holding a candidate within it (the rest left at +inf) while the others go on."""
     n, width, length = hyps.shape
     prefixes = hyps.reshape(n * width, length)
     goal = target.repeat_interleave(width, dim=0)  # [S * B, H]
     if order is None:
         order = torch.arange(len(candidates), device=hyps.device).expand(len(prefixes), -1)
     bottom = prefix_cached_bottom(ctx)
-    ids = candidates[order]  # [P, K]: each hypothesis's candidates in its order
-    first = FIRST_CHUNK if stop_at is not None else len(candidates)
-    chunks = (
-        whole_sequence_chunks(ctx, prefixes, t, ids, goal, first)
-        if bottom is None
-        else cached_chunks(ctx, bottom, prefixes, t, ids, goal, row, first)
+    if bottom is None:
+        score, per_call = whole_sequence_scorer(ctx, prefixes, t, goal)
+    else:
+        score, per_call = cached_scorer(ctx, bottom, prefixes, t, goal, row, candidates[order[:, [0, -1]]])
+    out = torch.full(order.shape, math.inf, device=hyps.device)
+    active, pairs = torch.arange(len(prefixes), device=hyps.device), 0
+    for columns in column_ranges(len(candidates), per_call, FIRST_CHUNK if stop_at is not None else per_call):
+        places = order[active][:, columns]
+        out[active[:, None], places] = score(active, candidates[places])
+        pairs += places.numel()
+        if stop_at is not None:
+            active = active[out[active].amin(dim=1) > stop_at]
+            if len(active) == 0:
+                break
+    return out.reshape(n, width, len(candidates)), pairs
+
+
+def whole_sequence_scorer(ctx: AuditContext, prefixes: torch.Tensor, t: int, goal: torch.Tensor):
+    """(score(rows [R], tokens [R, Kc]) -> [R, Kc] distances with every sequence run whole, as a bottom that
+    keeps no state between calls needs; candidates per call within candidate_values(device) input values)."""
+    per_call = max(
+        1, candidate_values(prefixes.device) // (len(prefixes) * prefixes.shape[1] * ctx.tokens.table.shape[1])
     )
-    out = torch.full(ids.shape, math.inf, device=hyps.device)
-    scored = 0
-    for part in chunks:
-        out.scatter_(1, order[:, scored : scored + part.shape[1]], part)
-        scored += part.shape[1]
-        if stop_at is not None and bool((out.amin(dim=1) <= stop_at).all()):
-            break
-    return out.reshape(n, width, len(candidates)), scored
+
+    def score(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        states = whole_sequence_states(ctx, prefixes, t, rows.repeat_interleave(tokens.shape[1]), tokens.reshape(-1))
+        return (states.reshape(*tokens.shape, -1) - goal[rows, None]).pow(2).sum(dim=-1)
+
+    return score, per_call
 
 
-def whole_sequence_chunks(
-    ctx: AuditContext, prefixes: torch.Tensor, t: int, ids: torch.Tensor, goal: torch.Tensor, first: int
-) -> Iterator[torch.Tensor]:
-    """[P, Kc] distances per chunk of the columns of `ids` [P, K] (prefix p's candidates), every sequence
-    run whole (a bottom that keeps no state between calls), chunks growing from `first` columns up to
-    candidate_values(device) input values."""
-    p = len(prefixes)
-    per_call = max(1, candidate_values(prefixes.device) // (p * prefixes.shape[1] * ctx.tokens.table.shape[1]))
-    rows = torch.arange(p, device=prefixes.device)
-    for chunk in column_chunks(ids, per_call, first):
-        states = whole_sequence_states(ctx, prefixes, t, rows.repeat_interleave(chunk.shape[1]), chunk.reshape(-1))
-        yield (states.reshape(p, chunk.shape[1], -1) - goal[:, None]).pow(2).sum(dim=-1)
-
-
-def cached_chunks(
+def cached_scorer(
     ctx: AuditContext,
     bottom: PrefixCached,
     prefixes: torch.Tensor,
     t: int,
-    ids: torch.Tensor,
     goal: torch.Tensor,
     row: torch.Tensor | None,
-    first: int,
-) -> Iterator[torch.Tensor]:
-    """[P, Kc] distances per chunk of the columns of `ids` [P, K] from the prefixes' cached keys and values,
-    every prefix with its chunk of candidates per call, chunks growing from `first` columns up to what
-    the memory budget allows; the cached states are first confirmed against whole sequences."""
-    table = ctx.tokens.table
+    ends: torch.Tensor,
+):
+    """(score(rows [R], tokens [R, Kc]) -> [R, Kc] distances from the prefixes' cached keys and values,
+    candidates per call within what the memory budget allows), the cache first confirmed on `ends`
+    [P, 2] (each prefix's first and last candidates) against the bottom's own forward."""
     cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
-    confirm_cached_states(ctx, bottom, cache, prefixes, t, ids, row)
-    for chunk in column_chunks(ids, bottom.candidates_per_call(cache, candidate_values(prefixes.device)), first):
-        yield (bottom.extend(cache, table[chunk], row) - goal[:, None]).pow(2).sum(dim=-1)
+    confirm_cached_states(ctx, bottom, cache, prefixes, t, ends, row)
+
+    def score(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        states = bottom.extend(cache, ctx.tokens.table[tokens], row, rows)
+        return (states - goal[rows, None]).pow(2).sum(dim=-1)
+
+    return score, bottom.candidates_per_call(cache, candidate_values(prefixes.device))
 
 
-def column_chunks(ids: torch.Tensor, per_call: int, first: int) -> Iterator[torch.Tensor]:
-    """The columns of `ids` [P, K] in consecutive chunks of `first`, then twice as many each time, at most
-    `per_call`: small first chunks when the search may stop early, full ones when it scores every column."""
+def column_ranges(k: int, per_call: int, first: int) -> Iterator[slice]:
+    """Column ranges over [0, k): `first` columns, then twice as many each time, at most `per_call`: small
+    first chunks when the search may stop early, full ones when it scores every column."""
     start, size = 0, max(1, min(first, per_call))
-    while start < ids.shape[1]:
-        yield ids[:, start : start + size]
+    while start < k:
+        yield slice(start, start + size)
         start, size = start + size, min(2 * size, per_call)
 
 
@@ -408,19 +410,18 @@ def confirm_cached_states(
     cache,
     prefixes: torch.Tensor,
     t: int,
-    ids: torch.Tensor,
+    ends: torch.Tensor,
     row: torch.Tensor | None,
 ) -> None:
-    """RuntimeError when the cached states of two (prefix, candidate) pairs (the first prefix's first
-    candidate, the last prefix's last) differ from running their sequences up to t through the bottom's
-    own forward by more than CAUSAL_RTOL of the states' scale: a cache that does not reproduce the bottom
-    would make every distance, and the text, wrong. Up to t suffices: the bottom was found causal."""
-    last = len(prefixes) - 1
-    got = bottom.extend(cache, ctx.tokens.table[ids[:, [0, -1]]], row)[[0, last], [0, 1]]
+    """RuntimeError when the cached states of two (prefix, candidate) pairs (the first prefix with the first
+    of its candidates `ends` [P, 2], the last with its last) differ from running their sequences up to t
+    through the bottom's own forward by more than CAUSAL_RTOL of the states' scale: a cache that does not
+    reproduce the bottom would make every distance, and the text, wrong. Up to t suffices: the bottom
+    was found causal."""
+    pair = torch.tensor([0, len(prefixes) - 1], device=ends.device)
+    got = bottom.extend(cache, ctx.tokens.table[ends[pair]], row, pair)[[0, 1], [0, 1]]
     with bound_mask(ctx.tokens, None if row is None else row[: t + 1]):
-        expected = whole_sequence_states(
-            ctx, prefixes[:, : t + 1], t, torch.tensor([0, last], device=ids.device), ids[[0, last], [0, -1]]
-        )
+        expected = whole_sequence_states(ctx, prefixes[:, : t + 1], t, pair, ends[pair, [0, 1]])
     error = float((got - expected).abs().max())
     scale = max(float(expected.abs().max()), 1.0)
     if not error <= CAUSAL_RTOL * scale:
@@ -443,7 +444,8 @@ def pair_seconds(ctx: AuditContext, candidates: torch.Tensor, timed) -> float:
             pairs = torch.zeros(len(chunk), dtype=torch.long, device=ctx.device)
             return timed(lambda: whole_sequence_states(ctx, prefixes, t, pairs, chunk)) / len(chunk)
         cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
-        return timed(lambda: bottom.extend(cache, ctx.tokens.table[chunk][None], row)) / len(chunk)
+        first = torch.zeros(1, dtype=torch.long, device=ctx.device)
+        return timed(lambda: bottom.extend(cache, ctx.tokens.table[chunk][None], row, first)) / len(chunk)
 
 
 def prefix_cached_bottom(ctx: AuditContext) -> PrefixCached | None:

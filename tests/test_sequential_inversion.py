@@ -62,8 +62,9 @@ def test_a_causal_bottom_is_inverted_exactly_at_sigma_zero(folder):
     details = entry["details"]
     inverted = details["sentences_inverted"]
     assert inverted == min(16, len(ctx.target))  # quick_max_sentences under --quick
-    # every real position scores every vocabulary entry once (one hypothesis at sigma 0)
-    assert details["forward_passes"] == inverted * LENGTH * VOCAB and details["beam"] == 1
+    # one hypothesis at sigma 0; each sentence stops at the chunk (16, then 32 more candidates...) holding its
+    # token, so a position scores at least 16 and at most all of the vocabulary
+    assert inverted * LENGTH * 16 <= details["forward_passes"] < inverted * LENGTH * VOCAB and details["beam"] == 1
     assert details["largest_squared_distance"] < 1e-8
     assert entry["outcome"] == "leakage" and entry["baseline_role"] == "floor"
 

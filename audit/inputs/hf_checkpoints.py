@@ -103,21 +103,23 @@ class CheckpointBottom(nn.Module):
         kept = [(layer.keys, layer.values) for layer in cache.layers if layer.keys is not None]
         return PrefixKeys(kept, count, length, type(cache))
 
-    def extend(self, prefix: PrefixKeys, steps: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """The states [P, K, H] at position t of each prefix p followed by each of its candidates' input
-        embeddings steps[p] [K, D]; `mask` is the row of at least t + 1 positions (None: all real)."""
-        count, t, k = prefix.count, prefix.length, steps.shape[1]
+    def extend(
+        self, prefix: PrefixKeys, steps: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """The states [R, K, H] at position t of prefixes `rows` [R], each followed by each of its candidates'
+        input embeddings steps[r] [K, D]; `mask` is the row of at least t + 1 positions (None: all real)."""
+        count, t, k = len(rows), prefix.length, steps.shape[1]
         if t == 0:  # no prefix: a candidate's state is its own
-            out = self.model(
-                inputs_embeds=steps.reshape(count * k, 1, -1),
-                attention_mask=self._mask(mask, count * k, 1, steps.device),
-            )
-            return out.last_hidden_state.reshape(count, k, -1)
+            alone = self._mask(mask, count * k, 1, steps.device)
+            return self.model(
+                inputs_embeds=steps.reshape(count * k, 1, -1), attention_mask=alone
+            ).last_hidden_state.reshape(count, k, -1)
         seen = self._mask(mask, k, t, steps.device).bool()  # [K, t]: the prefix's real positions
         allowed = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=steps.device)], dim=1)
         blocked = torch.zeros(allowed.shape, dtype=steps.dtype, device=steps.device)
         blocked.masked_fill_(~allowed, torch.finfo(steps.dtype).min)
-        cache = prefix.cache_type(ddp_cache_data=prefix.keys)  # a fresh cache: the call appends to it, not to them
+        # a fresh cache of the rows' keys and values: the call appends to it, not to the prefix's
+        cache = prefix.cache_type(ddp_cache_data=[(keys[rows], values[rows]) for keys, values in prefix.keys])
         out = self.model(
             inputs_embeds=steps,
             attention_mask=blocked[None, None].expand(count, -1, -1, -1),
