@@ -13,7 +13,7 @@ and whose brightness gradient depends on a binary sensitive attribute.
 
     python -m benchmarks.audit_scale [--size 64] [--samples 400] [--width 64] [--threads 2]
     python -m benchmarks.audit_scale --full [--workers auto] [--attack-option sdar.batch_size=32]
-    python -m benchmarks.audit_scale --full --beside-quick    # issue 43's bar, measured in one sitting
+    python -m benchmarks.audit_scale --full --beside-quick    # full against quick, measured in one sitting
 
 --beside-quick runs the quick battery first, then the full one on the same model and data, and
 prints them side by side: each stage's wall and CPU seconds, and each attack's metric and advantage
