@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--split-layer", type=int, default=2)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attacks", default="all", help="the sweep's --attacks (default all)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more sweep options, verbatim")
     args = parser.parse_args()
@@ -110,7 +111,7 @@ def main() -> None:
     )
     command = [
         "splitaudit", "sweep", str(checkpoint), "--aux", str(texts), "--split-layer", str(args.split_layer),
-        "--max-length", str(args.max_length), "--attacks", "all", "--noise-sigma", args.sigmas,
+        "--max-length", str(args.max_length), "--attacks", args.attacks, "--noise-sigma", args.sigmas,
         "--device", args.device, "--out", str(args.out / "sweep"), "--seed", str(args.seed),
         *(["--quick"] if args.quick else []), *args.extra,
     ]  # fmt: skip
