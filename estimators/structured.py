@@ -4,7 +4,7 @@ Outputs whose input supports (receptive fields) are disjoint have vector-Jacobia
 with disjoint supports, so one backward pass with their cotangents summed returns a vector
 whose squared norm is the sum of their squared norms. Colour the outputs so that every colour
 class has pairwise disjoint supports, and the exact trace costs one vjp per colour instead of
-one per output (or per input): the hot loop of dFIL (docs/design.md section 4). Dually, inputs that
+one per output (or per input): the hot loop of dFIL (docs/concepts.md, "dFIL"). Dually, inputs that
 reach disjoint sets of outputs share one forward-mode product (jvp); the side with fewer colours
 is used, as plain auto picks the smaller of d and m.
 
