@@ -21,15 +21,16 @@ grows, falls back to what the text alone predicts instead of to noise (`prior=no
 likelihood). A beam keeps the `beam` prefixes of least summed score (the most probable prefixes),
 so an early wrong choice can be undone. At sigma = 0 the prior is not used: the true prefix is the
 only one at distance 0, so one hypothesis suffices, and each sentence scores its candidates in
-chunks, likeliest first after its previous token in the aux sentences, stopping at the chunk where every sentence's
-token is found within float32 rounding (the whole vocabulary when it is not): the order changes no
-result, only how soon the exact match comes.
+chunks, likeliest first after its previous token in the aux sentences, and stops at the chunk
+holding its token within float32 rounding (the whole vocabulary when none is): the order changes
+no result, only how soon the exact match comes.
 
-Cost: V x T (x beam) candidate evaluations per sentence at most. A Hugging Face checkpoint's bottom keeps
-the prefix's keys and values (computed once per position, confirmed at every position against whole
-sequences), so a candidate costs one position's forward pass; ONNX and TorchScript graphs run whole
-sequences and keep no state between calls, so each candidate costs a forward pass of the full
-length. `max_sentences` bounds it, and the up-front cost estimate times it.
+Cost: V x T (x beam) candidate evaluations per sentence at most. A Hugging Face checkpoint's bottom
+computes the prefixes' keys and values once per position and scores many candidates per call as
+queries over them (two pairs per position confirmed against the bottom's own forward), so a
+candidate costs one position's forward pass; ONNX and TorchScript graphs run whole sequences and
+keep no state between calls, so each candidate costs a forward pass of the full length.
+`max_sentences` bounds it, and the up-front cost estimate times it.
 """
 
 from __future__ import annotations
@@ -61,11 +62,11 @@ TIMING_SEQUENCES = 32  # candidates per timed call of the cost estimate
 PREFIX_STATES = {
     "cached": (
         "cached: the prefixes' keys and values are computed once per position and the candidates are scored "
-        "as queries over them, many per call (confirmed against whole sequences at every position)"
+        "as queries over them, many per call (confirmed against the bottom's own forward at every position)"
     ),
     "recomputed": (
-        "recomputed: the bottom runs whole sequences and keeps no state between calls, so each position "
-        "costs (candidates x beam) forward passes of the full length"
+        "recomputed: the bottom runs whole sequences and keeps no state between calls, so each candidate "
+        "scored costs a forward pass of the full length"
     ),
 }
 # Causality verdicts by encoder (the check runs forward passes; missing() is asked at every stage).
