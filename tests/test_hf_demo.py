@@ -11,6 +11,7 @@ import json
 import re
 import sys
 from fnmatch import fnmatch
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +77,8 @@ def test_demo_text_hands_the_checkpoint_folder_and_the_raw_text_to_the_audit(hf,
     code, _, err = run_cli(["demo", "--text", "--quick"], capsys)
     (options,) = handed_over
     assert code == 0 and err == ""
-    assert Path(options.model) == FOLDER and Path(options.aux) == SAMPLES / "text.jsonl"
+    shipped = Path(str(files("splitaudit.sample_models")))  # the installed package's, which the demo reads
+    assert Path(options.model) == shipped / "text_gpt2" and Path(options.aux) == shipped / "text.jsonl"
     assert (options.split_layer, options.label_column, options.attr_column, options.vocab) == (
         2,
         "intent",
