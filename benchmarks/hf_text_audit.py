@@ -9,9 +9,12 @@ about 140 words, one a line in a .jsonl whose label is the source file, tokenise
 
 `splitaudit sweep` runs `--attacks all` at each sigma through the CLI, as a user would; this prints
 each text attack's token accuracy, exact match and ROUGE-L per sigma, the sequential inversion's
-seconds per sentence and how its prefix states were computed, and the sweep's wall time.
+seconds per sentence and how its prefix states were computed, and the sweep's wall time. With
+`--per-sigma` it runs one `splitaudit run` per sigma instead, each bounded by `--run-timeout`, so a
+machine lent for a fixed time still returns the reports of the sigmas that finished.
 
     python -m benchmarks.hf_text_audit --corpus a.txt b.txt --device cuda          # sigmas 0, 1, 4
+    python -m benchmarks.hf_text_audit --corpus a.txt --device cuda --per-sigma --run-timeout 200
     python -m benchmarks.hf_text_audit --width 64 --heads 2 --vocab-size 2000 --quick   # a CPU-sized rehearsal
 """
 
@@ -27,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS_PER_TEXT = 140
-TEXT_ATTACKS = ("token-inversion", "sequential-inversion")
+ATTRIBUTE = "mentions_privacy"
 
 
 def build_checkpoint(folder: Path, corpus: list[Path], args) -> None:
@@ -52,20 +55,22 @@ def build_checkpoint(folder: Path, corpus: list[Path], args) -> None:
 
 
 def write_texts(path: Path, corpus: list[Path], limit: int) -> int:
-    """The corpus as texts of WORDS_PER_TEXT words, one JSON object a line labelled by source file."""
+    """The corpus as texts of WORDS_PER_TEXT words, one JSON object a line: the source file as the label and
+    whether the text mentions privacy as the sensitive attribute."""
     lines = []
     for label, source in enumerate(corpus):
         words = source.read_text(encoding="utf-8", errors="replace").split()
         for start in range(0, len(words) - WORDS_PER_TEXT + 1, WORDS_PER_TEXT):
-            lines.append(json.dumps({"text": " ".join(words[start : start + WORDS_PER_TEXT]), "label": label}))
+            text = " ".join(words[start : start + WORDS_PER_TEXT])
+            lines.append(json.dumps({"text": text, "label": label, ATTRIBUTE: int("privacy" in text.lower())}))
     lines = lines[:limit]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return len(lines)
 
 
-def summarise(sweep: dict) -> None:
+def summarise(points: list[dict]) -> None:
     """Each text attack's metrics per sigma, and the sequential inversion's cost."""
-    for point in sweep["points"]:
+    for point in points:
         print(f"sigma {point['noise_sigma']}:")
         for name, entry in sorted(point.get("attacks", {}).items()):
             if entry.get("status") != "ok":
@@ -99,6 +104,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--attacks", default="all", help="the sweep's --attacks (default all)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--per-sigma", action="store_true", help="one `splitaudit run` per sigma, not a sweep")
+    parser.add_argument("--run-timeout", type=float, help="with --per-sigma: seconds each run may take")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more sweep options, verbatim")
     args = parser.parse_args()
     corpus = args.corpus or sorted(p for p in ROOT.glob("**/*.md") if ".ci-venv" not in p.parts)
@@ -109,20 +116,42 @@ def main() -> None:
     print(
         f"checkpoint and tokenizer built in {time.perf_counter() - start:.1f} s; {write_texts(texts, corpus, args.texts)} texts"
     )
-    command = [
-        "splitaudit", "sweep", str(checkpoint), "--aux", str(texts), "--split-layer", str(args.split_layer),
-        "--max-length", str(args.max_length), "--attacks", args.attacks, "--noise-sigma", args.sigmas,
-        "--device", args.device, "--out", str(args.out / "sweep"), "--seed", str(args.seed),
-        *(["--quick"] if args.quick else []), *args.extra,
+    common = [
+        str(checkpoint), "--aux", str(texts), "--split-layer", str(args.split_layer),
+        "--max-length", str(args.max_length), "--label-column", "label", "--attr-column", ATTRIBUTE, "--attacks", args.attacks, "--device", args.device,
+        "--seed", str(args.seed), *(["--quick"] if args.quick else []), *args.extra,
     ]  # fmt: skip
-    print("$", " ".join(command), flush=True)
-    start = time.perf_counter()
-    code = subprocess.run(command, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
-    print(f"sweep exit {code} in {time.perf_counter() - start:.1f} s")
+    if args.per_sigma:
+        sys.exit(run_per_sigma(common, args))
+    code = timed(["splitaudit", "sweep", *common, "--noise-sigma", args.sigmas, "--out", str(args.out / "sweep")])
     sweep_file = args.out / "sweep" / "sweep.json"
     if sweep_file.is_file():
-        summarise(json.loads(sweep_file.read_text()))
+        summarise(json.loads(sweep_file.read_text())["points"])
     sys.exit(code)
+
+
+def run_per_sigma(common: list[str], args) -> int:
+    """One `splitaudit run` per sigma, each stopped after `--run-timeout` seconds; the worst exit code."""
+    codes = []
+    for sigma in args.sigmas.split(","):
+        out = args.out / f"sigma-{sigma}"
+        codes.append(timed(["splitaudit", "run", *common, "--noise-sigma", sigma, "--out", str(out)], args.run_timeout))
+        report = out / "report.json"
+        if report.is_file():
+            summarise([json.loads(report.read_text())])
+    return max(codes)
+
+
+def timed(command: list[str], timeout: float | None = None) -> int:
+    """Run `command` as a user would, print its exit code and wall time (124 when stopped at `timeout`)."""
+    print("$", " ".join(command), flush=True)
+    start = time.perf_counter()
+    try:
+        code = subprocess.run(command, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        code = 124
+    print(f"exit {code} in {time.perf_counter() - start:.1f} s", flush=True)
+    return code
 
 
 if __name__ == "__main__":
