@@ -36,14 +36,9 @@ def measure_utility(ctx: AuditContext) -> dict:
     """Task accuracy at ctx.noise_sigma, mean and std over the audit's seeds (fresh noise each)."""
     source = utility_source(ctx)
     entry = {"source": source, "description": SOURCE_WORDS[source], "noise_sigma": ctx.noise_sigma}
-    if ctx.aux.y is None or ctx.target.y is None:
-        return {
-            **entry,
-            "status": "skipped",
-            "accuracy": None,
-            "accuracy_std": None,
-            "reason": "the data has no labels (npz 'y', --label-column, or an image folder's class names)",
-        }
+    reason = _unmeasurable(ctx, source)
+    if reason:
+        return {**entry, "status": "skipped", "accuracy": None, "accuracy_std": None, "reason": reason}
     accuracies = [
         _top_model_accuracy(ctx, seed) if source == "top-model" else _probe_accuracy(ctx, seed) for seed in ctx.seeds
     ]
@@ -55,6 +50,16 @@ def measure_utility(ctx: AuditContext) -> dict:
         "accuracy_std": float(np.std(accuracies)),
         "seeds": list(ctx.seeds),
     }
+
+
+def _unmeasurable(ctx: AuditContext, source: str) -> str | None:
+    """Why the task accuracy cannot be measured here: no labels, or (for the probe, which is trained on
+    aux) aux labels of a single class, from which no classifier can be fitted."""
+    if ctx.aux.y is None or ctx.target.y is None:
+        return "the data has no labels (npz 'y', --label-column, or an image folder's class names)"
+    if source == "probe" and len(ctx.aux.y.unique()) < 2:
+        return "the aux labels hold a single class: no probe can be trained to stand in for a top model"
+    return None
 
 
 def utility_section(ctx: AuditContext, clean: dict | None = None) -> dict:
