@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch._C import PyTorchFileReader
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import describe_bytes, display_path, memory_limit_bytes
@@ -59,13 +60,12 @@ class Archive:
     def __init__(self, data: bytes, label: str, layout: Layout) -> None:
         self.label = label
         try:
-            self._reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+            self._reader = PyTorchFileReader(io.BytesIO(data))
             names = self._reader.get_all_records()
         except Exception as exc:  # torch's reader raises RuntimeError on anything malformed
             raise InputError(f"{label} is not a {layout.what} ({first_line(exc)}); {layout.advice}") from exc
-        _check_same_members_for_zipfile(data, names, label, layout)
+        self.sizes = _zipfile_sizes_of_the_same_members(data, names, label, layout)
         self.kinds = {name: member_kind(name, layout, label) for name in _distinct(names, label)}
-        self.sizes = {name: self._reader.get_record_size(name) for name in names}
         total = sum(self.sizes.values())
         if total > memory_limit_bytes():
             raise InputError(
@@ -123,17 +123,23 @@ def _distinct(names: list[str], label: str) -> list[str]:
     return names
 
 
-def _check_same_members_for_zipfile(data: bytes, names: list[str], label: str, layout: Layout) -> None:
-    """torch.export.load falls back to Python's zipfile for an older format; both readers must see
-    the same members under one root folder, or a crafted zip could show each of them other files."""
+def _zipfile_sizes_of_the_same_members(data: bytes, names: list[str], label: str, layout: Layout) -> dict[str, int]:
+    """Each member's unpacked size as the central directory states it (which torch's reader allocates
+    by), once Python's zipfile is found to see the same members as torch's reader under one root
+    folder: torch.export.load falls back to zipfile for an older format, and a crafted zip could show
+    each reader other files. (torch 2.11 and earlier readers do not state sizes.)"""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            listed = archive.namelist()
+            infos = archive.infolist()
     except Exception as exc:  # BadZipFile, struct.error, ... on a crafted directory
         raise InputError(f"{label} is not a {layout.what} ({first_line(exc)}); {layout.advice}") from exc
-    root = listed[0].split("/", 1)[0] if listed else ""
-    if sorted(listed) != sorted(f"{root}/{name}" for name in names):
+    root = infos[0].filename.split("/", 1)[0] if infos else ""
+    sizes = {info.filename.removeprefix(f"{root}/"): info.file_size for info in infos}
+    if sorted(info.filename for info in infos) != sorted(f"{root}/{name}" for name in names) or len(sizes) != len(
+        infos
+    ):
         raise InputError(f"{label}: Python's zipfile and torch's reader see different members; {layout.advice}")
+    return sizes
 
 
 def pickle_imports(data: bytes, label: str) -> list[str]:
