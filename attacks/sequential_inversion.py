@@ -58,7 +58,6 @@ CAUSAL_RTOL = 1e-5  # an earlier state moved by more than this share of the stat
 CANDIDATE_VALUES = 2**22  # values held per chunk of candidates on a CPU (16 MiB float32)
 GPU_CANDIDATE_VALUES = 2**27  # the same on a GPU (512 MiB float32)
 FIRST_CHUNK = 16  # candidates per sentence in the first chunk at sigma 0 (doubling after each miss)
-TIMING_SEQUENCES = 32  # candidates per timed call of the cost estimate
 PREFIX_STATES = {
     "cached": (
         "cached: the prefixes' keys and values are computed once per position and the candidates are scored "
@@ -354,15 +353,18 @@ def candidate_distances(
 def whole_sequence_scorer(ctx: AuditContext, prefixes: torch.Tensor, t: int, goal: torch.Tensor):
     """(score(rows [R], tokens [R, Kc]) -> [R, Kc] distances with every sequence run whole, as a bottom that
     keeps no state between calls needs; candidates per call within candidate_values(device) input values)."""
-    per_call = max(
-        1, candidate_values(prefixes.device) // (len(prefixes) * prefixes.shape[1] * ctx.tokens.table.shape[1])
-    )
+    per_call = whole_sequences_per_call(ctx, len(prefixes), prefixes.shape[1], prefixes.device)
 
     def score(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         states = whole_sequence_states(ctx, prefixes, t, rows.repeat_interleave(tokens.shape[1]), tokens.reshape(-1))
         return (states.reshape(*tokens.shape, -1) - goal[rows, None]).pow(2).sum(dim=-1)
 
     return score, per_call
+
+
+def whole_sequences_per_call(ctx: AuditContext, prefixes: int, length: int, device: torch.device) -> int:
+    """Candidates per call when every sequence runs whole: within candidate_values(device) input values."""
+    return max(1, candidate_values(device) // (prefixes * length * ctx.tokens.table.shape[1]))
 
 
 def cached_scorer(
@@ -434,17 +436,19 @@ def confirm_cached_states(
 
 @torch.no_grad()
 def pair_seconds(ctx: AuditContext, candidates: torch.Tensor, timed) -> float:
-    """Seconds per (prefix, candidate) pair at the middle position of the first target sentence: a call
-    of up to TIMING_SEQUENCES candidates after the cached prefix, or that many whole sequences."""
+    """Seconds per (prefix, candidate) pair at the middle position of the first target sentence, timed on
+    a call as full as the search's own (after the cached prefix, or whole sequences): a GPU's time per
+    pair falls many times over until its calls are full, so a small call would overstate it."""
     prefixes = ctx.target.token_ids[:1].to(ctx.device)
     t, row = prefixes.shape[1] // 2, None if ctx.target.mask is None else ctx.target.mask[0]
-    chunk = candidates[:TIMING_SEQUENCES]
     bottom = prefix_cached_bottom(ctx)
     with bound_mask(ctx.tokens, row):
         if bottom is None:
+            chunk = candidates[: whole_sequences_per_call(ctx, 1, prefixes.shape[1], ctx.device)]
             pairs = torch.zeros(len(chunk), dtype=torch.long, device=ctx.device)
             return timed(lambda: whole_sequence_states(ctx, prefixes, t, pairs, chunk)) / len(chunk)
         cache = bottom.prefix_cache(ctx.tokens.embed(prefixes[:, :t]), row)
+        chunk = candidates[: bottom.candidates_per_call(cache, candidate_values(ctx.device))]
         first = torch.zeros(1, dtype=torch.long, device=ctx.device)
         return timed(lambda: bottom.extend(cache, ctx.tokens.table[chunk][None], row, first)) / len(chunk)
 

@@ -197,3 +197,26 @@ def test_at_sigma_zero_the_search_stops_at_the_chunk_holding_each_exact_match(ch
     details = entry["details"]
     assert entry["status"] == "ok" and entry["metrics"]["exact_match"] == 1.0
     assert details["forward_passes"] < details["sentences_inverted"] * LENGTH * VOCAB
+
+
+def test_the_cost_estimate_times_a_call_as_full_as_the_cached_search_makes(checkpoints, token_data, monkeypatch):
+    """A GPU's time per candidate falls many times over until its calls are full (on an H200 a call of 32
+    candidates made the estimate 50 times the run): the timed call holds as many candidates as one call
+    of the search, and the estimate is (positions x candidates) pairs at that call's time per pair."""
+    import splitaudit.attacks.sequential_inversion as sipit
+
+    monkeypatch.setattr(sipit, "CANDIDATE_VALUES", 2**12)  # fewer candidates per call than the vocabulary
+    ctx = token_context(str(checkpoints["gpt2"]), token_data, None, split_layer=2)
+    bottom = sipit.prefix_cached_bottom(ctx)
+    cache = bottom.prefix_cache(ctx.tokens.embed(ctx.target.token_ids[:1, : LENGTH // 2]), None)
+    per_call = bottom.candidates_per_call(cache, sipit.CANDIDATE_VALUES)
+    timed_calls = []
+
+    def one_second(step) -> float:
+        timed_calls.append(step().shape[1])  # extend's states [rows, candidates, hidden]
+        return 1.0
+
+    seconds = get_attack("sequential-inversion").estimated_seconds(ctx, 0.0, one_second)
+    assert 1 < per_call < VOCAB and timed_calls == [per_call]
+    sentences = min(sipit.SequentialInversionOptions().quick_max_sentences, len(ctx.target))
+    assert seconds == pytest.approx(len(ctx.seeds) * sentences * LENGTH * VOCAB / per_call)

@@ -16,7 +16,7 @@ import torch.nn as nn
 from conftest import sample
 from test_tokens import token_context
 
-from splitaudit.attacks import get_attack
+from splitaudit.attacks import get_attack, sequential_inversion
 from splitaudit.attacks.sequential_inversion import causality_violation
 from splitaudit.stages.cost import StepTimer
 from tests.support.token_models import LENGTH, VOCAB, TokenBottom, save_token_data, save_token_model
@@ -119,8 +119,16 @@ def test_padded_sentences_are_recovered_at_their_real_positions(tmp_path):
 def test_the_cost_estimate_counts_vocabulary_times_positions_per_sentence(folder):
     ctx = context(CausalBottom().eval(), folder, max_sentences=4, quick_max_sentences=4)
     attack = get_attack(NAME)
-    one = attack.estimated_seconds(ctx, 0.0, lambda step: 1.0)  # each timed batch: 1 s for 32 sequences
-    assert one == pytest.approx(len(ctx.seeds) * 4 * LENGTH * VOCAB / 32)
+    timed_calls = []
+
+    def one_second(step) -> float:  # each timed call: 1 s, for as many candidates as one call of the search
+        timed_calls.append(len(step()))
+        return 1.0
+
+    one = attack.estimated_seconds(ctx, 0.0, one_second)
+    per_call = min(VOCAB, sequential_inversion.whole_sequences_per_call(ctx, 1, LENGTH, ctx.device))
+    assert timed_calls == [per_call] and per_call > 1
+    assert one == pytest.approx(len(ctx.seeds) * 4 * LENGTH * VOCAB / per_call)
     twice = dataclasses.replace(ctx, attack_options={NAME: {"quick_max_sentences": 8}})
     assert attack.estimated_seconds(twice, 0.0, lambda step: 1.0) == pytest.approx(2 * one)
     assert attack.estimated_seconds(ctx, 0.0, StepTimer(cpu_bound=True)) > 0
