@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -150,3 +151,20 @@ def test_the_bundled_text_sample_is_recovered_exactly_at_sigma_zero_and_the_aux_
         for prior in ("aux", "none")
     }
     assert noisy["aux"] > noisy["none"] + 0.15 and noisy["aux"] > 0.8, noisy
+
+
+def test_the_aux_prior_keeps_its_mass_on_the_text_aux_showed_over_a_large_vocabulary():
+    """With 50,257 entries and 200 aux sentences of a 300-token language, add-one smoothing gave over 99%
+    of the prior's mass to tokens aux never showed (a flat prior: under heavy noise the search followed
+    the noise). Witten-Bell backs off by how often a new token appeared: the tokens aux showed keep most
+    of the mass, the prior is a distribution, and a token that always follows another there leads."""
+    size, language, length = 50257, 300, 16
+    ids = torch.randint(0, language, (200, length), generator=torch.Generator().manual_seed(0))
+    ids[:, 5], ids[:, 6] = 7, 11  # 11 always follows 7 at position 6
+    ctx = SimpleNamespace(aux=SimpleNamespace(token_ids=ids, mask=None), tokens=SimpleNamespace(size=size))
+    hyps = torch.zeros(1, 2, length, dtype=torch.long)
+    hyps[0, :, 5] = torch.tensor([7, 3])  # a hypothesis after 7, one after a token aux never shows there
+    prior = sequential_inversion.aux_log_prior(ctx, hyps, 6, torch.arange(size)).exp()[0]  # [2, size]
+    assert torch.allclose(prior.sum(dim=-1), torch.ones(2), atol=1e-4)
+    assert bool((prior[:, :language].sum(dim=-1) > 0.9).all())
+    assert int(prior[0].argmax()) == 11 and float(prior[0, 11]) > 0.5
