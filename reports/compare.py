@@ -10,13 +10,13 @@ from splitaudit.core.errors import InputError
 from splitaudit.core.registries import BOUNDS
 from splitaudit.core.safety import display_path
 from splitaudit.reports import charts
-from splitaudit.reports.files import write_json
+from splitaudit.reports.documents import Document, write_document
 from splitaudit.reports.formatting import is_finite, is_number, number, signed
 from splitaudit.reports.view import subtitle
 from splitaudit.reports.view_attacks import attack_title
 from splitaudit.reports.view_elements import METRIC_LABELS, Figure, Figures, Table, outcome
 from splitaudit.reports.view_verdict import headline
-from splitaudit.reports.writer import load_result, render_pages
+from splitaudit.reports.writer import load_result
 from splitaudit.stages.regression import Z, baseline_summary, compare_to_baseline
 
 # What makes two audits comparable: the same model (file and shapes) and the same data. A defence
@@ -227,11 +227,14 @@ def build_comparison(before: dict, after: dict, with_figures: bool = True) -> Co
 
 def write_comparison(before: dict, after: dict, out_dir: Path, formats: list[str]) -> list[Path]:
     """comparison.html / comparison.md (and comparison.json with the tables) in out_dir."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    view = build_comparison(before, after)
-    written = render_pages(view, out_dir, formats, "comparison")
-    if "json" in formats:
-        tables = {"audits": view.audits, "bounds": view.bounds, "attacks": view.attacks}
-        content = {k: {"headers": t.headers, "rows": t.rows} for k, t in tables.items() if t}
-        written.append(write_json({**content, "warnings": view.warnings}, out_dir / "comparison.json"))
-    return written
+    document = Document(
+        "comparison", {"before": before, "after": after}, lambda: build_comparison(before, after), None, comparison_json
+    )
+    return write_document(document, out_dir, formats)
+
+
+def comparison_json(view) -> dict:
+    """The comparison's tables and warnings, as comparison.json holds them."""
+    tables = {"audits": view.audits, "bounds": view.bounds, "attacks": view.attacks}
+    content = {k: {"headers": t.headers, "rows": t.rows} for k, t in tables.items() if t}
+    return {**content, "warnings": view.warnings}

@@ -5,8 +5,14 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from splitaudit.reports.documents import Document
 from splitaudit.reports.files import write_atomic
 from splitaudit.reports.view_verdict import QUICK_ALERT
+
+
+def write_junit_document(document: Document, out_dir: Path) -> Path:
+    """KIND.junit.xml: the gate's checks of a report, sweep or cuts."""
+    return write_junit(document.data, out_dir / f"{document.kind}.junit.xml")
 
 
 def write_junit(result: dict, path: Path) -> Path:

@@ -18,6 +18,7 @@ from fpdf.fonts import FontFace
 from matplotlib import get_data_path
 from PIL import Image
 
+from splitaudit.reports.documents import Document
 from splitaudit.reports.view import ReportView
 from splitaudit.reports.view_elements import Figure, Table
 
@@ -271,6 +272,11 @@ def _provenance(pdf: ReportPDF, view: ReportView) -> None:
     for field in p.sign_off:
         pdf.cell(pdf.epw * 0.4, 11, field, border="B")
         pdf.cell(0, 11, "", border="B", new_x=XPos.LMARGIN, new_y=YPos.NEXT)
+
+
+def write_pdf_document(document: Document, out_dir: Path) -> Path:
+    """KIND.pdf: a report's view for a reviewer to sign."""
+    return write_pdf(document.view, out_dir, document.kind)
 
 
 def write_pdf(view: ReportView, out_dir: Path, stem: str = "report") -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path, PurePath
 from urllib.parse import quote
 
 from splitaudit.core.registries import GATED_BOUND
+from splitaudit.reports.documents import Document
 from splitaudit.reports.files import to_strict_json, write_atomic
 from splitaudit.reports.formatting import number
 from splitaudit.reports.view_verdict import CAUSE_WORDS, QUICK_ALERT
@@ -79,6 +80,11 @@ def _invocation(result: dict) -> dict:
     shows no finding does not read as a full audit's clean result."""
     notes = [{"level": "warning", "message": {"text": QUICK_ALERT}}] if _quick(result) else []
     return {"executionSuccessful": True, "toolExecutionNotifications": notes}
+
+
+def write_sarif_document(document: Document, out_dir: Path) -> Path:
+    """KIND.sarif: the gate's findings of a report."""
+    return write_sarif(document.data, out_dir / f"{document.kind}.sarif")
 
 
 def write_sarif(result: dict, path: Path) -> Path:

@@ -16,8 +16,8 @@ from tabulate import tabulate
 from splitaudit.core.registries import BOUNDS, GATED_BOUND
 from splitaudit.core.result import sweep_json_schema
 from splitaudit.reports import charts
+from splitaudit.reports.documents import Document, write_document
 from splitaudit.reports.formatting import is_finite, mean_std, number, text
-from splitaudit.reports.junit import write_junit
 from splitaudit.reports.terminal import _wrap
 from splitaudit.reports.view import DATA_LABELS, MODEL_LABELS, RUN_LABELS, subtitle
 from splitaudit.reports.view_attacks import attack_title, overview_table
@@ -25,7 +25,6 @@ from splitaudit.reports.view_elements import Figure, Figures, Item, Table, facts
 from splitaudit.reports.view_provenance import ProvenanceView, provenance_view
 from splitaudit.reports.view_summary import utility_words
 from splitaudit.reports.view_verdict import QUICK_ALERT, gate_table, headline, verdict_class
-from splitaudit.reports.writer import render_pages, write_result_json
 
 ORIGIN_WORDS = {"grid": "grid", "calibrated": "calibrated for the target", "around-calibrated": "near the calibrated"}
 
@@ -408,13 +407,7 @@ def write_document_reports(
 ) -> list[Path]:
     """STEM.json / .html / .md / .junit.xml (as asked) of a sweep-like document (sweep.json, cuts.json)
     in out_dir, its pages from build(document); returns the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = [write_result_json(document, out_dir / f"{stem}.json", schema)] if "json" in formats else []
-    if "html" in formats or "md" in formats:
-        written += render_pages(build(document), out_dir, formats, stem)
-    if "junit" in formats:
-        written.append(write_junit(document, out_dir / f"{stem}.junit.xml"))
-    return written
+    return write_document(Document(stem, document, lambda: build(document), schema), out_dir, formats)
 
 
 def sweep_summary(sweep: dict) -> str:

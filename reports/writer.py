@@ -22,8 +22,8 @@ from splitaudit.core.registries import formats_of
 from splitaudit.core.result import READABLE_VERSIONS, first_error, schema_of_kind, upgraded
 from splitaudit.core.safety import display_path, displayable, nested_deeper_than, require_regular_file
 from splitaudit.reports.consistency import check_consistency, regated
+from splitaudit.reports.documents import Document, write_document
 from splitaudit.reports.files import from_strict_json, to_strict_json, write_atomic, write_json
-from splitaudit.reports.junit import write_junit
 from splitaudit.reports.view import build_view
 from splitaudit.reports.view_elements import Figure, Table
 
@@ -177,18 +177,26 @@ def figure_file_name(index: int, name: str) -> str:
     return f"{index:02d}-{slug or 'figure'}.png"
 
 
-def render_pages(view, out_dir: Path, formats: list[str], stem: str) -> list[Path]:
-    """Render `view` with templates STEM.html.j2 / STEM.md.j2 into out_dir (figures as needed)."""
-    written = []
-    if "html" in formats:
-        inline_figures(view.figures)
-        page = html_environment().get_template(f"{stem}.html.j2").render(v=view)
-        written.append(write_atomic(out_dir, f"{stem}.html", page.encode("utf-8")))
-    if "md" in formats:
-        save_figures(view.figures, out_dir, f"{stem}_images")
-        page = markdown_environment().get_template(f"{stem}.md.j2").render(v=view)
-        written.append(write_atomic(out_dir, f"{stem}.md", page.encode("utf-8")))
-    return written
+def write_html_document(document: Document, out_dir: Path) -> Path:
+    """KIND.html: the document's view through the KIND.html.j2 template, its figures inline."""
+    inline_figures(document.view.figures)
+    page = html_environment().get_template(f"{document.kind}.html.j2").render(v=document.view)
+    return write_atomic(out_dir, f"{document.kind}.html", page.encode("utf-8"))
+
+
+def write_markdown_document(document: Document, out_dir: Path) -> Path:
+    """KIND.md: the document's view through the KIND.md.j2 template, its figures in KIND_images/."""
+    save_figures(document.view.figures, out_dir, f"{document.kind}_images")
+    page = markdown_environment().get_template(f"{document.kind}.md.j2").render(v=document.view)
+    return write_atomic(out_dir, f"{document.kind}.md", page.encode("utf-8"))
+
+
+def write_json_document(document: Document, out_dir: Path) -> Path:
+    """KIND.json: the result checked against its schema, or what the document takes from its view."""
+    path = out_dir / f"{document.kind}.json"
+    if document.json_from_view is not None:
+        return write_json(document.json_from_view(document.view), path)
+    return write_result_json(document.data, path, document.schema)
 
 
 def render_html(result: dict) -> str:
@@ -213,31 +221,15 @@ def write_result_json(result: dict, path: Path, schema: dict | None = None) -> P
 
 
 def write_reports(result: dict, out_dir: Path, formats: list[str]) -> list[Path]:
-    """Write report.html / .md / .sarif / .junit.xml (as asked), then report.json last, into out_dir; returns
-    the paths written. A stale report.json is removed first, so that a complete report.json always
+    """Write report.html / .md / .sarif / .junit.xml / .pdf (as asked), then report.json last, into out_dir;
+    returns the paths written. A stale report.json is removed first, so that a complete report.json always
     belongs with complete pages of the same run (a crash in between leaves no report.json at all)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     result = displayable(result)
     if "json" in formats:
         with contextlib.suppress(FileNotFoundError):
             (out_dir / "report.json").unlink()
-    written = []
-    view = build_view(result) if {"html", "md", "pdf"} & set(formats) else None
-    if "html" in formats or "md" in formats:
-        written += render_pages(view, out_dir, formats, "report")
-    if "pdf" in formats:
-        from splitaudit.reports.pdf import write_pdf
-
-        written.append(write_pdf(view, out_dir))
-    if "sarif" in formats:
-        from splitaudit.reports.sarif import write_sarif
-
-        written.append(write_sarif(result, out_dir / "report.sarif"))
-    if "junit" in formats:
-        written.append(write_junit(result, out_dir / "report.junit.xml"))
-    if "json" in formats:
-        written.append(write_result_json(result, out_dir / "report.json"))
-    return written
+    return write_document(Document("report", result, lambda: build_view(result)), out_dir, formats)
 
 
 def claim_output_folder(out: str | os.PathLike) -> Path:

@@ -46,7 +46,9 @@ def test_reference_names_every_command_attack_and_exit_code(generate):
 def test_a_new_registry_member_shows_up(generate, monkeypatch):
     """Adding a format or a prior is one registry line; the reference picks it up without other edits."""
     monkeypatch.setitem(
-        registries.FORMATS, "toy", ReportFormat("toy", "a toy format | with a pipe", frozenset({"report"}))
+        registries.FORMATS,
+        "toy",
+        ReportFormat("toy", "a toy format | with a pipe", frozenset({"report"}), ("test_formats", "write_toy")),
     )
     monkeypatch.setitem(registries.PRIORS, "toyprior", PriorMethod("toyprior", "a toy prior"))
     text = generate.render()

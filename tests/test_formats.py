@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from splitaudit.cli import main
+from splitaudit.core import registries
 from splitaudit.core.config import AuditOptions
-from splitaudit.core.registries import DEFAULT_FORMATS, FORMATS, formats_of
+from splitaudit.core.registries import DEFAULT_FORMATS, FORMATS, ReportFormat, formats_of
 from splitaudit.core.result import SCHEMA_VERSION
 from splitaudit.reports.writer import load_result
 
@@ -110,3 +111,27 @@ def test_a_format_a_document_does_not_declare_is_refused(name, document, tmp_pat
 
 def test_defaults_come_from_the_registry():
     assert tuple(AuditOptions().formats) == DEFAULT_FORMATS == ("html", "md", "json")
+
+
+def write_toy(document, out_dir: Path) -> Path:
+    """A toy format's writer: the document's kind and headline, one line (test_a_format_added_by_its_registry_line)."""
+    path = out_dir / f"{document.kind}.toy"
+    path.write_text(f"{document.kind}: {document.view.headline}\n", encoding="utf-8")
+    return path
+
+
+def test_a_format_added_by_its_registry_line_is_a_choice_and_is_written(tmp_path, capsys, monkeypatch):
+    """One registry line (name, words, documents, writer) and its writer: `render --format toy` writes it
+    for the documents it declares, beside the others in registry order, and refuses it for the rest."""
+    toy = ReportFormat("toy", "a toy format", frozenset({"report", "sweep"}), ("test_formats", "write_toy"))
+    monkeypatch.setitem(registries.FORMATS, "toy", toy)
+    for document in ("report", "sweep"):
+        (tmp_path / document).mkdir()
+        args, stem = _document_args(document, tmp_path / document)
+        out = tmp_path / document / "out"
+        assert _cli([*args, "--format", "toy,json", "--out", str(out)]) == 0, capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir() if p.is_file()) == [f"{stem}.json", f"{stem}.toy"]
+        assert (out / f"{stem}.toy").read_text().startswith(f"{stem}: ")
+    args, _ = _document_args("comparison", tmp_path)
+    assert _cli([*args, "--format", "toy", "--out", str(tmp_path / "c")]) == 2
+    assert "--format takes a comma list of html, md, json for a comparison" in capsys.readouterr().err

@@ -112,12 +112,14 @@ PRIOR_NAMES = tuple(PRIORS)
 @dataclass(frozen=True)
 class ReportFormat:
     """A file a result can be written as: its name (--format), what it is, the documents it
-    renders ("report": splitaudit run and render; "sweep"; "cuts"; "comparison": splitaudit compare), and
-    whether run and sweep write it when --format is not given."""
+    renders ("report": splitaudit run and render; "sweep"; "cuts"; "comparison": splitaudit compare), its
+    writer (module, function: reports/documents.py's Document and the output folder -> the file
+    written, imported when first used), and whether run and sweep write it when --format is not given."""
 
     name: str
     description: str
     documents: frozenset[str]
+    writer: tuple[str, str]
     default: bool = False
 
 
@@ -125,13 +127,44 @@ _ALL = frozenset({"report", "sweep", "cuts", "comparison"})
 FORMATS: dict[str, ReportFormat] = {
     fmt.name: fmt
     for fmt in (
-        ReportFormat("html", "a self-contained web page", _ALL, default=True),
-        ReportFormat("md", "Markdown, its figures beside it", _ALL, default=True),
-        ReportFormat("json", "the result itself (report.json), checked against its schema", _ALL, default=True),
-        ReportFormat("sarif", "SARIF 2.1.0 findings for code-scanning tools", frozenset({"report"})),
-        ReportFormat("junit", "the gate's checks as JUnit XML test cases", frozenset({"report", "sweep", "cuts"})),
         ReportFormat(
-            "pdf", "a PDF for a reviewer to sign: the HTML's content, provenance, sign-off", frozenset({"report"})
+            "html",
+            "a self-contained web page",
+            _ALL,
+            ("splitaudit.reports.writer", "write_html_document"),
+            default=True,
+        ),
+        ReportFormat(
+            "md",
+            "Markdown, its figures beside it",
+            _ALL,
+            ("splitaudit.reports.writer", "write_markdown_document"),
+            default=True,
+        ),
+        ReportFormat(
+            "json",
+            "the result itself (report.json), checked against its schema",
+            _ALL,
+            ("splitaudit.reports.writer", "write_json_document"),
+            default=True,
+        ),
+        ReportFormat(
+            "sarif",
+            "SARIF 2.1.0 findings for code-scanning tools",
+            frozenset({"report"}),
+            ("splitaudit.reports.sarif", "write_sarif_document"),
+        ),
+        ReportFormat(
+            "junit",
+            "the gate's checks as JUnit XML test cases",
+            frozenset({"report", "sweep", "cuts"}),
+            ("splitaudit.reports.junit", "write_junit_document"),
+        ),
+        ReportFormat(
+            "pdf",
+            "a PDF for a reviewer to sign: the HTML's content, provenance, sign-off",
+            frozenset({"report"}),
+            ("splitaudit.reports.pdf", "write_pdf_document"),
         ),
     )
 }
