@@ -32,7 +32,7 @@ from torch import Tensor
 
 from splitaudit.core.memory import PROBE_SAMPLES, batch_within, per_sample_bytes
 from splitaudit.core.plateau import STOPPED_BY_CAP, Plateau, restore, snapshot
-from splitaudit.core.registries import PRIOR_NAMES, PRIORS
+from splitaudit.core.registries import PRIOR_NAMES, PRIORS, resolve
 from splitaudit.core.threads import threads_for
 
 DSM_NOISE_FRACTION = 0.1  # dsm without smoothing: noise level as a fraction of the data's std
@@ -121,13 +121,13 @@ def estimate_prior(
     if method not in PRIORS:
         raise ValueError(f"unknown prior method {method!r}; choose {', '.join(PRIOR_NAMES)}")
     if not PRIORS[method].trains:
-        return checked(gaussian_prior(x, smoothing))
+        return checked(resolve(PRIORS[method].function)(x, smoothing))
     return checked(score_matching_prior(x, method, smoothing, seed, settings, on_epoch))
 
 
 def score_loss(method: str) -> Callable[[nn.Module, Tensor, float, tuple[Tensor, Tensor]], Tensor]:
-    """The score-matching loss the registered prior `method` names (a function of this module)."""
-    return globals()[PRIORS[method].score_loss]
+    """The score-matching loss the registered prior `method` names."""
+    return resolve(PRIORS[method].function)
 
 
 def mean_variance(x: Tensor) -> tuple[float, float]:

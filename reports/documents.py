@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from importlib import import_module
 from pathlib import Path
 
-from splitaudit.core.registries import FORMATS
+from splitaudit.core.registries import FORMATS, resolve
 
 
 @dataclass
@@ -44,5 +43,4 @@ def write_document(document: Document, out_dir: Path, formats: list[str]) -> lis
 
 def writer_of(name: str) -> Callable[[Document, Path], Path]:
     """The writer FORMATS[name] registers (its module imported now)."""
-    module, function = FORMATS[name].writer
-    return getattr(import_module(module), function)
+    return resolve(FORMATS[name].writer)

@@ -50,7 +50,9 @@ def test_a_new_registry_member_shows_up(generate, monkeypatch):
         "toy",
         ReportFormat("toy", "a toy format | with a pipe", frozenset({"report"}), ("test_formats", "write_toy")),
     )
-    monkeypatch.setitem(registries.PRIORS, "toyprior", PriorMethod("toyprior", "a toy prior"))
+    monkeypatch.setitem(
+        registries.PRIORS, "toyprior", PriorMethod("toyprior", "a toy prior", ("toy", "fit"), trains=False)
+    )
     text = generate.render()
     assert "| `toy` | a toy format \\| with a pipe | report |  |" in text
     assert "| `toyprior` | a toy prior | no |" in text

@@ -11,7 +11,8 @@ import pytest
 import torch
 from scipy import integrate
 
-from splitaudit.core.registries import PRIOR_NAMES, PRIORS
+from splitaudit.core import registries
+from splitaudit.core.registries import PRIOR_NAMES, PRIORS, PriorMethod
 from splitaudit.estimators.prior import (
     PriorEstimate,
     ScoreSettings,
@@ -183,3 +184,22 @@ def test_a_score_network_cut_short_underestimates_j_on_real_tabular_data():
 def test_unknown_prior_method_is_rejected():
     with pytest.raises(ValueError, match="unknown prior method"):
         estimate_prior(torch.zeros(4, 2), "magic", 0.0)
+
+
+def fit_mixture_by_quadrature(x: torch.Tensor, smoothing: float) -> PriorEstimate:
+    """A toy closed-form prior for the registry test: the exact J/d of the +-2 mixture, by quadrature."""
+    j = mixture_fisher(2.0, 1.0 + smoothing**2)
+    fit = gaussian_prior(x, smoothing)
+    return PriorEstimate("mixture", smoothing, j, 0.0, fit.gaussian_floor, fit.stam_limit)
+
+
+def test_a_prior_added_by_its_registry_line_is_the_one_estimated(monkeypatch):
+    """A closed-form prior is one registry line naming its fit: estimate_prior runs that fit (here the
+    mixture's exact J/d, 1.5 times the Gaussian fit's) and checks it like any other estimate."""
+    toy = PriorMethod("mixture", "the mixture's exact J/d", ("test_prior", "fit_mixture_by_quadrature"), trains=False)
+    monkeypatch.setitem(registries.PRIORS, "mixture", toy)
+    x = mixture_data(4000, 4, 2.0)
+    estimate = estimate_prior(x, "mixture", 0.0)
+    assert estimate.method == "mixture" and estimate.valid
+    assert estimate.j_over_d_used == pytest.approx(mixture_fisher(2.0, 1.0), rel=1e-9)
+    assert estimate.j_over_d_used > 1.2 * estimate_prior(x, "gaussian", 0.0).j_over_d_used

@@ -13,8 +13,16 @@ entry.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 
 from splitaudit.core.errors import InputError
+
+
+def resolve(reference: tuple[str, str]):
+    """What a registry entry names as (module, attribute), its module imported now: the entries stay
+    torch-free and the code they name loads when first used."""
+    module, name = reference
+    return getattr(import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -82,28 +90,37 @@ GATED_BOUND = next(bound for bound in BOUNDS.values() if bound.gated)  # also th
 class PriorMethod:
     """An estimator of the prior term J(pi)/d of the van Trees bound.
 
-    score_loss: the name of its score-matching loss in estimators/prior.py, or None for a
-    closed-form fit (no score network to train: no training cost, no progress bar).
+    function: (module, name) of its score-matching loss when it trains a score network, else of its
+    closed-form fit (x, smoothing) -> PriorEstimate (no training cost, no progress bar).
     needs_noise: the loss is defined only on noise-smoothed inputs, so without --smoothing it
     smooths a little itself (and says so in the prior's notes).
     """
 
     name: str
     description: str
-    score_loss: str | None = None
+    function: tuple[str, str]
+    trains: bool = True
     needs_noise: bool = False
 
-    @property
-    def trains(self) -> bool:
-        return self.score_loss is not None
 
-
+PRIOR_MODULE = "splitaudit.estimators.prior"
 PRIORS: dict[str, PriorMethod] = {
     prior.name: prior
     for prior in (
-        PriorMethod("ssm", "sliced score matching with variance reduction (Song et al., UAI 2019)", "ssm_vr_loss"),
-        PriorMethod("dsm", "denoising score matching (Vincent, Neural Computation 2011)", "dsm_loss", True),
-        PriorMethod("gaussian", "an isotropic Gaussian fit: the lowest J any prior of that spread has"),
+        PriorMethod(
+            "ssm",
+            "sliced score matching with variance reduction (Song et al., UAI 2019)",
+            (PRIOR_MODULE, "ssm_vr_loss"),
+        ),
+        PriorMethod(
+            "dsm", "denoising score matching (Vincent, Neural Computation 2011)", (PRIOR_MODULE, "dsm_loss"), True, True
+        ),
+        PriorMethod(
+            "gaussian",
+            "an isotropic Gaussian fit: the lowest J any prior of that spread has",
+            (PRIOR_MODULE, "gaussian_prior"),
+            trains=False,
+        ),
     )
 }
 PRIOR_NAMES = tuple(PRIORS)
