@@ -17,9 +17,9 @@ from typing import Callable, Iterator
 import torch
 
 from splitaudit.core.errors import InputError
-from splitaudit.inputs.onnx_loading import ONNX_FLOAT_TYPES, Conversion, conversion_failure, next_module
+from splitaudit.inputs.onnx_loading import ONNX_FLOAT_TYPES, conversion_failure, next_module
 from splitaudit.inputs.precision import parity_rtol
-from splitaudit.inputs.raw_model import Normalized, RawModel, first_line, in_batches
+from splitaudit.inputs.raw_model import Conversion, Normalized, RawModel, first_line, in_batches
 
 PARITY_RTOL = 1e-4
 MODEL_CHECK_SECONDS = 300  # loading checks (conversion, parity, first passes) must end within this

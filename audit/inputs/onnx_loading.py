@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -31,7 +30,7 @@ from splitaudit.inputs.onnx_graph import (
 )
 from splitaudit.inputs.optional_imports import import_torchvision_or_stub
 from splitaudit.inputs.precision import LOW_PRECISION, audit_precision, float32_graph, onnx_stored_dtype
-from splitaudit.inputs.raw_model import RawModel, SavedBatch, check_single_input, first_line
+from splitaudit.inputs.raw_model import Conversion, RawModel, SavedBatch, check_single_input, first_line
 from splitaudit.inputs.stochastic import refuse_onnx_randomness
 
 ONNX2TORCH_OPSET = 13  # onnx2torch gets older graphs upgraded to this opset (its converters start there)
@@ -297,16 +296,6 @@ def _onnx2torch(proto) -> nn.Module:
 # opsets 9-20), after the clean-up, onnx2pytorch converts all 52 with parity and onnx2torch 39;
 # onnx2torch is kept as the fallback for graphs onnx2pytorch fails on or gets wrong.
 CONVERTERS: dict[str, Callable] = {"onnx2pytorch": _onnx2pytorch, "onnx2torch": _onnx2torch}
-
-
-@dataclass
-class Conversion:
-    """One converter's attempt: the module, or the reason it failed."""
-
-    converter: str
-    module: nn.Module | None
-    error: str | None = None
-    unsupported_op: str | None = None
 
 
 def convert_onnx(proto, device: torch.device) -> Iterator[Conversion]:

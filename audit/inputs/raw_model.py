@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -18,8 +18,15 @@ from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
 from splitaudit.inputs.data import IMAGE_CHANNELS
 
-if TYPE_CHECKING:
-    from splitaudit.inputs.onnx_loading import Conversion
+
+@dataclass
+class Conversion:
+    """One converter's attempt: the module, or the reason it failed."""
+
+    converter: str
+    module: nn.Module | None
+    error: str | None = None
+    unsupported_op: str | None = None
 
 
 @dataclass
