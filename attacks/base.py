@@ -134,10 +134,14 @@ def _accepts(spec: Any, hint: Any, value: Any) -> tuple[bool, Any]:
 
 def parse_options(attack: str, options_type: type, table: dict) -> Any:
     """The user's `[attack.NAME]` table as an Options instance; InputError (exit 2) naming the
-    option, the values it takes and what was given, for an unknown key or a bad value."""
+    option, the values it takes and what was given, for an unknown key or a bad value, or where an
+    option that moved went (the Options class's MOVED: old key -> where it is now)."""
     specs = {f.name: f for f in fields(options_type)}
     hints = typing.get_type_hints(options_type)
     unknown = sorted(set(table) - set(specs))
+    moved = getattr(options_type, "MOVED", {})
+    if unknown and unknown[0] in moved:
+        raise InputError(f"{attack}.{unknown[0]} is now {moved[unknown[0]]}")
     if unknown:
         takes = ", ".join(sorted(specs)) or "no options"
         raise InputError(f"attack {attack!r} has no option {unknown[0]!r}; it takes {takes}")

@@ -17,9 +17,9 @@ IV-A "Use of labels"): in vanilla SL the server holds the labels of the client's
 so by default the attacker uses the target labels themselves. In U-shaped SL (Sec. IV-B) the
 server has no labels and holds only the body g, never the client's tail h: option `labels =
 "inferred"` drops the label inputs of the decoder and discriminators (App. B-C) and infers the
-targets' labels through a simulated tail, h~(g(z)) when `top_model_role = "body"` says that
+targets' labels through a simulated tail, h~(g(z)) when `--top-model-role body` says that
 `--top-model` is g, else a head trained in g's place. A top model that outputs the class scores
-(`top_model_role = "classifier"`) holds h and is never used in that mode. `labels = "predicted"`
+(`--top-model-role classifier`) holds h and is never used in that mode. `labels = "predicted"`
 (a server with the classifier but without labels) conditions the decoder on the labels it infers.
 Offline that tail names the classes' clusters arbitrarily (U_SHAPED_LIMIT); `labels = "clustered"`
 instead clusters the target embeddings and names the clusters by the layout of the aux classes
@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -101,18 +102,13 @@ LABEL_SOURCES = {
     "conditioned on them",
 }
 LABEL_ALIASES = {"true": "known"}
-# What `--top-model` is (option `top_model_role`), and so what the attacker may do with it.
-TOP_MODEL_ROLES = {
-    "classifier": "it outputs the class scores (vanilla SL: the server's part ends in the classifier)",
-    "body": "it is the server's body g of U-shaped SL; the client's tail h after it is simulated (h~)",
-}
 # How the attack gets labels for f~'s embeddings (SDARSettings.server_part), in the report's words.
 SERVER_PARTS = {
     "classifier": "top model g (frozen)",
     "body": "the server's body g (frozen) followed by a simulated tail h~ trained on aux labels",
     "none": "head trained jointly (no top model given: it stands in for g and the client's tail)",
     "withheld": "head trained jointly; --top-model was not used: it outputs the class scores, so it holds "
-    "the client's tail, which a U-shaped server does not have (top_model_role = body says it is only g)",
+    "the client's tail, which a U-shaped server does not have (--top-model-role body says it is only g)",
 }
 # Why offline U-shaped label inference can misname the classes (measured in benchmarks/RESULTS.md).
 U_SHAPED_LIMIT = (
@@ -139,6 +135,9 @@ class SDAROptions:
     """`[attack.sdar]`: budget (preset or iterations/batch_size), target labels, label flips, ablation.
     Checked up front; sdar_settings fills in the defaults that depend on the device and --quick."""
 
+    MOVED: ClassVar[dict[str, str]] = {
+        "top_model_role": "the run option --top-model-role (what --top-model is; the utility reads it too)"
+    }
     preset: str | None = option(
         None, "training budget: paper (GPU default) or cpu (CPU default)", choices=tuple(PRESETS)
     )
@@ -160,12 +159,6 @@ class SDAROptions:
         high=1,
     )
     ablation: bool = option(False, "also run without d1 and without d2 (mse_no_d1, mse_no_d2)")
-    top_model_role: str = option(
-        "classifier",
-        "what --top-model is: classifier (it outputs the class scores; never used to infer labels in "
-        "U-shaped SL) or body (the server's part g of U-shaped SL, followed by a simulated tail)",
-        choices=tuple(TOP_MODEL_ROLES),
-    )
     early_stopping: bool = option(
         True,
         "stop when the held-out aux reconstruction MSE stops improving (the iterations stay a cap; off when "
@@ -203,9 +196,9 @@ class SDARAttack(Attack):
     beside the MSE, against the majority-class baseline; "predicted": the same label inference,
     but the decoder and discriminators conditioned on the inferred labels. `ablation = true`
     also runs the variants without d1 and without d2 (same seed, so the same initial networks)
-    and reports their MSE as `mse_no_d1` and `mse_no_d2`. `top_model_role`: "classifier" (default;
-    `--top-model` outputs the class scores and is never used with inferred labels, since it holds
-    the client's tail) or "body" (it is the server's g; a tail h~ after it is trained).
+    and reports their MSE as `mse_no_d1` and `mse_no_d2`. `--top-model-role` (a run option): "classifier"
+    (default; `--top-model` outputs the class scores and is never used with inferred labels, since it
+    holds the client's tail) or "body" (it is the server's g; a tail h~ after it is trained).
     `early_stopping` (default true): the iterations are a cap; training stops when the MSE of a
     held-out `holdout_fraction` of the aux data (kept out of training), reconstructed through f~
     and the decoder, has not improved for `patience` measurements taken every `eval_every`
@@ -381,7 +374,7 @@ def sdar_settings(ctx: AuditContext) -> SDARSettings:
     preset = opts.preset or ("paper" if ctx.device.type == "cuda" else "cpu")
     labels = LABEL_ALIASES.get(opts.labels, opts.labels)
     budget = dict(PRESETS[preset])
-    part = server_part(ctx.top_model is not None, opts.top_model_role, labels)
+    part = server_part(ctx.top_model is not None, ctx.top_model_role, labels)
     if preset == "cpu" and part in ("none", "withheld"):
         budget["iterations"] = ITERATIONS_WITHOUT_G
     if ctx.quick and opts.preset is None:

@@ -82,8 +82,9 @@ def audit(
     attacks: "all", "none", a comma string or a list of names. workers: processes for the attacks
     (None: one per CPU core); executor "ray" runs them on Ray (ray_address: an existing cluster);
     task_timeout: seconds one attack seed may run. output_name: which output of a multi-output
-    ONNX model is the embedding. dfil_rtol, dfil_samples: the dFIL estimate's target relative
-    error and its sample cap. model_mode: "saved" (as the module is now), "eval" or "train";
+    ONNX model is the embedding. top_model_role: "classifier" (top_model ends in the class scores)
+    or "body" (the server's part g of U-shaped split learning). dfil_rtol, dfil_samples: the dFIL
+    estimate's target relative error and its sample cap. model_mode: "saved" (as the module is now), "eval" or "train";
     queries: how many queries of one input a query-access attacker averages (stochastic models).
     vocab: a vocabulary file declaring that x holds token ids [N, T] of a model file over ids
     (split LLMs). The keywords are `splitaudit run`'s options but those that say how reports are

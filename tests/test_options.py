@@ -99,6 +99,7 @@ def test_every_flag_reaches_its_option(tmp_path, monkeypatch, capsys):
         "prior": "dsm",
         "smoothing": "0.1",
         "top_model": "top.onnx",
+        "top_model_role": "body",
         "input_shape": "1,8,8",
         "normalize": "0.5,0.25",
         "label_column": "label",
@@ -151,6 +152,7 @@ def test_audit_passes_each_keyword_through(monkeypatch):
     values = {
         "target_fraction": 0.3,
         "top_model": "top.onnx",
+        "top_model_role": "body",
         "prior": "dsm",
         "smoothing": 0.1,
         "input_shape": [1, 8, 8],

@@ -488,7 +488,7 @@ class Tripwire(torch.nn.Module):
 def test_u_shaped_attack_never_reads_labels_off_a_classifier_top_model(digits_top_ctx):
     """labels = inferred (Zhu et al., NDSS 2025, Sec. IV-B, Fig. 15, App. B-C): label-free decoder and
     discriminators, and the label accuracy beside the MSE with the majority-class baseline. A top
-    model that outputs the class scores (top_model_role = classifier, the default) holds the
+    model that outputs the class scores (--top-model-role classifier, the default) holds the
     client's tail h, which a U-shaped server does not have: the attack must not run it at all
     (running it would make the "inferred" labels g's own, at g's task accuracy 0.9944), and the report
     says so and what the attacker held."""
@@ -515,12 +515,12 @@ def test_u_shaped_attack_never_reads_labels_off_a_classifier_top_model(digits_to
 
 
 def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
-    """top_model_role = body: the server's g, followed by a simulated tail h~ (the only part that
+    """--top-model-role body: the server's g, followed by a simulated tail h~ (the only part that
     trains); g's weights and batch-norm statistics never change, and g really is on the label path."""
     body = torch.nn.Sequential(torch.nn.Linear(128, 6), torch.nn.BatchNorm1d(6), torch.nn.GELU())
     before = {k: v.clone() for k, v in body.state_dict().items()}
-    options = {"sdar": {"labels": "inferred", "iterations": 25, "top_model_role": "body"}}
-    ctx = dataclasses.replace(digits_top_ctx, attack_options=options, top_model=body)
+    options = {"sdar": {"labels": "inferred", "iterations": 25}}
+    ctx = dataclasses.replace(digits_top_ctx, attack_options=options, top_model=body, top_model_role="body")
     entry = get_attack("sdar").run(ctx)
     assert entry["details"]["classifier"].startswith("the server's body g (frozen) followed by a simulated tail")
     assert "the server's body g (not the client's tail h)" in entry["details"]["attacker_holds"]
@@ -537,7 +537,7 @@ def test_a_body_top_model_feeds_a_trained_tail_and_stays_frozen(digits_top_ctx):
     from splitaudit.stages.utility import measure_utility, utility_source
 
     assert utility_source(ctx) == "probe" and utility_source(digits_top_ctx) == "top-model"
-    with pytest.raises(InputError, match="set sdar.top_model_role=body"):
+    with pytest.raises(InputError, match="pass --top-model-role body"):
         measure_utility(dataclasses.replace(digits_top_ctx, top_model=body, top_model_forward=body))
 
 
@@ -634,7 +634,7 @@ def test_relabelled_accuracy_scores_the_partition_whatever_the_class_names():
 @pytest.mark.parametrize("arch, iterations", [("flat_ln", 250)])
 def test_u_shaped_sdar_with_only_the_servers_body(digits_ctx, arch, iterations):
     """U-shaped models (tests/support/ushaped.py) trained on the target data, the attacker given
-    g alone (top_model_role = body), never h. Through g the partition of the targets into their
+    g alone (--top-model-role body), never h. Through g the partition of the targets into their
     classes leaks (flat LayerNorm model, seed 0: relabelled label accuracy 0.48 at 250 iterations
     against 0.11 for any constant labelling) while the class names need not (label accuracy 0.013,
     benchmarks/RESULTS.md); wherever the named labels are no better than the majority class, the
@@ -664,10 +664,16 @@ def u_shaped_sdar_entry(digits_ctx, arch: str, labels: str, iterations: int, epo
 
     f, g, _, accuracy = train_u_shaped(arch, digits_ctx.target.x, digits_ctx.target.y, epochs=epochs)
     assert accuracy > 0.9
-    options = {"sdar": {"labels": labels, "top_model_role": "body", "iterations": iterations}}
+    options = {"sdar": {"labels": labels, "iterations": iterations}}
     ctx = prepare_context(
         AuditOptions(
-            model=f, aux=sample("digits.npz"), top_model=g, seed=0, quick=True, attack_options=options
+            model=f,
+            aux=sample("digits.npz"),
+            top_model=g,
+            top_model_role="body",
+            seed=0,
+            quick=True,
+            attack_options=options,
         ).validate()
     )
     entry = get_attack("sdar").run(ctx)
@@ -722,3 +728,13 @@ def test_a_failed_u_shaped_run_says_why_from_its_label_metrics(named, relabelled
 
 def test_a_u_shaped_run_that_beats_its_baselines_has_no_failure():
     assert get_attack("sdar").inconclusive_reason(u_shaped_entry(0.994, 0.994, 0.0055), [""]) == ""
+
+
+def test_the_top_model_role_is_a_run_option_and_the_old_sdar_key_says_where_it_went():
+    from splitaudit.attacks import check_attack_options
+    from splitaudit.core.config import AuditOptions
+
+    with pytest.raises(InputError, match="sdar.top_model_role is now the run option --top-model-role"):
+        check_attack_options({"sdar": {"top_model_role": "body"}})
+    with pytest.raises(InputError, match="--top-model-role"):
+        AuditOptions(model="m.onnx", aux="a.npz", top_model_role="tail").validate()

@@ -362,3 +362,12 @@ def test_demo_sweep_quick_audits_the_calibrated_sigma(tmp_path):
     assert all(status == "ok" for name, status in statuses if name not in token_only)
     assert all(status == "skipped" for name, status in statuses if name in token_only)
     assert (out / "sweep.html").exists() and (out / "sweep.md").exists()
+
+
+def test_the_demo_sweep_leaves_out_only_the_attacks_that_train_for_minutes_at_each_point():
+    """By their declared relative cost, not by name: SDAR today."""
+    from splitaudit.attacks import ATTACK_NAMES
+    from splitaudit.engine.sweep import demo_sweep_options
+
+    options = demo_sweep_options(AuditOptions(model=sample("digits_cnn.onnx"), aux=sample("digits.npz")))
+    assert set(ATTACK_NAMES) - set(options.attacks) == {"sdar"}

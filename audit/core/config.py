@@ -29,6 +29,7 @@ MAX_SEED = 2**32 - 16  # scikit-learn takes 32-bit seeds, and attacks use seed, 
 EXECUTORS = ("local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_WORKERS = 256
+TOP_MODEL_ROLES = ("classifier", "body")  # --top-model-role: what the utility scores and SDAR may use it for
 MODEL_MODES = ("saved", "eval", "train")  # --model-mode (audit/inputs/stochastic.py applies them)
 MAX_QUERIES = 1000  # --queries: repeated queries of one input a query-access attacker averages
 MAX_TEXT_TOKENS = 1_000_000  # --max-length: beyond any model's context window
@@ -105,6 +106,13 @@ class AuditOptions:
         "The top model g (TorchScript/ONNX), for attacks that use one.",
         commands=frozenset({RUN, SWEEP}),  # cuts extracts the top from the whole model
         help_for=((SWEEP, "The top model g; utility is its accuracy under noise (else a probe's)."),),
+    )
+    top_model_role: str = option(
+        "classifier",
+        "What --top-model is: classifier (it ends in the class scores; default) or body (the server's part g "
+        "of U-shaped split learning; the client keeps the head after it).",
+        commands=frozenset({RUN, SWEEP}),
+        choices=TOP_MODEL_ROLES,
     )
     input_shape: list[int] | None = option(None, "Per-sample input shape, e.g. 3,32,32.", commands=MEASURING)
     normalize: list[float] | None = option(
@@ -295,21 +303,15 @@ class AuditOptions:
         """Raise InputError for values that no audit can use."""
         check_option_types(self)
         check_numeric_ranges(self)
+        check_choices(self)
         self._normalize_sigmas()
-        if self.device not in DEVICES:
-            raise InputError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r:.60}")
-        if self.prior not in PRIOR_NAMES:
-            raise InputError(f"--prior must be one of {', '.join(PRIOR_NAMES)}, got {self.prior!r}")
         check_formats(self.formats, "sweep" if self.noise_sigmas is not None or self.auto_sigma else "report")
         if not str(self.out).strip():
             raise InputError("--out is empty; name an output folder")
-        if self.executor not in EXECUTORS:
-            raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.ray_address is not None and self.executor != "ray":
             raise InputError("--ray-address names a Ray cluster for --executor ray; add --executor ray or drop it")
         if self.executor == "ray" and self.workers != 1:
             raise InputError("--workers sets the local executor's processes; Ray's workers are its cluster's CPUs/GPUs")
-        check_model_mode(self.model_mode)
         return self
 
     def _normalize_sigmas(self) -> None:
@@ -438,6 +440,15 @@ NUMERIC_RANGES = {  # every numeric option, run and sweep alike (None means "not
     "max_length": Range(1, MAX_TEXT_TOKENS),
     "split_layer": Range(0, MAX_INT32),
 }
+
+
+def check_choices(options: AuditOptions) -> None:
+    """The one place every option with a fixed set of values (its OptionSpec's choices) is checked: a
+    config file or the API passes them unchecked by click."""
+    for f in fields(options):
+        choices, value = option_spec(f).choices, getattr(options, f.name)
+        if choices and value not in choices:
+            raise InputError(f"{option_flag(f.name)} must be one of {', '.join(choices)}, got {value!r:.60}")
 
 
 def check_numeric_ranges(options: AuditOptions) -> None:

@@ -50,6 +50,7 @@ class AuditContext:
     attack_options: dict[str, dict] = field(default_factory=dict)
     progress: Callable[..., tqdm] = silent_progress
     queries: int = 1  # sends of one input a query-access attacker averages (k-query numbers when > 1)
+    top_model_role: str = "classifier"  # --top-model-role: the class scores' classifier, or U-shaped SL's body g
     tokens: TokenSpace | None = None  # token inputs: the embedding table and vocabulary (x holds embeddings)
     space: InputSpace | None = None  # the inputs' kind and value range: decided from aux and tokens when not given
     _clean: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
@@ -188,6 +189,7 @@ def build_context(
         attack_options=options.attack_options,
         progress=progress,
         queries=options.queries,
+        top_model_role=options.top_model_role,
         tokens=raw.tokens,
     )
     for part in ("aux", "target"):  # every embedding, not just the parity batch: NaN must stop here

@@ -27,9 +27,8 @@ SOURCE_WORDS = {
 
 def utility_source(ctx: AuditContext) -> str:
     """The top model's accuracy only when it outputs the class scores: one declared to be the server's
-    body g of U-shaped SL (sdar.top_model_role = body) has no classifier to score, so a probe measures."""
-    role = ctx.options("sdar").get("top_model_role", "classifier")
-    return "top-model" if ctx.top_model_forward is not None and role == "classifier" else "probe"
+    body g of U-shaped SL (--top-model-role body) has no classifier to score, so a probe measures."""
+    return "top-model" if ctx.top_model_forward is not None and ctx.top_model_role == "classifier" else "probe"
 
 
 def measure_utility(ctx: AuditContext) -> dict:
@@ -87,7 +86,7 @@ def _top_model_accuracy(ctx: AuditContext, seed: int) -> float:
     if logits.ndim != 2 or logits.shape[0] != len(observed) or logits.shape[1] < (ctx.num_classes or 0):
         raise InputError(
             f"the top model should return (batch, classes) logits for {ctx.num_classes} classes; it returned "
-            f"shape {tuple(logits.shape)} (if it is the server's body g, set sdar.top_model_role=body)"
+            f"shape {tuple(logits.shape)} (if it is the server's body g, pass --top-model-role body)"
         )
     return float((logits.argmax(1) == label_indices(ctx.target).to(logits.device)).double().mean())
 
