@@ -11,6 +11,7 @@ import contextlib
 import json
 import signal
 import sys
+import time
 import traceback
 from dataclasses import fields
 from importlib.resources import files
@@ -151,8 +152,45 @@ def build_options(model: str | None, flags: dict) -> AuditOptions:
 
 
 def cli_progress(**kwargs) -> tqdm:
-    """Progress bars on stderr when it is a terminal."""
-    return tqdm(file=sys.stderr, leave=False, dynamic_ncols=True, disable=None, **kwargs)
+    """Progress bars on stderr when it is a terminal; in a log (CI), lines instead (LogLines)."""
+    if sys.stderr.isatty():
+        return tqdm(file=sys.stderr, leave=False, dynamic_ncols=True, **kwargs)
+    return LogLines(**kwargs)
+
+
+class LogLines(tqdm):
+    """Progress where stderr is a log, not a terminal (a CI job): no bar, whose redraws a log cannot
+    show, but a line as each coarse step ends (a stage, an attack task, a sigma, a cut) and as each
+    stage ends, once it has run for a second, so that a long audit is seen to progress."""
+
+    COARSE_UNITS = ("stage", "task", "sigma", "cut")
+    QUIET_SECONDS = 1.0  # steps that end sooner say nothing
+
+    def __init__(self, desc: str = "", total: int | None = None, unit: str = "it", **kwargs) -> None:
+        self._stage, self._steps, self._unit = desc, total, unit
+        self._done, self._started, self._said = 0, time.monotonic(), False
+        super().__init__(desc=desc, total=total, unit=unit, disable=True, **kwargs)
+
+    def update(self, n: float = 1) -> bool | None:
+        self._done += n
+        if self._unit in self.COARSE_UNITS and self._steps and self._done < self._steps:
+            self._line(f"{self._done:g} of {self._steps} {self._unit}s done")
+        return super().update(n)
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        self._said = self._said or exc_type is not None  # a step that raised is not done
+        super().__exit__(exc_type, exc_value, traceback)
+
+    def close(self) -> None:
+        if not self._said and self._stage:
+            self._said = True
+            self._line("done")
+        super().close()
+
+    def _line(self, what: str) -> None:
+        seconds = time.monotonic() - self._started
+        if seconds >= self.QUIET_SECONDS:
+            print(f"splitaudit: {self._stage}: {what} after {seconds:.0f} s", file=sys.stderr, flush=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -162,3 +162,23 @@ def test_debug_shows_the_traceback(capsys):
     with pytest.raises(SystemExit):
         main(["run", "missing.onnx", "--aux", DATA, "--debug"])
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_log_gets_a_line_per_finished_step_instead_of_a_bar(capsys, monkeypatch):
+    """stderr that is not a terminal (a CI log) cannot show a bar's redraws: each coarse step and each
+    finished stage is a line instead, and a stage that raised is not called done."""
+    from splitaudit.cli import LogLines, cli_progress
+
+    monkeypatch.setattr(LogLines, "QUIET_SECONDS", 0.0)
+    with cli_progress(total=3, desc="sweep", unit="sigma") as bar:
+        for _ in range(3):
+            bar.update()
+    with pytest.raises(ValueError), cli_progress(total=10, desc="decoder", unit="epoch") as bar:
+        bar.update()
+        raise ValueError("stopped")
+    lines = [line.split(" after ")[0] for line in capsys.readouterr().err.splitlines()]
+    assert lines == [
+        "splitaudit: sweep: 1 of 3 sigmas done",
+        "splitaudit: sweep: 2 of 3 sigmas done",
+        "splitaudit: sweep: done",
+    ]

@@ -241,7 +241,7 @@ def test_a_crash_while_rendering_leaves_no_report_that_passed(tmp_path, capsys, 
     def broken(*_args, **_kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(writer, "render_pages", broken)
+    monkeypatch.setattr(writer, "write_html_document", broken)
     code, _, err = run_cli(["run", MLP, "--aux", CANCER, "--out", out], capsys)
     assert code == 3 and "No space left" in err
     assert not (out / "report.json").exists()  # no report says it passed
