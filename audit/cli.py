@@ -343,7 +343,7 @@ def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> N
     from splitaudit.stages.calibration import describe_calibration
 
     options = build_options(model, {**given_flags(flags), "attacks": ["none"], "target_mse": target_mse})
-    answer = run_calibration(options, progress=cli_progress)
+    answer = run_calibration(options, progress=cli_progress, on_notice=print_notice)
     if as_json:
         click.echo(json.dumps(to_strict_json(answer), indent=2, allow_nan=False))
     else:
@@ -458,7 +458,7 @@ def _sweep_and_report(options: AuditOptions, invocation) -> None:
     from splitaudit.reports.sweep import sweep_summary, write_sweep_reports
 
     with held_output(options.out, "sweep", options.junit) as out_dir:
-        result = run_sweep(options, progress=cli_progress, invocation=invocation)
+        result = run_sweep(options, progress=cli_progress, invocation=invocation, on_notice=print_notice)
         written = write_sweep_reports(result, out_dir, options.formats)
         if options.junit:
             written.append(write_junit(result, Path(options.junit)))

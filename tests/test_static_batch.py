@@ -132,3 +132,15 @@ def test_the_cli_says_once_on_stderr_and_once_in_the_report_that_the_model_runs_
     assert sum(CHUNKED in note for note in report["model"]["warnings"]) == 1
     assert report["dfil"]["method"] == "structured"  # 2048 inputs, 1024 outputs, each from a local patch
     assert any(n.startswith("Jacobian traces by the structured method (exact): ") for n in report["dfil"]["notes"])
+
+
+@pytest.mark.parametrize("command", [["sweep", "--noise-sigma", "0.5"], ["calibrate", "--target-mse", "0.01"]])
+def test_sweep_and_calibrate_say_so_once_on_stderr_too(tmp_path, capsys, command):
+    path = static_onnx(line_stem(flatten=True), tmp_path / "flat.onnx", "legacy")
+    np.savez(tmp_path / "lines.npz", x=lines(40).numpy())
+    args = [command[0], str(path), "--aux", str(tmp_path / "lines.npz"), *command[1:], "--quick", "--prior", "gaussian"]
+    out = ["--attacks", "none", "--format", "json", "--out", str(tmp_path / "out")] if command[0] == "sweep" else []
+    code, _, err = run_cli([*args, *out], capsys)
+    assert code == 0, err
+    notices = [line for line in err.splitlines() if CHUNKED in line]
+    assert len(notices) == 1 and notices[0].startswith("splitaudit: the model was saved"), err

@@ -165,14 +165,19 @@ class AuditEngine:
         attacks: bool = True,
         config_file: str | None = None,
         data: SplitData | None = None,
+        on_notice: Callable[[str], None] | None = None,
     ) -> Iterator["AuditEngine"]:
         """The engine for `options`, its executor (when `attacks`) closed however the audit ends; once
         the audit is done, the model is asked again for its first answers (Encoder.confirm_unchanged),
         and the input files, hashed once loaded, are confirmed unchanged since before they were loaded
         (splitaudit.inputs.digests). Given `data` (aux and target, loaded by the caller, as each cut of
-        `splitaudit cuts` is given them), no file is hashed: the caller records its own inputs."""
+        `splitaudit cuts` is given them), no file is hashed: the caller records its own inputs.
+        on_notice receives the one line that says why the model will run slower than it could (it runs
+        in chunks of the static batch it was saved with), if it will, before any slow stage."""
         inputs = InputFiles.before_loading(options, config_file) if data is None else InputFiles({})
         ctx, names = prepare_audit(options, progress, data)
+        if on_notice is not None and ctx.encoder.batch_note:
+            on_notice(ctx.encoder.batch_note)
         inputs.hash_all()
         with opened_executor(options, ctx) if attacks else nullcontext() as executor:
             yield cls(options, ctx, names, executor, progress, inputs)
@@ -250,20 +255,17 @@ def run_audit(
     report's splitaudit.stages.regression.baseline_summary, when given).
 
     on_cost, when given, receives the up-front cost estimate (splitaudit.stages.cost.CostEstimate)
-    before the long stages start; on_notice, the one line that says why the model will run slower
-    than it could (it runs in chunks of the static batch it was saved with), if it will; invocation
+    before the long stages start; on_notice: AuditEngine.prepared's; invocation
     (the command line and --config file) goes into the provenance section."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     invocation = invocation or Invocation()
-    with AuditEngine.prepared(options, progress, config_file=invocation.config_file) as engine:
+    with AuditEngine.prepared(options, progress, config_file=invocation.config_file, on_notice=on_notice) as engine:
         ctx, names = engine.ctx, engine.names
         header = describe_run(ctx, options, started)
         from splitaudit.stages.utility import utility_section
 
         utility = utility_section(ctx)  # before the slow stages: a top model that rejects the embeddings is bad input
-        if on_notice is not None and ctx.encoder.batch_note:
-            on_notice(ctx.encoder.batch_note)
         if on_cost is not None:
             _announce_cost(ctx, options, names, on_cost)
         with progress(total=1 + len(names), desc="audit", unit="stage") as stages:
@@ -307,12 +309,17 @@ def _announce_cost(ctx: AuditContext, options: AuditOptions, names: list[str], o
         on_cost(estimate_cost(ctx, options.prior, smoothing, names, options.dfil_samples))
 
 
-def run_calibration(options: AuditOptions, progress: Callable[..., tqdm] = silent_progress) -> dict:
+def run_calibration(
+    options: AuditOptions,
+    progress: Callable[..., tqdm] = silent_progress,
+    on_notice: Callable[[str], None] | None = None,
+) -> dict:
     """`splitaudit calibrate`: the measurement alone (no attack), and the noise sigma that makes its
-    van Trees bound reach options.target_mse (splitaudit.stages.calibration.calibration_answer)."""
+    van Trees bound reach options.target_mse (splitaudit.stages.calibration.calibration_answer);
+    on_notice: AuditEngine.prepared's."""
     from splitaudit.stages.calibration import calibration_answer
 
-    with AuditEngine.prepared(options, progress, attacks=False) as engine:
+    with AuditEngine.prepared(options, progress, attacks=False, on_notice=on_notice) as engine:
         return calibration_answer(engine.ctx, engine.measurement, options.target_mse)
 
 

@@ -45,16 +45,20 @@ def sweep_sigmas(grid: list[float], calibrated: float | None) -> list[tuple[floa
 
 
 def run_sweep(
-    options: AuditOptions, progress: Callable[..., tqdm] = silent_progress, invocation: Invocation | None = None
+    options: AuditOptions,
+    progress: Callable[..., tqdm] = silent_progress,
+    invocation: Invocation | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> dict:
-    """The whole sweep: sweep.json's content (points, recommendation, gate, provenance)."""
+    """The whole sweep: sweep.json's content (points, recommendation, gate, provenance); on_notice:
+    AuditEngine.prepared's."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     options.validate()  # before the sigma check below, whose message assumes valid options
     if not options.noise_sigmas and not options.auto_sigma:
         raise InputError("no noise sigmas to sweep: pass --noise-sigma S1,S2,... and/or --auto-sigma")
     invocation = invocation or Invocation()
-    with AuditEngine.prepared(options, progress, config_file=invocation.config_file) as engine:
+    with AuditEngine.prepared(options, progress, config_file=invocation.config_file, on_notice=on_notice) as engine:
         ctx, clean_utility = engine.ctx, engine.clean_utility
         header = describe_sweep(ctx, options, started)
         target = options.target_mse if options.target_mse is not None else options.fail_under_mse
