@@ -140,5 +140,16 @@ def test_the_build_script_gives_back_the_shipped_checkpoint(hf, tmp_path):
     assert (tmp_path / "text_gpt2" / "tokenizer.json").read_bytes() == (FOLDER / "tokenizer.json").read_bytes()
     built, shipped = load_file(tmp_path / "text_gpt2" / "model.safetensors"), load_file(FOLDER / "model.safetensors")
     assert built.keys() == shipped.keys()
-    for name in shipped:  # bit for bit on this machine; across machines CPU kernels may differ in the last bits
-        np.testing.assert_allclose(built[name], shipped[name], rtol=0, atol=1e-5, err_msg=name)
+    for name in shipped:  # bit for bit on one machine; across CPU kinds kernels may differ in the last bits
+        np.testing.assert_allclose(effective(name, built), effective(name, shipped), rtol=0, atol=1e-5, err_msg=name)
+
+
+def effective(name: str, weights: dict) -> np.ndarray:
+    """A tensor as it acts on the outputs: an attention's key bias adds the same amount to every score
+    of a query, which softmax ignores, so its gradient is rounding noise that Adam amplifies differently
+    on each CPU kind (seen: 1e-4 apart on an AMD EPYC) and it is left out of the comparison."""
+    tensor = weights[name]
+    if not name.endswith("attn.c_attn.bias"):
+        return tensor
+    width = len(tensor) // 3  # query, key, value
+    return np.concatenate([tensor[:width], tensor[2 * width :]])

@@ -546,7 +546,7 @@ def test_calibrate_json_is_strict_json(tmp_path, capsys, monkeypatch):
     )
     from splitaudit.stages import calibration, leakage
 
-    unchanging = SimpleNamespace(encoder=SimpleNamespace(confirm_unchanged=lambda when: None))
+    unchanging = SimpleNamespace(encoder=SimpleNamespace(confirm_unchanged=lambda when: None, batch_note=None))
     monkeypatch.setattr(pipeline, "prepare_audit", lambda *a, **k: (unchanging, []))
     monkeypatch.setattr(leakage, "measure", lambda *a, **k: None)
     monkeypatch.setattr(
