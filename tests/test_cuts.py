@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import sample
 from onnx import TensorProto, helper, numpy_helper
 
 from splitaudit.cli import main
@@ -277,6 +278,22 @@ def test_bad_cut_names_exit_2_listing_the_candidates(chain, capsys):
     assert _exit_code(["cuts", str(model), "--aux", str(aux), "--cuts", "h1,nosuch", "--quick"]) == 2
     err = capsys.readouterr().err
     assert "'nosuch'" in err and "h1, h2" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "model, fragment",
+    [
+        (sample("digits_cnn.pt"), "takes a whole model as ONNX (.onnx) or a torch.export program"),
+        ("garbage.onnx", "is not a valid ONNX model"),
+    ],
+)
+def test_a_whole_model_that_is_no_onnx_graph_exits_2_with_one_line(model, fragment, capsys):
+    """A TorchScript archive keeps no graph to cut, and a broken .onnx no graph at all: one line, exit 2,
+    however the input's shape is found (from the graph, not --input-shape)."""
+    Path("garbage.onnx").write_bytes(b"not a protobuf")
+    assert _exit_code(["cuts", str(model), "--aux", sample("digits.npz"), "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1 and "internal error" not in err
 
 
 @pytest.mark.parametrize("sliced", [False, True])

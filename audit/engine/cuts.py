@@ -51,6 +51,7 @@ from splitaudit.inputs.onnx_cuts import (
     CutPoint,
     WholeModel,
     candidate_cuts,
+    load_whole_proto,
     open_whole_model,
     run_onnx,
     samples_per_batch,
@@ -168,9 +169,7 @@ def _sample_shape(options: AuditOptions) -> tuple[int, ...]:
     """One sample's shape: --input-shape, else the model's declared input, else the .npz data's x."""
     if options.input_shape:
         return tuple(options.input_shape)
-    import onnx
-
-    proto = onnx.load(str(options.model), load_external_data=False)
+    proto = load_whole_proto(Path(options.model), external_data=False)  # the input's shape needs no weights
     weights = {i.name for i in proto.graph.initializer}
     inputs = [i for i in proto.graph.input if i.name not in weights]
     dims = (

@@ -61,21 +61,31 @@ class WholeModel:
     format: str = "onnx"  # "exported": a torch.export program written as this graph
 
 
-def open_whole_model(path: str | Path, sample_shape: tuple[int, ...], output_name: str | None = None) -> WholeModel:
-    """The whole model at `path`, checked, with its tensors' shapes for one sample of `sample_shape`."""
+def load_whole_proto(path: Path, external_data: bool = True):
+    """The ONNX graph of a whole model file (its external weights too unless `external_data` is False),
+    checked; InputError for any other file (a TorchScript archive keeps no graph to cut) or one the ONNX
+    checker refuses."""
     import onnx
 
-    path = Path(path)
     if path.suffix.lower() != ".onnx":
         raise InputError(
             f"{display_path(path)}: splitaudit cuts takes a whole model as ONNX (.onnx) or a torch.export program "
             "(.pt2): its graph is what is cut (export a torch model with torch.onnx.export)"
         )
     try:
-        proto = onnx.load(str(path))
+        proto = onnx.load(str(path), load_external_data=external_data)
         onnx.checker.check_model(proto)
     except Exception as exc:
         raise InputError(f"{display_path(path)} is not a valid ONNX model: {str(exc).splitlines()[0]}") from exc
+    return proto
+
+
+def open_whole_model(path: str | Path, sample_shape: tuple[int, ...], output_name: str | None = None) -> WholeModel:
+    """The whole model at `path`, checked, with its tensors' shapes for one sample of `sample_shape`."""
+    import onnx
+
+    path = Path(path)
+    proto = load_whole_proto(path)
     weights = {i.name for i in proto.graph.initializer}
     inputs = [i.name for i in proto.graph.input if i.name not in weights]
     if len(inputs) != 1:
