@@ -15,7 +15,7 @@ An estimate above the Stam limit, or below the floor beyond its statistical erro
 as failed. The bound then uses the Stam limit wherever there is one: it holds for every smoothed
 prior, so the bound stays valid. Only without smoothing does a failed low estimate fall back to the
 floor, which is itself only a lower limit on J (so the bound may still be too optimistic, and the
-gate does not pass on it: audit/stages/gate.py).
+gate does not pass on it: audit/verdicts/gate.py).
 """
 
 from __future__ import annotations

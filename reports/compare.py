@@ -17,7 +17,7 @@ from splitaudit.reports.view_attacks import attack_title
 from splitaudit.reports.view_elements import METRIC_LABELS, Figure, Figures, Table, outcome
 from splitaudit.reports.view_verdict import headline
 from splitaudit.reports.writer import load_result
-from splitaudit.stages.regression import Z, baseline_summary, compare_to_baseline
+from splitaudit.verdicts.regression import Z, baseline_summary, compare_to_baseline
 
 # What makes two audits comparable: the same model (file and shapes) and the same data. A defence
 # usually changes the model file, so a difference is stated, never refused.
@@ -144,7 +144,7 @@ def differences(before: dict, after: dict) -> list[str]:
 
 def regression(before: dict, after: dict) -> tuple[Table, str, list[str]]:
     """The regression gate's test of `after` against `before` as `run --baseline` decides it
-    (splitaudit.stages.regression): its table, its verdict in one line, and the inputs that differ."""
+    (splitaudit.verdicts.regression): its table, its verdict in one line, and the inputs that differ."""
     comparison = compare_to_baseline(baseline_summary(before, "before"), after)
     rows, classes = [], []
     bound = comparison["bound"]
@@ -172,7 +172,7 @@ def regression(before: dict, after: dict) -> tuple[Table, str, list[str]]:
 
 def read_baseline(path: str) -> dict:
     """run --baseline: an earlier report.json, read as render reads it (schema and consistency checked),
-    and the numbers of it the regression test reads (splitaudit.stages.regression.baseline_summary)."""
+    and the numbers of it the regression test reads (splitaudit.verdicts.regression.baseline_summary)."""
     document = load_result(Path(path))
     if document.get("kind") is not None:
         raise InputError(

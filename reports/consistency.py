@@ -10,9 +10,9 @@ import math
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.registries import GATED_BOUND
-from splitaudit.stages.gate import evaluate_gate
-from splitaudit.stages.recommend import recommend, sweep_gate
-from splitaudit.stages.recommend_cut import cuts_gate, recommend_cut
+from splitaudit.verdicts.gate import evaluate_gate
+from splitaudit.verdicts.recommend import recommend, sweep_gate
+from splitaudit.verdicts.recommend_cut import cuts_gate, recommend_cut
 
 RUN_THRESHOLDS = ("fail_under_mse", "fail_under_attack_mse", "max_advantage")
 SWEEP_THRESHOLDS = (*RUN_THRESHOLDS, "max_utility_loss")

@@ -29,7 +29,7 @@ def write_junit(result: dict, path: Path) -> Path:
     properties = ET.SubElement(suite, "properties")
     ET.SubElement(properties, "property", name="quick", value=str(quick).lower())
     for check in checks:
-        case = ET.SubElement(suite, "testcase", classname="splitaudit.stages.gate", name=check["name"])
+        case = ET.SubElement(suite, "testcase", classname="splitaudit.verdicts.gate", name=check["name"])
         if not check["passed"]:
             ET.SubElement(case, "failure", message=check["message"]).text = check["message"]
     if quick:  # after the test cases, where the JUnit schema puts it

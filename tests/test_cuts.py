@@ -24,7 +24,7 @@ from splitaudit.cli import main
 from splitaudit.core.config import AuditOptions
 from splitaudit.engine.cuts import run_cuts
 from splitaudit.inputs.onnx_cuts import candidate_cuts, open_whole_model, run_onnx, split_at
-from splitaudit.stages.recommend_cut import qualifies, recommend_cut
+from splitaudit.verdicts.recommend_cut import qualifies, recommend_cut
 from tests.support.architectures import build, export_onnx
 
 D, SIGMA, S = 6, 0.5, 0.8  # input size, --noise-sigma, the data's per-dimension std

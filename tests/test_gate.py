@@ -12,7 +12,7 @@ import pytest
 from splitaudit import cli
 from splitaudit.engine import pipeline
 from splitaudit.reports import load_result
-from splitaudit.stages.gate import evaluate_gate
+from splitaudit.verdicts.gate import evaluate_gate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

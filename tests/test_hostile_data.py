@@ -28,7 +28,7 @@ from test_hostile_inputs import assert_refused, run_cli
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import GIB, MEMORY_LIMIT_VARIABLE, memory_limit_bytes
 from splitaudit.inputs.data import MAX_IMAGE_PIXELS, load_dataset
-from splitaudit.stages.gate import evaluate_gate
+from splitaudit.verdicts.gate import evaluate_gate
 from tests.support.token_models import TokenBottom, save_token_data, save_token_model
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -27,7 +27,7 @@ from splitaudit.engine import pipeline
 from splitaudit.reports import writer
 from splitaudit.reports.files import write_atomic
 from splitaudit.reports.writer import load_result, output_lock
-from splitaudit.stages.gate import evaluate_gate
+from splitaudit.verdicts.gate import evaluate_gate
 
 MLP, MLP_TS, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer_mlp.pt"), sample("breast_cancer.npz")
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -143,7 +143,7 @@ def test_non_finite_threshold_in_a_config_file_is_refused(tmp_path, capsys):
 
 
 def test_the_gate_itself_refuses_a_nan_threshold():
-    from splitaudit.stages.gate import evaluate_gate
+    from splitaudit.verdicts.gate import evaluate_gate
 
     with pytest.raises(ValueError, match="must be finite"):
         evaluate_gate(load_result(FIXTURES / "image_audit.json"), fail_under_mse=math.nan)

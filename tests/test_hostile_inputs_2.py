@@ -36,7 +36,7 @@ from splitaudit.estimators.bounds import dfil, van_trees_stderr
 from splitaudit.execution.executor import open_executor, run_attack_grid
 from splitaudit.execution.tasks import SeedTask
 from splitaudit.stages import leakage
-from splitaudit.stages.recommend import recommend
+from splitaudit.verdicts.recommend import recommend
 
 MLP, CANCER = sample("breast_cancer_mlp.onnx"), sample("breast_cancer.npz")
 

@@ -21,7 +21,7 @@ from splitaudit.attacks.sdar_training import FULL, SDARNets
 from splitaudit.cli import main
 from splitaudit.reports.terminal import terminal_summary
 from splitaudit.reports.view import build_view
-from splitaudit.stages.gate import evaluate_gate
+from splitaudit.verdicts.gate import evaluate_gate
 
 
 def outcome(mse: float, baseline: float = 0.073, not_converged: str = "") -> SeedOutcome:

@@ -12,8 +12,8 @@ from conftest import sample
 
 from splitaudit.cli import main
 from splitaudit.core.result import first_error
-from splitaudit.stages.gate import evaluate_gate
-from splitaudit.stages.regression import Z, baseline_summary, compare_to_baseline
+from splitaudit.verdicts.gate import evaluate_gate
+from splitaudit.verdicts.regression import Z, baseline_summary, compare_to_baseline
 
 MODEL, DATA = sample("digits_cnn.onnx"), sample("digits.npz")
 QUICK = ["--aux", DATA, "--attacks", "kmeans", "--quick", "--prior", "gaussian", "--dfil-samples", "64"]

@@ -312,7 +312,7 @@ def test_render_and_compare_commands(tmp_path, capsys):
 def test_a_complete_audit_without_thresholds_is_not_called_passed():
     """With no gate thresholds, "passed" only means "complete": the banner must not claim more."""
     from splitaudit.reports.view import build_view
-    from splitaudit.stages.gate import evaluate_gate
+    from splitaudit.verdicts.gate import evaluate_gate
 
     result = fixture("image_audit")
     gated = build_view(result, with_figures=False)
@@ -342,7 +342,7 @@ def test_smoothed_bounds_state_their_condition_wherever_they_promise_something()
 
 def test_a_bound_beaten_by_an_attack_is_called_untrustworthy_not_too_low():
     from splitaudit.reports.view import build_view
-    from splitaudit.stages.gate import evaluate_gate
+    from splitaudit.verdicts.gate import evaluate_gate
 
     result = fixture("blackbox_audit")
     bound = result["bounds"]["van_trees_mse"]

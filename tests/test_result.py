@@ -17,7 +17,7 @@ from splitaudit.reports import load_result, write_reports
 from splitaudit.reports.files import to_strict_json
 from splitaudit.reports.view import build_view
 from splitaudit.reports.view_verdict import CAUSE_WORDS
-from splitaudit.stages.gate import evaluate_gate
+from splitaudit.verdicts.gate import evaluate_gate
 
 
 def run_cli(args) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 from jsonschema import Draft4Validator
 
 from splitaudit.reports.sarif import sarif_log, write_sarif
-from splitaudit.stages.gate import evaluate_gate
+from splitaudit.verdicts.gate import evaluate_gate
 
 SARIF_SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "sarif" / "sarif-schema-2.1.0.json").read_text())
 

@@ -33,7 +33,7 @@ from splitaudit.attacks.sdar_training import (
 )
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import decide_space
-from splitaudit.stages.gate import evaluate_gate
+from splitaudit.verdicts.gate import evaluate_gate
 
 
 @pytest.fixture(scope="module")

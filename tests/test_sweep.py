@@ -20,7 +20,7 @@ from splitaudit.reports import load_result
 from splitaudit.reports.files import to_strict_json
 from splitaudit.reports.sweep import build_sweep_view, sweep_summary
 from splitaudit.stages import leakage
-from splitaudit.stages.recommend import recommend
+from splitaudit.verdicts.recommend import recommend
 
 DIGITS = dict(model=sample("digits_cnn.onnx"), aux=sample("digits.npz"))
 real_measure = leakage.measure

@@ -425,7 +425,7 @@ class BaselineFile(TypedDict):
 
 
 class Baseline(TypedDict):
-    """--baseline: what the regression test reads of the earlier report (splitaudit.stages.regression),
+    """--baseline: what the regression test reads of the earlier report (splitaudit.verdicts.regression),
     kept so that the gate is recomputable from this report alone."""
 
     source: str

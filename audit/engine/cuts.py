@@ -8,7 +8,7 @@ then one task on the executor (splitaudit.engine.cut_tasks: in this process, on 
 processes, or on Ray), which cuts the model there, checks bottom then top against the whole model
 and audits the bottom with `run`'s engine; a line is printed as each cut finishes. A worker holds
 one cut at a time, so memory is that of the largest single cut's audit, not of all of them. The
-recommendation and the gate (splitaudit.stages.recommend_cut) read only the cuts' numbers; the
+recommendation and the gate (splitaudit.verdicts.recommend_cut) read only the cuts' numbers; the
 provenance section records the whole model and the data, as report.json's does.
 """
 
@@ -59,10 +59,10 @@ from splitaudit.inputs.onnx_cuts import (
     total_parameters,
 )
 from splitaudit.stages.cost import CostEstimate, duration
-from splitaudit.stages.gate import thresholds_of
 from splitaudit.stages.leakage import prior_section, prior_term
-from splitaudit.stages.recommend_cut import cuts_gate, recommend_cut
 from splitaudit.stages.utility import label_indices
+from splitaudit.verdicts.gate import thresholds_of
+from splitaudit.verdicts.recommend_cut import cuts_gate, recommend_cut
 
 KIND = "cuts"
 

@@ -40,8 +40,8 @@ from splitaudit.inputs.models import resolve_device
 from splitaudit.inputs.raw_model import RawModel
 from splitaudit.inputs.token_models import load_audited_data, open_audited_model
 from splitaudit.stages.bound_check import check_against_bound
-from splitaudit.stages.gate import evaluate_gate, thresholds_of
 from splitaudit.stages.token_statement import checked_against_attacks, token_statement
+from splitaudit.verdicts.gate import evaluate_gate, thresholds_of
 
 if TYPE_CHECKING:
     from splitaudit.estimators.prior import PriorEstimate
@@ -252,7 +252,7 @@ def run_audit(
 ) -> dict:
     """Run the whole audit and return the result object (report.json's content): one audit point
     at options.noise_sigma, and its gate (with the regression checks against `baseline`, an earlier
-    report's splitaudit.stages.regression.baseline_summary, when given).
+    report's splitaudit.verdicts.regression.baseline_summary, when given).
 
     on_cost, when given, receives the up-front cost estimate (splitaudit.stages.cost.CostEstimate)
     before the long stages start; on_notice: AuditEngine.prepared's; invocation

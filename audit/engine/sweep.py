@@ -3,7 +3,7 @@
 One prepared engine (pipeline.AuditEngine: the loaded context and one measurement, since the
 Jacobian traces and the prior term do not depend on sigma) serves every audit point; the attacks at
 every sigma run first, as one grid of tasks on the executor. Each point is then one call,
-`engine.point(sigma, attacks)`. The recommendation and the sweep's gate (splitaudit.stages.recommend)
+`engine.point(sigma, attacks)`. The recommendation and the sweep's gate (splitaudit.verdicts.recommend)
 read only the points.
 """
 
@@ -22,9 +22,9 @@ from splitaudit.core.errors import InputError
 from splitaudit.engine.pipeline import AuditEngine, describe_run
 from splitaudit.engine.provenance import Invocation
 from splitaudit.inputs.context import AuditContext, silent_progress
-from splitaudit.stages.gate import thresholds_of
 from splitaudit.stages.inversion_comparison import compare_inversions
-from splitaudit.stages.recommend import recommend, sweep_gate
+from splitaudit.verdicts.gate import thresholds_of
+from splitaudit.verdicts.recommend import recommend, sweep_gate
 
 KIND = "sweep"
 AUTO_FACTORS = (0.5, 1.0, 2.0)  # around the calibrated sigma, on a log scale (each point costs every attack)

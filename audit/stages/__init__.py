@@ -1,1 +1,3 @@
-"""The audit's stages on a prepared context: the leakage measurement (dFIL, prior, bounds), utility, the up-front cost estimate, the gate and the sweep's recommendation (the last two are pure functions of a result, so reports may read them)."""
+"""The audit's stages on a prepared context: the leakage measurement (dFIL, prior, bounds), utility, the
+up-front cost estimate, calibration and the token statement (the verdicts on their result are in
+splitaudit.verdicts)."""

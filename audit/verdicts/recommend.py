@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from splitaudit.core.registries import GATED_BOUND
-from splitaudit.stages.gate import evaluate_gate, no_recommendation_check, utility_loss_check
+from splitaudit.verdicts.gate import evaluate_gate, no_recommendation_check, utility_loss_check
 
 REACHES_RTOL = 1e-9  # the calibrated sigma's bound equals the target up to rounding
 

@@ -11,7 +11,7 @@ failed, was skipped or is absent in either is listed as not comparable.
 
 `baseline_summary` keeps of the baseline exactly what the test reads, so that the gate can be
 recomputed from a saved report alone (reports.consistency); `compare_to_baseline` is the test, used
-by the gate (stages.gate) and by `splitaudit compare`.
+by the gate (verdicts.gate) and by `splitaudit compare`.
 """
 
 from __future__ import annotations

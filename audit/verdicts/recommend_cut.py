@@ -11,8 +11,8 @@ FLOPs (the earlier cut on a tie).
 from __future__ import annotations
 
 from splitaudit.core.registries import GATED_BOUND
-from splitaudit.stages.gate import evaluate_gate, no_recommendation_check
-from splitaudit.stages.recommend import reaches
+from splitaudit.verdicts.gate import evaluate_gate, no_recommendation_check
+from splitaudit.verdicts.recommend import reaches
 
 LOSS_ATOL = 1e-9  # an accuracy loss equal to the budget qualifies (1 - 0.98 is 0.020000000000000018 in floats)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from splitaudit.core.registries import GATED_BOUND
-from splitaudit.stages.regression import compare_to_baseline, describe_row
+from splitaudit.verdicts.regression import compare_to_baseline, describe_row
 
 
 def evaluate_gate(
@@ -23,7 +23,7 @@ def evaluate_gate(
     decide (DESIGN.md section 13): an attack that raised makes the audit incomplete; an attack that
     did not learn (outcome "inconclusive") fails only the thresholds that rest on it, and every check
     under `strict`; an attack that found no advantage over a raw-input baseline is a finding.
-    baseline (stages.regression.baseline_summary of an earlier report): the bound must not fall, nor
+    baseline (verdicts.regression.baseline_summary of an earlier report): the bound must not fall, nor
     any attack's advantage grow, by more than the two audits' uncertainty allows."""
     for name, value in (
         ("fail_under_mse", fail_under_mse),
@@ -245,7 +245,7 @@ def _advantage_checks(result: dict, cap: float) -> list[dict]:
 
 
 def _regression_checks(result: dict, baseline: dict) -> list[dict]:
-    """The regression test against the baseline (stages.regression): whether it audited the same
+    """The regression test against the baseline (verdicts.regression): whether it audited the same
     inputs (said, never hidden: a warning when not), then the bound's row and each attack's."""
     comparison = compare_to_baseline(baseline, result)
     differ = comparison["input_differences"]
