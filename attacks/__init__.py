@@ -20,7 +20,7 @@ from splitaudit.core.errors import InputError
 
 if TYPE_CHECKING:
     from splitaudit.attacks.base import Attack
-    from splitaudit.inputs.context import AuditContext
+    from splitaudit.context.audit_context import AuditContext
 
 # CLI name -> (module in splitaudit.attacks, class name); the order is the report's order.
 REGISTRY: dict[str, tuple[str, str]] = {

@@ -38,8 +38,8 @@ from sklearn.preprocessing import StandardScaler
 
 from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.features import reduced
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.threads import threads_for
-from splitaudit.inputs.context import AuditContext
 
 VALIDATION_FRACTION = 0.25
 MLP_HIDDEN = 64

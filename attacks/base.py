@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy import stats
 
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import INPUT_KINDS
 from splitaudit.core.result import default_baseline_name, outcome_of
-from splitaudit.inputs.context import AuditContext
 
 MAX_OPTION_INT = 2**31 - 1  # the implicit upper limit of an integer option (see _limits)
 

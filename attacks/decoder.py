@@ -24,6 +24,7 @@ from splitaudit.attacks.reconstruction import (
     reconstruction_metrics,
 )
 from splitaudit.attacks.text_metrics import with_token_metrics
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.plateau import (
     MIN_PATIENCE_STEPS,
     Plateau,
@@ -33,7 +34,6 @@ from splitaudit.core.plateau import (
     steps_per_epoch,
 )
 from splitaudit.core.threads import threads_for
-from splitaudit.inputs.context import AuditContext
 
 # `epochs` is a cap; the hold-out early stopping decides, with a patience of at least 200 optimiser
 # steps (benchmarks/decoder_curve.py): on the digits CNN (13 steps an epoch, so 16 epochs) seeds 0/1

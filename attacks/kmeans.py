@@ -24,8 +24,8 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.features import flat, reduced
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.threads import threads_for
-from splitaudit.inputs.context import AuditContext
 
 N_INIT = 10  # Zheng et al. (IJCAI 2024), app. B.0.3: scikit-learn's k-means with 10 initialisations
 MAX_ITER = 300  # scikit-learn's default, which the paper used; explicit so results do not move with it

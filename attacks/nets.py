@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.input_space import InputSpace
-from splitaudit.inputs.context import AuditContext
 
 
 @contextmanager

@@ -64,11 +64,11 @@ from splitaudit.attacks.reconstruction import (
 )
 from splitaudit.attacks.text_metrics import with_token_metrics
 from splitaudit.attacks.token_relaxation import VocabularySimplex, quick_token_sentences, vocabulary_simplex
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.memory import batch_within, per_sample_bytes
 from splitaudit.core.plateau import STOPPED_BY_CAP, STOPPED_BY_PLATEAU, Plateau
 from splitaudit.core.threads import threads_for
-from splitaudit.inputs.context import AuditContext
 from splitaudit.inputs.models import Encoder
 from splitaudit.inputs.tokens import per_mask_pattern
 

@@ -59,8 +59,8 @@ from splitaudit.attacks.sdar_training import (
     sdar_training,
     training_precision,
 )
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.plateau import STOPPED_BY_CAP, Plateau
-from splitaudit.inputs.context import AuditContext
 
 # Budgets (option `preset`). "paper": SL's batches of 128 for 20k iterations (App. B-B) at the
 # paper's learning rates, the default on a GPU. "cpu": chosen by measured learning curves

@@ -28,9 +28,9 @@ from splitaudit.attacks.nets import (
     mlp,
     seeded,
 )
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.plateau import Plateau, evaluating, restore, snapshot
 from splitaudit.core.threads import threads_for
-from splitaudit.inputs.context import AuditContext
 
 # Zhu et al. (NDSS 2025), Appendix B-C "Hyperparameters" and Table VII (vanilla SL, all datasets). lambda is
 # both the weight of the adversarial term in the generator's loss (Eqs. 3, 5; Fig. 14 lines 25,

@@ -47,9 +47,9 @@ import torch
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.text_metrics import token_outcome
 from splitaudit.attacks.token_inversion import sequence_states
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.threads import threads_for
 from splitaudit.estimators.token_information import position_counts
-from splitaudit.inputs.context import AuditContext
 from splitaudit.inputs.raw_model import Normalized
 from splitaudit.inputs.tokens import bound_mask, mask_groups
 

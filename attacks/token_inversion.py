@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.nets import seeded
 from splitaudit.attacks.text_metrics import token_outcome
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.plateau import MIN_PATIENCE_STEPS, Plateau, epochs_of_patience, restore, snapshot
 from splitaudit.core.threads import threads_for
-from splitaudit.inputs.context import AuditContext
 
 IGNORED = -100  # cross_entropy's ignore_index: the label of a padded position
 MAX_BATCH_LOGITS = 2**25  # logits held at once (128 MiB): a GPT-2 vocabulary at T = 128 takes 5 sentences a batch

@@ -145,8 +145,8 @@ def run(
     (splitaudit.engine.provenance.Invocation) says how the CLI was called, baseline is the earlier
     report run --baseline compares with (splitaudit.reports.compare.read_baseline); on_notice gets
     the line that says why the model runs slower than it could, if it does."""
+    from splitaudit.context.audit_context import silent_progress
     from splitaudit.engine.pipeline import run_audit
-    from splitaudit.inputs.context import silent_progress
 
     progress = progress or silent_progress
     return AuditResult(

@@ -25,11 +25,11 @@ from conftest import sample
 
 from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class, get_attack
 from splitaudit.attacks.base import NEEDS, option, option_rule, orphan_quick_options, resolve_quick
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import INPUT_KINDS, KIND_METRICS
 from splitaudit.core.plateau import STOPPED_BY_CAP
 from splitaudit.core.result import default_baseline_name
-from splitaudit.inputs.context import AuditContext
 from splitaudit.inputs.data import Dataset
 from splitaudit.inputs.models import prepare_encoder, wrap_module
 from splitaudit.inputs.tokens import TokenSpace

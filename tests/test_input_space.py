@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.input_space import INPUT_KINDS, KIND_METRICS, TEXT_METRICS, InputSpace, decide_space
-from splitaudit.inputs.context import AuditContext
 from splitaudit.inputs.data import Dataset
 from splitaudit.inputs.models import prepare_encoder, wrap_module
 from splitaudit.inputs.tokens import TokenSpace

@@ -16,7 +16,7 @@ from test_scale import encoder_of
 from splitaudit.attacks import optimization
 from splitaudit.attacks.decoder import train_decoder
 from splitaudit.attacks.optimization import OptimizationAttack, OptimizationOptions, map_weight, plan_inversion
-from splitaudit.inputs.context import AuditContext
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.inputs.data import Dataset
 from splitaudit.stages import leakage
 

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     # token space use their seeded draws and trace types, so they sit below the inputs.
     ("estimators", {"estimators"}),
     ("inputs", {"inputs", "sample_models"}),
+    ("context", {"context"}),  # built from the inputs, read by every attack and stage
     ("attacks", {"attacks"}),
     ("stages", {"stages"}),
     ("execution", {"execution"}),
@@ -100,7 +101,7 @@ def test_the_graph_reader_sees_lazy_and_type_only_imports(tmp_path):
         "from splitaudit.core import errors\n"
         "from splitaudit import cli\n"
         "if TYPE_CHECKING:\n"
-        "    from splitaudit.inputs.context import AuditContext\n"
+        "    from splitaudit.context.audit_context import AuditContext\n"
         "def late():\n"
         "    import splitaudit.engine.pipeline\n"
         "    from splitaudit.engine.sweep import run_sweep\n"
@@ -109,7 +110,7 @@ def test_the_graph_reader_sees_lazy_and_type_only_imports(tmp_path):
         "splitaudit",
         "splitaudit.core.errors",
         "splitaudit.cli",
-        "splitaudit.inputs.context",
+        "splitaudit.context.audit_context",
         "splitaudit.engine.pipeline",
     }
     known |= {"splitaudit.engine.sweep"}
@@ -117,7 +118,7 @@ def test_the_graph_reader_sees_lazy_and_type_only_imports(tmp_path):
     assert found == {
         ("splitaudit.core.errors", False),
         ("splitaudit.cli", False),
-        ("splitaudit.inputs.context", True),
+        ("splitaudit.context.audit_context", True),
         ("splitaudit.engine.pipeline", False),
         ("splitaudit.engine.sweep", False),
     }

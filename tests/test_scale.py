@@ -152,7 +152,7 @@ def test_raw_inputs_over_4096_dimensions_are_reduced_and_still_cluster():
 
 
 def _cost_context(size: int, quick: bool = False, attack_options: dict | None = None):
-    from splitaudit.inputs.context import AuditContext
+    from splitaudit.context.audit_context import AuditContext
     from splitaudit.inputs.data import Dataset
 
     x, y = smooth_images(32, size)
@@ -305,7 +305,7 @@ def test_embedding_reports_progress_batch_by_batch(monkeypatch):
 
     from tqdm import tqdm
 
-    from splitaudit.inputs.context import AuditContext
+    from splitaudit.context.audit_context import AuditContext
     from splitaudit.inputs.data import Dataset
 
     bars, steps = [], []

@@ -24,11 +24,11 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 
+from splitaudit.context.audit_context import AuditContext, silent_progress
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.engine.pipeline import AuditEngine, SplitData
 from splitaudit.estimators.prior import PriorEstimate
-from splitaudit.inputs.context import AuditContext, silent_progress
 from splitaudit.inputs.data import Dataset
 from splitaudit.inputs.onnx_cuts import CutPoint, WholeModel, run_onnx, samples_per_batch, split_at
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from splitaudit.context.audit_context import AuditContext, silent_progress
 from splitaudit.core.config import DEFAULT_CUTS, AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.engine.cut_tasks import (
@@ -43,7 +44,6 @@ from splitaudit.engine.sweep import target_source
 from splitaudit.estimators.prior import PriorEstimate
 from splitaudit.execution.executor import local_workers, open_backend
 from splitaudit.execution.tasks import TaskResult
-from splitaudit.inputs.context import AuditContext, silent_progress
 from splitaudit.inputs.digests import InputFiles
 from splitaudit.inputs.exported_loading import is_exported_archive
 from splitaudit.inputs.exported_whole import check_conversion, exported_as_onnx

@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options
+from splitaudit.context.audit_context import AuditContext, build_context, silent_progress
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.core.result import SCHEMA_VERSION
@@ -32,7 +33,6 @@ from splitaudit.execution.executor import (
     run_attack_grid,
     trace_runner,
 )
-from splitaudit.inputs.context import AuditContext, build_context, silent_progress
 from splitaudit.inputs.data import Dataset, split_dataset
 from splitaudit.inputs.digests import InputFiles
 from splitaudit.inputs.model_checks import within_time_limit

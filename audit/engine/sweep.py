@@ -17,11 +17,11 @@ from typing import Callable
 from tqdm import tqdm
 
 from splitaudit.attacks import ATTACK_NAMES, attack_class
+from splitaudit.context.audit_context import AuditContext, silent_progress
 from splitaudit.core.config import AuditOptions, sigma_key
 from splitaudit.core.errors import InputError
 from splitaudit.engine.pipeline import AuditEngine, describe_run
 from splitaudit.engine.provenance import Invocation
-from splitaudit.inputs.context import AuditContext, silent_progress
 from splitaudit.stages.inversion_comparison import compare_inversions
 from splitaudit.verdicts.gate import thresholds_of
 from splitaudit.verdicts.recommend import recommend, sweep_gate

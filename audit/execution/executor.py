@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.base import first_seeds
+from splitaudit.context.audit_context import AuditContext, silent_progress
 from splitaudit.core.config import EXECUTORS
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import machine_memory_bytes
@@ -30,7 +31,6 @@ from splitaudit.execution.tasks import (
     no_follow_up,
     timed_task,
 )
-from splitaudit.inputs.context import AuditContext, silent_progress
 
 RAY_INSTALL_HINT = 'the ray executor needs Ray: pip install "splitaudit[ray]" (or pip install ray)'
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from splitaudit.context.audit_context import AuditContext, build_context
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
 from splitaudit.inputs.checkpoint_folder import checkpoint_files
-from splitaudit.inputs.context import AuditContext, build_context
 from splitaudit.inputs.data import Dataset
 from splitaudit.inputs.raw_model import first_line
 

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.base import SeedOutcome
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.estimators.mean_trace import Job
-from splitaudit.inputs.context import AuditContext
 
 MAX_ATTEMPTS = 2  # a task that fails on a worker is retried once
 POLL_SECONDS = 1.0  # how often a scheduler looks at its running tasks' time-outs

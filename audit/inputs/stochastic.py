@@ -4,7 +4,7 @@ A bottom model can draw random numbers in its forward pass (dropout left on, noi
 it, randomised activations such as the R3eLU of Mao et al., 2023). Which of its modules draw is
 a stated choice (`--model-mode`): the mode the model was saved in (default), eval (every module
 in eval mode: dropout off) or train (every module in training mode). The Jacobian products and
-the attacks then face the encoder's own draws (estimators/jacobian.py, audit/inputs/context.py), seeded
+the attacks then face the encoder's own draws (estimators/jacobian.py, audit/context/audit_context.py), seeded
 per job with estimators.jacobian.seeded_draws. ONNX graphs that draw are refused here, and
 failures caused by draws are named (InputError) instead of surfacing as internal errors.
 """

@@ -3,7 +3,7 @@ from one leakage measurement (the calibration section of leakage.py, without a r
 
 from __future__ import annotations
 
-from splitaudit.inputs.context import AuditContext
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.stages.leakage import DFIL_RTOL, Measurement, calibration_section, measure
 
 

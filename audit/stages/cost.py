@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from splitaudit.attacks.base import first_seeds
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.registries import PRIORS
 from splitaudit.core.threads import threads_for, usable_cores
 from splitaudit.estimators.mean_trace import default_method, planned_products
@@ -37,7 +38,6 @@ from splitaudit.estimators.prior import (
     score_training_step,
     within_work_cap,
 )
-from splitaudit.inputs.context import AuditContext
 
 TIMING_BATCH = 16  # samples per timed pass (batches amortise per-call overhead, as the stages do)
 MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 3, 100, 1.5  # counted calls of a timed step, and how long it repeats

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIORS
 from splitaudit.estimators.bounds import (
@@ -46,7 +47,6 @@ from splitaudit.estimators.prior import (
     mean_variance,
     within_work_cap,
 )
-from splitaudit.inputs.context import AuditContext
 from splitaudit.inputs.model_checks import naming_state_edits
 from splitaudit.inputs.stochastic import naming_randomness
 from splitaudit.inputs.tokens import mean_trace_per_mask_pattern

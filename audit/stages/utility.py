@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from splitaudit.attacks.attribute import MLP_EPOCHS, QUICK_MLP_EPOCHS, probe_attack
+from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
-from splitaudit.inputs.context import AuditContext
 
 TOP_MODEL_BATCH = 512
 SOURCE_WORDS = {
