@@ -11,6 +11,18 @@ from splitaudit.core.registries import GATED_BOUND
 from splitaudit.verdicts.regression import compare_to_baseline, describe_row
 
 
+def completeness_checks(points) -> list[dict]:
+    """The gate's checks on the attacks that failed anywhere in a sweep-like document, each named by
+    where it failed: `points` gives (where, that point's attacks)."""
+    failed = {
+        f"{name} at {where}": entry
+        for where, attacks in points
+        for name, entry in attacks.items()
+        if entry.get("status") == "failed"
+    }
+    return evaluate_gate({"attacks": failed})["checks"]
+
+
 def evaluate_gate(
     result: dict,
     fail_under_mse: float | None = None,

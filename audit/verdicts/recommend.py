@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from splitaudit.core.registries import GATED_BOUND
-from splitaudit.verdicts.gate import evaluate_gate, no_recommendation_check, utility_loss_check
+from splitaudit.verdicts.gate import completeness_checks, evaluate_gate, no_recommendation_check, utility_loss_check
 
 REACHES_RTOL = 1e-9  # the calibrated sigma's bound equals the target up to rounding
 
@@ -104,13 +104,7 @@ def sweep_gate(
 ) -> dict:
     """The run's gates on the recommended point, the utility cap, and completeness at every point
     (from sweep.json's content alone, so that a rendered sweep.json can be checked against it)."""
-    failed_anywhere = {
-        f"{name} at sigma {p['noise_sigma']:.4g}": a
-        for p in sweep["points"]
-        for name, a in p["attacks"].items()
-        if a.get("status") == "failed"
-    }
-    checks = evaluate_gate({"attacks": failed_anywhere})["checks"]
+    checks = completeness_checks((f"sigma {p['noise_sigma']:.4g}", p["attacks"]) for p in sweep["points"])
     rec = sweep["recommendation"]
     thresholds = {
         "fail_under_mse": fail_under_mse,

@@ -11,7 +11,7 @@ FLOPs (the earlier cut on a tie).
 from __future__ import annotations
 
 from splitaudit.core.registries import GATED_BOUND
-from splitaudit.verdicts.gate import evaluate_gate, no_recommendation_check
+from splitaudit.verdicts.gate import completeness_checks, evaluate_gate, no_recommendation_check
 from splitaudit.verdicts.recommend import reaches
 
 LOSS_ATOL = 1e-9  # an accuracy loss equal to the budget qualifies (1 - 0.98 is 0.020000000000000018 in floats)
@@ -117,13 +117,7 @@ def cuts_gate(
 ) -> dict:
     """The run's gates on the recommended cut, and completeness at every cut; with a threshold and no
     recommendable cut, the gate fails (there is nothing to deploy)."""
-    failed_anywhere = {
-        f"{name} at {cut['name']}": a
-        for cut in document["cuts"]
-        for name, a in cut["attacks"].items()
-        if a.get("status") == "failed"
-    }
-    checks = evaluate_gate({"attacks": failed_anywhere})["checks"]
+    checks = completeness_checks((cut["name"], cut["attacks"]) for cut in document["cuts"])
     rec = document["recommendation"]
     thresholds = {
         "fail_under_mse": fail_under_mse,
