@@ -16,9 +16,9 @@ is the maximum-likelihood choice at that position (the Gaussian log-likelihood i
 -||f_t(prefix, v) - z_t||^2 / (2 sigma^2) plus a constant). An attacker holding aux sentences also
 knows which token tends to follow which: with `prior=aux` (the default) each candidate's score adds
 -log p_t(v | previous token), the aux sentences' bigrams at that position backing off (Witten-Bell)
-to their bigrams anywhere and to the token frequencies at that position and overall, so the choice is the maximum a posteriori one and, as the noise
-grows, falls back to what the text alone predicts instead of to noise (`prior=none`: maximum
-likelihood). A beam keeps the `beam` prefixes of least summed score (the most probable prefixes),
+to their bigrams anywhere and to the token frequencies at that position and overall, so the choice
+is the maximum a posteriori one and, as the noise grows, falls back to what the text alone predicts
+instead of to noise (`prior=none`: maximum likelihood). A beam keeps the `beam` prefixes of least summed score (the most probable prefixes),
 so an early wrong choice can be undone. At sigma = 0 the prior is not used: the true prefix is the
 only one at distance 0, so one hypothesis suffices, and each sentence scores its candidates in
 chunks, likeliest first after its previous token in the aux sentences, and stops at the chunk

@@ -84,8 +84,8 @@ def audit(
     task_timeout: seconds one attack seed may run. output_name: which output of a multi-output
     ONNX model is the embedding. top_model_role: "classifier" (top_model ends in the class scores)
     or "body" (the server's part g of U-shaped split learning). dfil_rtol, dfil_samples: the dFIL
-    estimate's target relative error and its sample cap. model_mode: "saved" (as the module is now), "eval" or "train";
-    queries: how many queries of one input a query-access attacker averages (stochastic models).
+    estimate's target relative error and its sample cap. model_mode: "saved" (as the module is now),
+    "eval" or "train"; queries: how many queries of one input a query-access attacker averages (stochastic models).
     vocab: a vocabulary file declaring that x holds token ids [N, T] of a model file over ids
     (split LLMs). The keywords are `splitaudit run`'s options but those that say how reports are
     written (out, formats, junit: see AuditResult.write), with the same defaults: this signature is

@@ -113,7 +113,10 @@ PRIORS: dict[str, PriorMethod] = {
             (PRIOR_MODULE, "ssm_vr_loss"),
         ),
         PriorMethod(
-            "dsm", "denoising score matching (Vincent, Neural Computation 2011)", (PRIOR_MODULE, "dsm_loss"), True, True
+            "dsm",
+            "denoising score matching (Vincent, Neural Computation 2011)",
+            (PRIOR_MODULE, "dsm_loss"),
+            needs_noise=True,
         ),
         PriorMethod(
             "gaussian",

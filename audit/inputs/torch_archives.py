@@ -133,13 +133,11 @@ def _zipfile_sizes_of_the_same_members(data: bytes, names: list[str], label: str
             infos = archive.infolist()
     except Exception as exc:  # BadZipFile, struct.error, ... on a crafted directory
         raise InputError(f"{label} is not a {layout.what} ({first_line(exc)}); {layout.advice}") from exc
-    root = infos[0].filename.split("/", 1)[0] if infos else ""
-    sizes = {info.filename.removeprefix(f"{root}/"): info.file_size for info in infos}
-    if sorted(info.filename for info in infos) != sorted(f"{root}/{name}" for name in names) or len(sizes) != len(
-        infos
-    ):
+    listed = [info.filename for info in infos]
+    root = listed[0].split("/", 1)[0] if listed else ""
+    if sorted(listed) != sorted(f"{root}/{name}" for name in names) or len(set(listed)) != len(listed):
         raise InputError(f"{label}: Python's zipfile and torch's reader see different members; {layout.advice}")
-    return sizes
+    return {info.filename.removeprefix(f"{root}/"): info.file_size for info in infos}
 
 
 def pickle_imports(data: bytes, label: str) -> list[str]:
