@@ -116,7 +116,9 @@ def test_ctrl_c_or_kill_during_a_timed_audit_leaves_no_folder_and_no_semaphore_w
     cli.send_signal(signum)
     _, err = cli.communicate(timeout=120)
     assert cli.returncode == code, err
-    *progress, last = err.strip().splitlines()  # stderr is a pipe, a log: a line per finished stage before
+    *progress, last = [
+        line for line in err.splitlines() if line.strip()
+    ]  # stderr is a pipe, a log: a line per finished stage before
     assert word in last and all(PROGRESS_LINE.fullmatch(line) for line in progress), err
     assert ours(private_tmp) == []
 
