@@ -115,6 +115,20 @@ def test_the_cut_model_with_a_mask_is_the_whole_model_with_that_mask(files, bott
     assert ctx.encoder.format == ("torchscript" if fmt == "torchscript" else "onnx")
 
 
+def test_opening_an_onnx_token_model_leaves_no_scratch_files(files, tmp_path, monkeypatch):
+    """The graph cut after the embedding lookup is written to a scratch folder that is gone once the
+    model is open (a long CI job opening models would otherwise fill the disk), each of two opens; the
+    opened model still runs."""
+    import tempfile
+
+    models, data, vocab = files
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for _ in range(2):
+        ctx = token_context(models["legacy"], data, vocab)
+        assert ctx.clean_embeddings("target").isfinite().all()
+        assert not list(tmp_path.glob("splitaudit-tokens-*"))
+
+
 @pytest.mark.parametrize("fmt", ["torchscript", "legacy"])
 def test_dfil_is_the_jacobian_in_the_embeddings_under_each_samples_mask(files, bottom, fmt):
     """Per-sample ||J||_F^2 over the embeddings only (mask held fixed) equals the eager module's

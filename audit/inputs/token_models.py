@@ -286,22 +286,11 @@ def _onnx_from_embeddings(
         elem_type = inputs[1].type.tensor_type.elem_type
         slot = MaskSlot(torch.from_numpy(np.zeros(0, dtype=helper.tensor_dtype_to_np_dtype(elem_type))).dtype)
     table = torch.from_numpy(np.array(numpy_helper.to_array(weights[lookup.input[0]]), dtype=np.float32))
-    folder = Path(tempfile.mkdtemp(prefix="splitaudit-tokens-"))
-    cut = folder / "from_embeddings.onnx"
     outputs = [output_name] if output_name else [o.name for o in proto.graph.output][:1]
-    source = path
-    if _shapes_read_from_embeddings(proto, inputs[0].name, lookup.output[0]):
-        source = folder / "shapes_from_embeddings.onnx"
-        onnx.save(proto, str(source))
-    try:
-        cut_inputs = [lookup.output[0], *(i.name for i in inputs[1:])]
-        onnx.utils.extract_model(str(source), str(cut), cut_inputs, outputs, check_model=True)
-    except Exception as exc:
-        raise InputError(
-            f"{display_path(path)}: cannot cut the graph after its embedding lookup {lookup.name!r} "
-            f"({str(exc).splitlines()[0][:200]}); the ids may be used beyond the lookup"
-        ) from exc
-    raw = open_model(cut, device, output_name, mask_input=slot is not None)
+    cut_inputs = [lookup.output[0], *(i.name for i in inputs[1:])]
+    with tempfile.TemporaryDirectory(prefix="splitaudit-tokens-") as scratch:  # read once by open_model
+        cut = _cut_after_lookup(proto, path, Path(scratch), inputs[0].name, lookup, cut_inputs, outputs)
+        raw = open_model(cut, device, output_name, mask_input=slot is not None)
     raw = replace(raw, path=path, declared_input_shape=None)
     if slot is not None:
         raw = replace(
@@ -315,6 +304,27 @@ def _onnx_from_embeddings(
             ),
         )
     return raw, table, slot
+
+
+def _cut_after_lookup(
+    proto, path: Path, folder: Path, ids: str, lookup, cut_inputs: list[str], outputs: list[str]
+) -> Path:
+    """The graph from the lookup's output (and the mask) to `outputs`, written in `folder`: the ids
+    input `ids` and the lookup are cut away."""
+    import onnx
+
+    cut, source = folder / "from_embeddings.onnx", path
+    if _shapes_read_from_embeddings(proto, ids, lookup.output[0]):
+        source = folder / "shapes_from_embeddings.onnx"
+        onnx.save(proto, str(source))
+    try:
+        onnx.utils.extract_model(str(source), str(cut), cut_inputs, outputs, check_model=True)
+    except Exception as exc:
+        raise InputError(
+            f"{display_path(path)}: cannot cut the graph after its embedding lookup {lookup.name!r} "
+            f"({str(exc).splitlines()[0][:200]}); the ids may be used beyond the lookup"
+        ) from exc
+    return cut
 
 
 SHAPE_SLICE_OPSET = 15  # Shape takes start and end from this opset on
