@@ -23,7 +23,7 @@ from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class
 from splitaudit.attacks.base import options_help
 from splitaudit.cli import EXIT_BAD_INPUT, EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, cli
 from splitaudit.core.config import AuditOptions, option_flag, option_spec
-from splitaudit.core.registries import BOUNDS, FORMATS, PRIORS
+from splitaudit.core.registries import BOUNDS, FORMATS, MODEL_FORMATS, PRIORS
 from splitaudit.core.result import default_baseline_name, shipped_schema
 from splitaudit.estimators.methods import METHODS
 
@@ -142,6 +142,19 @@ def _attack_facts(attack) -> list[tuple[str, str]]:
     ]
 
 
+def model_formats_section() -> list[str]:
+    """The model formats a bottom model may come in (core/registries.py MODEL_FORMATS)."""
+    rows = [(f"`{f.name}`", f.description, f.recognised_by) for f in MODEL_FORMATS.values()]
+    intro = [
+        "## Model formats",
+        "",
+        "What MODEL may be; a file is opened by the first format that recognises it, in this order",
+        "(`model.format` in report.json). An in-memory torch module (the Python API) is `torch`.",
+        "",
+    ]
+    return intro + table(("format", "what it is", "recognised by"), rows) + [""]
+
+
 def bounds_section() -> list[str]:
     """The bounds (core/registries.py BOUNDS)."""
     rows = [(b.name, f"`{b.key}`", b.formula, b.holds_against, "yes" if b.gated else "") for b in BOUNDS.values()]
@@ -247,6 +260,7 @@ def render() -> str:
     sections = (
         commands_section,
         options_section,
+        model_formats_section,
         attacks_section,
         bounds_section,
         priors_section,

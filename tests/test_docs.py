@@ -13,7 +13,7 @@ import pytest
 from splitaudit.attacks import ATTACK_NAMES
 from splitaudit.cli import cli
 from splitaudit.core import registries
-from splitaudit.core.registries import PriorMethod, ReportFormat
+from splitaudit.core.registries import ModelFormat, PriorMethod, ReportFormat
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -44,7 +44,8 @@ def test_reference_names_every_command_attack_and_exit_code(generate):
 
 
 def test_a_new_registry_member_shows_up(generate, monkeypatch):
-    """Adding a format or a prior is one registry line; the reference picks it up without other edits."""
+    """Adding a report format, a prior or a model format is one registry line; the reference picks it up
+    without other edits."""
     monkeypatch.setitem(
         registries.FORMATS,
         "toy",
@@ -53,7 +54,11 @@ def test_a_new_registry_member_shows_up(generate, monkeypatch):
     monkeypatch.setitem(
         registries.PRIORS, "toyprior", PriorMethod("toyprior", "a toy prior", ("toy", "fit"), trains=False)
     )
+    monkeypatch.setitem(
+        registries.MODEL_FORMATS, "toymodel", ModelFormat("toymodel", "a toy model", "the suffix .toy", ("toy", "Toy"))
+    )
     text = generate.render()
+    assert "| `toymodel` | a toy model | the suffix .toy |" in text
     assert "| `toy` | a toy format \\| with a pipe | report |  |" in text
     assert "| `toyprior` | a toy prior | no |" in text
 

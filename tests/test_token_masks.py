@@ -295,7 +295,7 @@ def test_shapes_read_off_the_ids_are_read_off_the_embeddings():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from splitaudit.inputs.token_models import _shapes_read_from_embeddings
+    from splitaudit.inputs.formats.onnx import _shapes_read_from_embeddings
 
     table = numpy_helper.from_array(np.zeros((7, 4), dtype=np.float32), "table")
     nodes = [

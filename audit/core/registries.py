@@ -1,13 +1,14 @@
 """The plugin families besides attacks (attacks/__init__.py) and trace methods
-(estimators/methods.py), by name: the bounds, the prior estimators and the report formats.
+(estimators/methods.py), by name: the bounds, the prior estimators, the model formats and the report
+formats.
 
 Torch-free and in the core layer, so that the options (config.py), the CLI's choices, the result's
 schema (result.py) and the reports all read their names and words from here. The code of each
 entry lives with its family (the prior's score-matching loss in estimators/prior.py, a format's
-writer in reports/writer.py, a bound's formula in estimators/bounds.py), found by the entry's
-name. Adding a bound, a prior or a format is one line here and its code there; the family's
-conformance suite (tests/test_bounds.py, tests/test_prior.py, tests/test_formats.py) runs every
-entry.
+writer in reports/writer.py, a model format's loader in audit/inputs/formats/, a bound's formula in
+estimators/bounds.py), found by the entry's name. Adding a bound, a prior or a format is one line here
+and its code there; the family's conformance suite (tests/test_bounds.py, tests/test_prior.py,
+tests/test_formats.py, tests/test_model_formats.py) runs every entry.
 """
 
 from __future__ import annotations
@@ -127,6 +128,54 @@ PRIORS: dict[str, PriorMethod] = {
     )
 }
 PRIOR_NAMES = tuple(PRIORS)
+
+
+@dataclass(frozen=True)
+class ModelFormat:
+    """A kind of bottom model splitaudit opens: its name (report.json's `model.format`), what it is,
+    how a file is recognised as one, and its loader (module, class: a subclass of
+    audit/inputs/model_format.py's ModelLoader, imported when first used). A file is opened by the
+    first format whose loader recognises it, in the registry's order; one that none recognises by
+    the `fallback` format, whose loader then says what is wrong with it."""
+
+    name: str
+    description: str
+    recognised_by: str
+    loader: tuple[str, str]
+    fallback: bool = False
+
+
+FORMATS_MODULE = "splitaudit.inputs.formats"
+MODEL_FORMATS: dict[str, ModelFormat] = {
+    fmt.name: fmt
+    for fmt in (
+        ModelFormat(
+            "huggingface",
+            "a Hugging Face checkpoint folder (safetensors), cut after block --split-layer",
+            "a folder with a config.json",
+            (f"{FORMATS_MODULE}.hf_checkpoint", "CheckpointFolder"),
+        ),
+        ModelFormat(
+            "onnx",
+            "an ONNX graph, converted to torch for gradients and run by onnxruntime",
+            "the suffix .onnx; any file no other format recognises",
+            (f"{FORMATS_MODULE}.onnx", "OnnxGraph"),
+            fallback=True,
+        ),
+        ModelFormat(
+            "exported",
+            "a torch.export program (.pt2)",
+            "the suffix .pt2, or a zip archive in torch.export's layout",
+            (f"{FORMATS_MODULE}.exported", "ExportedProgram"),
+        ),
+        ModelFormat(
+            "torchscript",
+            "a TorchScript archive (torch.jit.save)",
+            "the suffixes .pt, .pth, .ts, .jit, .torchscript, or any other zip archive",
+            (f"{FORMATS_MODULE}.torchscript", "TorchScriptArchive"),
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from splitaudit.context.audit_context import AuditContext, silent_progress
 from splitaudit.core.config import DEFAULT_CUTS, AuditOptions
 from splitaudit.core.errors import InputError
+from splitaudit.core.safety import require_regular_file
 from splitaudit.engine.cut_tasks import (
     CutRefused,
     CutsRecipe,
@@ -45,8 +46,8 @@ from splitaudit.estimators.prior import PriorEstimate
 from splitaudit.execution.executor import local_workers, open_backend
 from splitaudit.execution.tasks import TaskResult
 from splitaudit.inputs.digests import InputFiles
-from splitaudit.inputs.exported_loading import is_exported_archive
-from splitaudit.inputs.exported_whole import check_conversion, exported_as_onnx
+from splitaudit.inputs.exported_whole import check_conversion
+from splitaudit.inputs.model_format import loader_for
 from splitaudit.inputs.onnx_cuts import (
     CutPoint,
     WholeModel,
@@ -154,15 +155,15 @@ def measure_cuts_again(options: AuditOptions, entries: list[dict], config: str |
 
 
 def _whole_model(options: AuditOptions, folder: Path):
-    """The whole model's graph, and the torch.export program it was written from (None for an ONNX
-    file): a .pt2 is written as ONNX in `folder`, and its graph checked against the program on the data."""
+    """The whole model's graph, and the program it was written from (None for an ONNX file): its
+    format's loader writes it as ONNX in `folder` where it is not ONNX, and that graph is checked
+    against the program on the data."""
     path = Path(options.model)
-    if is_exported_archive(path):
-        onnx_path, program = exported_as_onnx(path, folder)
-        whole = open_whole_model(onnx_path, _sample_shape(replace(options, model=str(onnx_path))), options.output_name)
-        whole.format = "exported"
-        return whole, program
-    return open_whole_model(path, _sample_shape(options), options.output_name), None
+    loader = loader_for(path)
+    onnx_path, program = loader.whole_graph(require_regular_file(path, "model file"), folder)
+    whole = open_whole_model(onnx_path, _sample_shape(replace(options, model=str(onnx_path))), options.output_name)
+    whole.format = loader.format.name
+    return whole, program
 
 
 def _sample_shape(options: AuditOptions) -> tuple[int, ...]:

@@ -16,11 +16,8 @@ from typing import Protocol
 
 from splitaudit.context.audit_context import AuditContext, build_context
 from splitaudit.core.config import AuditOptions
-from splitaudit.core.errors import InputError
-from splitaudit.core.safety import display_path
-from splitaudit.inputs.checkpoint_folder import checkpoint_files
 from splitaudit.inputs.data import Dataset
-from splitaudit.inputs.raw_model import first_line
+from splitaudit.inputs.model_format import loader_for
 
 
 class Recipe(Protocol):
@@ -49,44 +46,11 @@ class ContextRecipe:
 
 
 def model_files(path) -> dict[str, bytes]:
-    """A model file's bytes by name, an ONNX model as onnx_files gives it (nothing for no model,
-    or for an in-memory torch module, which travels pickled in the options)."""
+    """A model's files by name, as its format's loader ships them (nothing for no model, or for an
+    in-memory torch module, which travels pickled in the options)."""
     if not isinstance(path, (str, Path)):
         return {}
-    path = Path(path)
-    if path.is_dir():  # a Hugging Face checkpoint folder: its checkpoint files, under the folder's name
-        return {f"{path.name}/{name}": file.read_bytes() for name, file in checkpoint_files(path)}
-    return onnx_files(path) if path.suffix.lower() == ".onnx" else {path.name: path.read_bytes()}
-
-
-def onnx_files(path: Path) -> dict[str, bytes]:
-    """An ONNX model as files named by splitaudit: NAME, the graph, and (when some tensor is stored
-    outside it) NAME.data, every such tensor's bytes one after the other, the graph pointing at
-    them. The bytes are read only for the tensors onnx reads (data_location EXTERNAL; a location
-    on a tensor stored inline is never opened) and by onnx's own reader, the one onnx.load and so
-    the model loader use, with its checks: a relative location inside the model's folder, no
-    symlink, a regular file, offset and length within it."""
-    import onnx
-    from onnx.external_data_helper import (
-        _get_all_tensors,
-        load_external_data_for_tensor,
-        set_external_data,
-        uses_external_data,
-    )
-
-    proto = onnx.load(str(path), load_external_data=False)
-    data_name, data = f"{path.name}.data", bytearray()
-    for tensor in filter(uses_external_data, _get_all_tensors(proto)):
-        try:
-            load_external_data_for_tensor(tensor, str(path.parent))
-        except (onnx.checker.ValidationError, ValueError, OSError) as exc:
-            raise InputError(
-                f"{display_path(path)}: external data of tensor {tensor.name!r}: {first_line(exc)}"
-            ) from exc
-        set_external_data(tensor, data_name, offset=len(data), length=len(tensor.raw_data))
-        data += tensor.raw_data
-        tensor.ClearField("raw_data")
-    return {path.name: proto.SerializeToString(), **({data_name: bytes(data)} if data else {})}
+    return loader_for(path).files(Path(path))
 
 
 def make_recipe(options: AuditOptions, ctx: AuditContext) -> ContextRecipe:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
-from splitaudit.inputs.checkpoint_folder import checkpoint_files, is_checkpoint_folder
+from splitaudit.inputs.model_format import loader_for
 
 CHUNK_BYTES = 4 * 1024**2  # read this much at a time: memory stays flat whatever the file's size
 # The inputs an audit reads, in the order a report lists them and verification checks them.
@@ -52,9 +52,8 @@ def input_files(folder: Path, role: str | None) -> list[tuple[str, Path]]:
     """The files a folder input is: a model's Hugging Face checkpoint folder is its checkpoint files
     (config, safetensors, tokenizer: what the loader reads and workers copy), any other folder every
     regular file under it."""
-    if role == "model" and is_checkpoint_folder(folder):
-        return checkpoint_files(folder)
-    return folder_files(folder)
+    members = loader_for(folder).member_files(folder) if role == "model" else None
+    return folder_files(folder) if members is None else members
 
 
 def folder_sha256(folder: str | Path, role: str | None = None) -> tuple[str, int, int]:
@@ -92,23 +91,6 @@ def digest_record(role: str, path: Path, location: str | None = None) -> dict:
     return record
 
 
-def onnx_external_locations(model: Path) -> list[str]:
-    """The external data files an ONNX model's tensors name (data_location EXTERNAL), relative to the
-    model's folder, each once, in the order first named: the files onnx.load reads besides the model."""
-    if model.suffix.lower() != ".onnx":
-        return []
-    import onnx
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    proto = onnx.load(str(model), load_external_data=False)
-    locations: list[str] = []
-    for tensor in filter(uses_external_data, _get_all_tensors(proto)):
-        location = next((e.value for e in tensor.external_data if e.key == "location"), None)
-        if location is not None and location not in locations:
-            locations.append(location)
-    return locations
-
-
 @dataclass
 class InputFiles:
     """The files of one audit: taken before the loaders open them, hashed after they did."""
@@ -137,7 +119,7 @@ class InputFiles:
         try:
             for role in ROLES:
                 if role == "model-external-data" and "model" in paths:
-                    for location in onnx_external_locations(paths["model"]):
+                    for location in loader_for(paths["model"]).external_files(paths["model"]):
                         path = paths["model"].parent / location
                         self.identities[f"{role}:{location}"] = identity(path)
                         records.append(digest_record(role, path, location))

@@ -1,13 +1,12 @@
-"""Load a bottom model (TorchScript, ONNX or an in-memory torch module) behind one interface, the
-`Encoder`: open_model dispatches by format (splitaudit.inputs.torchscript_loading,
-splitaudit.inputs.onnx_loading), prepare_encoder checks the opened model on real data
+"""Load a bottom model (a model file of any registered format, or an in-memory torch module) behind one
+interface, the `Encoder`: open_model opens a file by its format's loader (audit/inputs/formats/),
+prepare_encoder checks the opened model on real data
 (splitaudit.inputs.model_checks) and wraps it. When no converter gives an ONNX model a module that
 matches onnxruntime, the model runs black-box through onnxruntime (forward passes only, no gradients).
 """
 
 from __future__ import annotations
 
-import zipfile
 from copy import deepcopy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,7 +18,6 @@ import torch.nn as nn
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import require_regular_file
 from splitaudit.estimators.jacobian import seeded_draws
-from splitaudit.inputs.exported_loading import is_exported_archive, open_exported
 from splitaudit.inputs.model_checks import (
     Fingerprint,
     check_batch_independence,
@@ -34,11 +32,11 @@ from splitaudit.inputs.model_checks import (
     settle_static_batch,
     state_digest,
 )
-from splitaudit.inputs.onnx_loading import check_onnx_output_type, onnx_runner, open_onnx
+from splitaudit.inputs.model_format import ModelRequest, loader_for
+from splitaudit.inputs.onnx_loading import check_onnx_output_type, onnx_runner
 from splitaudit.inputs.precision import audit_precision, precision_note
 from splitaudit.inputs.raw_model import Normalized, RawModel, first_line, in_batches, model_layout
 from splitaudit.inputs.stochastic import apply_model_mode, describe_mode, randomness_error
-from splitaudit.inputs.torchscript_loading import TORCHSCRIPT_SUFFIXES, open_torchscript
 
 DEFAULT_BATCH = 256
 
@@ -159,22 +157,16 @@ def open_model(
     mode: str = "saved",
     mask_input: bool = False,
 ) -> RawModel:
-    """Open a model file (or take an in-memory module) in `mode` (audit/inputs/stochastic.py: saved, eval
-    or train); raise InputError with a one-line reason when it cannot be used. mask_input: a
-    TorchScript or ONNX model may take a second (attention mask) input, which audit/inputs/token_models.py binds."""
+    """Open a model file as saved, by its format's loader (audit/inputs/formats/), or take an in-memory
+    module, in `mode` (audit/inputs/stochastic.py: saved, eval or train); raise InputError with a
+    one-line reason when it cannot be used. mask_input: a TorchScript or ONNX model may take a second
+    (attention mask) input, which the token cuts bind."""
     if isinstance(path, nn.Module):
         if output_name is not None:
             raise InputError("--output-name selects an output of an ONNX model, not of a torch module")
         return wrap_module(path, device, mode)
     path = require_regular_file(path, "model file")
-    kind = detect_format(path)
-    if kind == "exported":
-        return open_exported(path, device, mode, output_name)
-    if kind == "torchscript":
-        return open_torchscript(path, device, mode, mask_input, output_name)
-    if mode == "train":
-        raise InputError("--model-mode train applies to TorchScript and torch modules; an ONNX graph runs as exported")
-    return open_onnx(path, device, output_name, mask_input)
+    return loader_for(path).open_file(path, device, ModelRequest(output_name, mode, mask_input=mask_input))
 
 
 def wrap_module(module: nn.Module, device: torch.device, mode: str = "saved") -> RawModel:
@@ -197,17 +189,6 @@ def wrap_module(module: nn.Module, device: torch.device, mode: str = "saved") ->
         mode=mode,
         training_modules=training,
     )
-
-
-def detect_format(path: Path) -> str:
-    """onnx, exported (a torch.export .pt2 archive) or torchscript, by suffix, else by content."""
-    if path.suffix.lower() == ".onnx":
-        return "onnx"
-    if is_exported_archive(path):
-        return "exported"
-    if path.suffix.lower() in TORCHSCRIPT_SUFFIXES or zipfile.is_zipfile(path):
-        return "torchscript"
-    return "onnx"
 
 
 def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None = None) -> Encoder:

@@ -315,3 +315,13 @@ def mean_trace_per_mask_pattern(
     merged.check = largest.check
     merged.fd_choice = largest.fd_choice
     return merged
+
+
+def require_mask_name(name: str, path) -> None:
+    """A second input not named as a mask (token types, positions) is refused: feeding it the
+    attention mask would audit a different function without any error."""
+    if "mask" not in name.lower():
+        raise InputError(
+            f"{display_path(path)}: the model's second input {name!r} is not an attention mask; splitaudit "
+            "passes the data's 'mask' to a second input whose name contains 'mask' (export others fixed)"
+        )
