@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.input_space import InputSpace
+from splitaudit.core.registries import MODEL_FORMATS
 
 
 @contextmanager
@@ -211,8 +212,8 @@ def downsampling_stages(input_shape: tuple[int, ...], output_shape: tuple[int, .
 def bottom_architecture(ctx: AuditContext, seed: int, init: str = "kaiming", batch_norm: bool = False) -> nn.Module:
     """The bottom model's architecture re-initialised when known, else a generic one (same shapes).
 
-    `batch_norm`: give an ONNX model's convolutions back the batch norm that export folded
-    into them (`restore_batch_norm`).
+    `batch_norm`: give the convolutions back the batch norm that export folded into them, for a
+    format whose exporters fold it (ONNX; `restore_batch_norm`).
     """
     known = ctx.encoder.architecture()
     with seeded(seed):
@@ -220,7 +221,8 @@ def bottom_architecture(ctx: AuditContext, seed: int, init: str = "kaiming", bat
             net = generic_encoder(ctx.space, ctx.encoder.output_shape)
         else:
             net = reinitialized_copy(known, seed, init)
-            if batch_norm and ctx.encoder.format == "onnx":
+            fmt = MODEL_FORMATS.get(ctx.encoder.format)
+            if batch_norm and fmt is not None and fmt.folds_batch_norm:
                 restore_batch_norm(net)
     return net.to(ctx.device).train()
 

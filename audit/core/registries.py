@@ -136,13 +136,16 @@ class ModelFormat:
     how a file is recognised as one, and its loader (module, class: a subclass of
     audit/inputs/model_format.py's ModelLoader, imported when first used). A file is opened by the
     first format whose loader recognises it, in the registry's order; one that none recognises by
-    the `fallback` format, whose loader then says what is wrong with it."""
+    the `fallback` format, whose loader then says what is wrong with it. `folds_batch_norm`: its
+    exporters fold batch norm into the convolutions before it, which SDAR's simulator of the bottom
+    gets back (attacks/nets.py)."""
 
     name: str
     description: str
     recognised_by: str
     loader: tuple[str, str]
     fallback: bool = False
+    folds_batch_norm: bool = False
 
 
 FORMATS_MODULE = "splitaudit.inputs.formats"
@@ -161,6 +164,7 @@ MODEL_FORMATS: dict[str, ModelFormat] = {
             "the suffix .onnx; any file no other format recognises",
             (f"{FORMATS_MODULE}.onnx", "OnnxGraph"),
             fallback=True,
+            folds_batch_norm=True,
         ),
         ModelFormat(
             "exported",
