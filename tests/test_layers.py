@@ -162,3 +162,14 @@ def test_render_and_compare_import_no_torch(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "torch imported: False" in done.stdout
     assert (tmp_path / "report.html").is_file() and (tmp_path / "comparison.html").is_file()
+
+
+def test_every_package_folder_is_installed():
+    """pyproject.toml lists the packages setuptools installs: a subpackage missing there imports from a
+    source checkout (the editable install) and is absent from a wheel, so `pip install .` breaks."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(
+        tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {module.rsplit(".", 1)[0] for module, path in package_modules().items() if path.name != "__init__.py"}
+    assert folders <= listed, f"add to pyproject.toml's packages: {sorted(folders - listed)}"
