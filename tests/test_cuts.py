@@ -284,11 +284,13 @@ def test_bad_cut_names_exit_2_listing_the_candidates(chain, capsys):
     "model, fragment",
     [
         (sample("digits_cnn.pt"), "takes a whole model as ONNX (.onnx) or a torch.export program"),
+        (sample("text_gpt2"), "this is a Hugging Face checkpoint folder (safetensors), cut after block --split-layer"),
         ("garbage.onnx", "is not a valid ONNX model"),
     ],
 )
 def test_a_whole_model_that_is_no_onnx_graph_exits_2_with_one_line(model, fragment, capsys):
-    """A TorchScript archive keeps no graph to cut, and a broken .onnx no graph at all: one line, exit 2,
+    """A TorchScript archive and a checkpoint folder keep no graph to cut, and a broken .onnx no graph at
+    all: one line, exit 2,
     however the input's shape is found (from the graph, not --input-shape)."""
     Path("garbage.onnx").write_bytes(b"not a protobuf")
     assert _exit_code(["cuts", str(model), "--aux", sample("digits.npz"), "--quick"]) == 2

@@ -160,7 +160,8 @@ def _whole_model(options: AuditOptions, folder: Path):
     against the program on the data."""
     path = Path(options.model)
     loader = loader_for(path)
-    onnx_path, program = loader.whole_graph(require_regular_file(path, "model file"), folder)
+    onnx_path, program = loader.whole_graph(path, folder)  # a format that keeps no graph says so here
+    require_regular_file(onnx_path, "model file")
     whole = open_whole_model(onnx_path, _sample_shape(replace(options, model=str(onnx_path))), options.output_name)
     whole.format = loader.format.name
     return whole, program

@@ -89,8 +89,8 @@ class ModelLoader:
         `folder` where the format is not ONNX itself: what `splitaudit cuts` cuts."""
         raise InputError(
             f"{display_path(path)}: splitaudit cuts takes a whole model as ONNX (.onnx) or a torch.export program "
-            f"(.pt2): its graph is what is cut, and {self.format.description} keeps none to cut (export a torch "
-            "model with torch.onnx.export)"
+            f"(.pt2): its graph is what is cut, and this is {self.format.description}, which keeps none to cut "
+            "(export a torch model with torch.onnx.export)"
         )
 
 
