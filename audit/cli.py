@@ -36,7 +36,7 @@ from splitaudit.core.config import (
     parse_attack_option,
 )
 from splitaudit.core.errors import InputError
-from splitaudit.core.registries import check_formats, formats_of
+from splitaudit.core.registries import check_formats, formats_of, resolve, result_kind
 from splitaudit.core.safety import display_path, display_text, displayable
 from splitaudit.core.version import __version__
 
@@ -357,15 +357,13 @@ def calibrate(model: str | None, target_mse: float, as_json: bool, **flags) -> N
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 def render(report: str, formats: list[str], out: str | None, debug: bool) -> None:
     """Re-render a saved report.json (or sweep.json) as HTML and/or Markdown."""
-    from splitaudit.reports import load_result, write_reports
-    from splitaudit.reports.cuts import write_cuts_reports
-    from splitaudit.reports.sweep import write_sweep_reports
+    from splitaudit.reports import load_result
     from splitaudit.reports.writer import claim_output_folder, output_lock
 
     result = load_result(Path(report))
-    kind = result.get("kind") if result.get("kind") in ("sweep", "cuts") else "report"
-    check_formats(formats, kind)
-    write = {"sweep": write_sweep_reports, "cuts": write_cuts_reports}.get(kind, write_reports)
+    kind = result_kind(result)
+    check_formats(formats, kind.name)
+    write = resolve(kind.writer)
     out_dir = claim_output_folder(Path(report).parent if out is None else out)
     with output_lock(out_dir):
         written = write(result, out_dir, formats)

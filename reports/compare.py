@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from splitaudit.core.errors import InputError
-from splitaudit.core.registries import BOUNDS
+from splitaudit.core.registries import BOUNDS, result_kind
 from splitaudit.core.safety import display_path
 from splitaudit.reports import charts
 from splitaudit.reports.documents import Document, write_document
@@ -117,15 +117,12 @@ def _attack_verdict(before: dict, after: dict) -> str:
 
 def check_comparable(before: dict, after: dict, sources: tuple[str, str]) -> None:
     """Only two report.json files compare (a sweep or a cuts audit has no single bound or attack table)."""
-    side_by_side = {
-        "sweep": "a sweep already sets its sigmas side by side",
-        "cuts": "it already sets its cuts side by side",
-    }
     for document, source in zip((before, after), sources):
-        if document.get("kind") in side_by_side:
+        kind = result_kind(document)
+        if kind.side_by_side:
             raise InputError(
-                f"{source} is a {document['kind']}.json; compare takes two report.json files of splitaudit run "
-                f"({side_by_side[document['kind']]})"
+                f"{source} is a {kind.name}.json; compare takes two report.json files of splitaudit run "
+                f"({kind.side_by_side})"
             )
 
 

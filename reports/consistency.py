@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from splitaudit.core.errors import InputError
-from splitaudit.core.registries import GATED_BOUND
+from splitaudit.core.registries import GATED_BOUND, resolve, result_kind
 from splitaudit.verdicts.gate import evaluate_gate
 from splitaudit.verdicts.recommend import recommend, sweep_gate
 from splitaudit.verdicts.recommend_cut import cuts_gate, recommend_cut
@@ -24,21 +24,21 @@ def check_consistency(document: dict, source: str, legacy: bool = False) -> None
     schema 5 document as stored, whose completeness check also failed on an attack that did not beat
     its baseline (its gate is checked by the rules that wrote it, before readers decide it anew)."""
     try:
-        problems = {"sweep": _sweep_problem, "cuts": _cuts_problem}
-        kind = document.get("kind") if isinstance(document.get("kind"), str) else ""
-        problem = problems[kind](document) if kind in problems else _report_problem(document, legacy)
+        problem = resolve(result_kind(document).problem)(document, legacy)
     except MALFORMED as exc:
         problem = f"its gate cannot be recomputed from its numbers ({type(exc).__name__}: {exc})"
     if problem:
         raise InputError(f"{source} contradicts itself: {problem} (edited or corrupted? rerun the audit)")
 
 
-def _report_problem(report: dict, legacy: bool = False) -> str | None:
+def report_problem(report: dict, legacy: bool = False) -> str | None:
     gate = report.get("gate")
     problem = _violator_problem(report)
     if problem or not isinstance(gate, dict):
         return problem  # without a gate: rendered as "NO VERDICT"
-    recomputed = _with_v5_completeness(_report_gate(report), report) if legacy else _report_gate(report)
+    recomputed = (
+        _with_v5_completeness(recomputed_report_gate(report), report) if legacy else recomputed_report_gate(report)
+    )
     return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(gate, recomputed)
 
 
@@ -68,7 +68,7 @@ def _violator_problem(report: dict) -> str | None:
     return None
 
 
-def _report_gate(report: dict) -> dict:
+def recomputed_report_gate(report: dict) -> dict:
     """The report's gate recomputed from its numbers and its stored thresholds."""
     gate = report["gate"]
     return evaluate_gate(
@@ -79,7 +79,8 @@ def _report_gate(report: dict) -> dict:
     )
 
 
-def _sweep_gate(sweep: dict) -> dict:
+def recomputed_sweep_gate(sweep: dict) -> dict:
+    """The sweep's gate recomputed from its points and its stored thresholds."""
     gate = sweep["gate"]
     return sweep_gate(sweep, **{k: gate.get(k) for k in SWEEP_THRESHOLDS}, strict=gate.get("strict", False))
 
@@ -89,11 +90,12 @@ def regated(document: dict) -> dict:
     thresholds (schema 5 failed the gate on any attack that did not beat its baseline)."""
     if not isinstance(document.get("gate"), dict):
         return document
-    gate = _sweep_gate(document) if document.get("kind") == "sweep" else _report_gate(document)
-    return {**document, "gate": gate}
+    return {**document, "gate": resolve(result_kind(document).gate)(document)}
 
 
-def _sweep_problem(sweep: dict) -> str | None:
+def sweep_problem(sweep: dict, legacy: bool = False) -> str | None:
+    """sweep.json: its points, recommendation and gate agree (`legacy` plays no part: a sweep's gate was
+    never the schema 5 completeness rule)."""
     points = sweep["points"]
     if not points:
         return "it has no points (no noise sigma was audited)"
@@ -111,11 +113,12 @@ def _sweep_problem(sweep: dict) -> str | None:
             f"(point {again['point_index']}, sigma {again['noise_sigma']})"
         )
     gate = sweep["gate"]
-    return _threshold_problem(gate, SWEEP_THRESHOLDS) or _gate_problem(gate, _sweep_gate(sweep))
+    return _threshold_problem(gate, SWEEP_THRESHOLDS) or _gate_problem(gate, recomputed_sweep_gate(sweep))
 
 
-def _cuts_problem(document: dict) -> str | None:
-    """cuts.json: its recommended cut and its gate are what its cuts' numbers give."""
+def cuts_problem(document: dict, legacy: bool = False) -> str | None:
+    """cuts.json: its recommended cut and its gate are what its cuts' numbers give (`legacy` plays no
+    part: cuts came after schema 5)."""
     cuts, rec = document["cuts"], document["recommendation"]
     if not cuts:
         return "it has no cuts (no cut was audited)"
@@ -124,9 +127,13 @@ def _cuts_problem(document: dict) -> str | None:
         if again[key] != rec[key] and not _same(again[key], rec[key]):
             return f"recommendation.{key} {rec[key]!r} is not what its cuts give ({again[key]!r})"
     gate = document["gate"]
-    stored = {k: gate.get(k) for k in RUN_THRESHOLDS}
-    recomputed = cuts_gate(document, **stored, strict=gate.get("strict", False))
-    return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(gate, recomputed)
+    return _threshold_problem(gate, RUN_THRESHOLDS) or _gate_problem(gate, recomputed_cuts_gate(document))
+
+
+def recomputed_cuts_gate(document: dict) -> dict:
+    """The cuts audit's gate recomputed from its recommended cut and its stored thresholds."""
+    gate = document["gate"]
+    return cuts_gate(document, **{k: gate.get(k) for k in RUN_THRESHOLDS}, strict=gate.get("strict", False))
 
 
 def _recommendation_problem(rec: dict, points: list[dict]) -> str | None:

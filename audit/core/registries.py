@@ -183,6 +183,65 @@ MODEL_FORMATS: dict[str, ModelFormat] = {
 
 
 @dataclass(frozen=True)
+class ResultKind:
+    """A kind of result document: a run's report ("report", whose JSON has no `kind` field), a sweep, a
+    cuts audit. Each names, as (module, function) imported when first used: its JSON Schema (`schema`:
+    () -> dict), its writer for `splitaudit render` (`writer`: (document, out_dir, formats) -> files
+    written), what contradicts its own numbers (`problem`: (document, legacy) -> the first problem or
+    None, reports/consistency.py), its gate decided anew from its numbers (`gate`: document -> gate)
+    and its points measured again by `splitaudit verify --recompute`
+    (`remeasure`: (options, document, config) -> [(point, mean dFIL)]). `side_by_side`: why `compare`
+    refuses it ("" where it compares two of them)."""
+
+    name: str
+    schema: tuple[str, str]
+    writer: tuple[str, str]
+    problem: tuple[str, str]
+    gate: tuple[str, str]
+    remeasure: tuple[str, str]
+    side_by_side: str = ""
+
+
+RESULT_KINDS: dict[str, ResultKind] = {
+    kind.name: kind
+    for kind in (
+        ResultKind(
+            "report",
+            ("splitaudit.core.result", "shipped_schema"),
+            ("splitaudit.reports.writer", "write_reports"),
+            ("splitaudit.reports.consistency", "report_problem"),
+            ("splitaudit.reports.consistency", "recomputed_report_gate"),
+            ("splitaudit.engine.verify", "measure_report_again"),
+        ),
+        ResultKind(
+            "sweep",
+            ("splitaudit.core.result", "sweep_json_schema"),
+            ("splitaudit.reports.sweep", "write_sweep_reports"),
+            ("splitaudit.reports.consistency", "sweep_problem"),
+            ("splitaudit.reports.consistency", "recomputed_sweep_gate"),
+            ("splitaudit.engine.verify", "measure_sweep_again"),
+            side_by_side="a sweep already sets its sigmas side by side",
+        ),
+        ResultKind(
+            "cuts",
+            ("splitaudit.core.result", "cuts_json_schema"),
+            ("splitaudit.reports.cuts", "write_cuts_reports"),
+            ("splitaudit.reports.consistency", "cuts_problem"),
+            ("splitaudit.reports.consistency", "recomputed_cuts_gate"),
+            ("splitaudit.engine.cuts", "measure_cuts_again"),
+            side_by_side="it already sets its cuts side by side",
+        ),
+    )
+}
+
+
+def result_kind(document: dict) -> ResultKind:
+    """The kind of a result document: its `kind` field's, a run's report where it has none (or an unknown one)."""
+    kind = document.get("kind")
+    return RESULT_KINDS.get(kind if isinstance(kind, str) else "", RESULT_KINDS["report"])
+
+
+@dataclass(frozen=True)
 class ReportFormat:
     """A file a result can be written as: its name (--format), what it is, the documents it
     renders ("report": splitaudit run and render; "sweep"; "cuts"; "comparison": splitaudit compare), its

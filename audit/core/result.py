@@ -18,7 +18,7 @@ from importlib.resources import files
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from splitaudit.core.input_space import InputKind
-from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIOR_NAMES
+from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIOR_NAMES, resolve, result_kind
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
@@ -744,8 +744,7 @@ def cuts_json_schema() -> dict:
 
 def schema_of_kind(kind) -> dict:
     """The schema a stored document of this `kind` is checked against (report.json's when it has none)."""
-    readers = {"sweep": sweep_json_schema, "cuts": cuts_json_schema}
-    return readers.get(kind if isinstance(kind, str) else "", shipped_schema)()
+    return resolve(result_kind({"kind": kind}).schema)()
 
 
 # --- JSON Schema ---------------------------------------------------------------------------

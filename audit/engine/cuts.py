@@ -131,15 +131,15 @@ def run_cuts(
     return {**document, "gate": gate, "run": {**document["run"], "seconds": time.perf_counter() - clock}}
 
 
-def measure_cuts_again(options: AuditOptions, entries: list[dict], config: str | None) -> list[tuple[dict, float]]:
-    """Each recorded cut's mean dFIL at its sigma measured again from the files (`verify
-    --recompute`): the whole model cut again at the recorded names, the data loaded once beside the
+def measure_cuts_again(options: AuditOptions, document: dict, config: str | None) -> list[tuple[dict, float]]:
+    """Each cut recorded in a cuts.json `document`: its mean dFIL at its sigma measured again from the
+    files (`verify --recompute`): the whole model cut again at the recorded names, the data loaded once beside the
     first, the prior term estimated once (the measurement carries it; the dFIL does not use it)."""
     measured, data, prior = [], None, None
     with tempfile.TemporaryDirectory(prefix="splitaudit-cuts-") as folder:
         whole, _ = _whole_model(options, Path(folder))
         candidates = {cut.name: cut for cut in candidate_cuts(whole)}
-        for entry in entries:
+        for entry in document["cuts"]:
             if entry["name"] not in candidates:
                 raise InputError(f"the report's cut {entry['name']!r} is not a candidate cut of this model")
             with tempfile.TemporaryDirectory(dir=folder) as halves:

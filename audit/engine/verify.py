@@ -16,6 +16,7 @@ from pathlib import Path
 
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
+from splitaudit.core.registries import resolve, result_kind
 from splitaudit.core.safety import display_path
 from splitaudit.engine.provenance import fingerprint
 from splitaudit.inputs.digests import OPTION_OF_ROLE, digest_record
@@ -123,15 +124,18 @@ def recompute_dfil(
     and a line saying both."""
     options = recorded_options(provenance, checks, device)
     config = next((str(c.path) for c in checks if c.role == "config"), None)
-    if report.get("kind") == "cuts":
-        from splitaudit.engine.cuts import measure_cuts_again
-
-        measured = measure_cuts_again(options, report["cuts"], config)
-    else:
-        measured = _measure_points_again(
-            options, report["points"] if report.get("kind") == "sweep" else [report], config
-        )
+    measured = resolve(result_kind(report).remeasure)(options, report, config)
     return [_outcome(point, again) for point, again in measured]
+
+
+def measure_report_again(options: AuditOptions, report: dict, config: str | None) -> list[tuple[dict, float]]:
+    """A run's mean dFIL at its sigma, measured again."""
+    return _measure_points_again(options, [report], config)
+
+
+def measure_sweep_again(options: AuditOptions, sweep: dict, config: str | None) -> list[tuple[dict, float]]:
+    """Each of a sweep's sigmas' mean dFIL, from one measurement again."""
+    return _measure_points_again(options, sweep["points"], config)
 
 
 def _measure_points_again(options: AuditOptions, points: list[dict], config: str | None) -> list[tuple[dict, float]]:
