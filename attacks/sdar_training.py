@@ -71,8 +71,9 @@ FLAT_WIDTH = 256  # discriminator MLP width for flat samples
 # a held-out signal that moves by 10-20% between measurements, while their target MSE still fell
 # (seed 2: best held out at 550, 0.0169; 0.0121 at the cap): 0.0145 +- 0.0024, where 10 runs all
 # three to the cap, 0.0123 +- 0.0003 restored (8: 0.0139). With g the signal tracks the targets
-# (rank correlation 0.87-0.90), so waiting for it costs nothing it would not buy; without g it need
-# not (BLIND_STOPPING_LIMIT in sdar.py), and 6 keeps the stops those runs were measured with.
+# (rank correlation 0.87-0.90), so waiting for it costs nothing it would not buy; without g it does
+# not (BLIND_STOPPING_LIMIT in sdar.py), so stopping is off by default there, and PATIENCE is the
+# patience of a run asked to stop anyway.
 EVAL_EVERY = 50
 PATIENCE = 6
 PATIENCE_WITH_G = 10
