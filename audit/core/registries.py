@@ -19,6 +19,11 @@ from importlib import import_module
 from splitaudit.core.errors import InputError
 
 
+def by_name(*entries) -> dict:
+    """A registry: its entries by their `name`, in the order given (the order lists and lookups follow)."""
+    return {entry.name: entry for entry in entries}
+
+
 def resolve(reference: tuple[str, str]):
     """What a registry entry names as (module, attribute), its module imported now: the entries stay
     torch-free and the code they name loads when first used."""
@@ -105,28 +110,25 @@ class PriorMethod:
 
 
 PRIOR_MODULE = "splitaudit.estimators.prior"
-PRIORS: dict[str, PriorMethod] = {
-    prior.name: prior
-    for prior in (
-        PriorMethod(
-            "ssm",
-            "sliced score matching with variance reduction (Song et al., UAI 2019)",
-            (PRIOR_MODULE, "ssm_vr_loss"),
-        ),
-        PriorMethod(
-            "dsm",
-            "denoising score matching (Vincent, Neural Computation 2011)",
-            (PRIOR_MODULE, "dsm_loss"),
-            needs_noise=True,
-        ),
-        PriorMethod(
-            "gaussian",
-            "an isotropic Gaussian fit: the lowest J any prior of that spread has",
-            (PRIOR_MODULE, "gaussian_prior"),
-            trains=False,
-        ),
-    )
-}
+PRIORS: dict[str, PriorMethod] = by_name(
+    PriorMethod(
+        "ssm",
+        "sliced score matching with variance reduction (Song et al., UAI 2019)",
+        (PRIOR_MODULE, "ssm_vr_loss"),
+    ),
+    PriorMethod(
+        "dsm",
+        "denoising score matching (Vincent, Neural Computation 2011)",
+        (PRIOR_MODULE, "dsm_loss"),
+        needs_noise=True,
+    ),
+    PriorMethod(
+        "gaussian",
+        "an isotropic Gaussian fit: the lowest J any prior of that spread has",
+        (PRIOR_MODULE, "gaussian_prior"),
+        trains=False,
+    ),
+)
 PRIOR_NAMES = tuple(PRIORS)
 
 
@@ -149,37 +151,34 @@ class ModelFormat:
 
 
 FORMATS_MODULE = "splitaudit.inputs.formats"
-MODEL_FORMATS: dict[str, ModelFormat] = {
-    fmt.name: fmt
-    for fmt in (
-        ModelFormat(
-            "huggingface",
-            "a Hugging Face checkpoint folder (safetensors), cut after block --split-layer",
-            "a folder with a config.json",
-            (f"{FORMATS_MODULE}.hf_checkpoint", "CheckpointFolder"),
-        ),
-        ModelFormat(
-            "onnx",
-            "an ONNX graph, converted to torch for gradients and run by onnxruntime",
-            "the suffix .onnx; any file no other format recognises",
-            (f"{FORMATS_MODULE}.onnx", "OnnxGraph"),
-            fallback=True,
-            folds_batch_norm=True,
-        ),
-        ModelFormat(
-            "exported",
-            "a torch.export program (.pt2)",
-            "the suffix .pt2, or a zip archive in torch.export's layout",
-            (f"{FORMATS_MODULE}.exported", "ExportedProgram"),
-        ),
-        ModelFormat(
-            "torchscript",
-            "a TorchScript archive (torch.jit.save)",
-            "the suffixes .pt, .pth, .ts, .jit, .torchscript, or any other zip archive",
-            (f"{FORMATS_MODULE}.torchscript", "TorchScriptArchive"),
-        ),
-    )
-}
+MODEL_FORMATS: dict[str, ModelFormat] = by_name(
+    ModelFormat(
+        "huggingface",
+        "a Hugging Face checkpoint folder (safetensors), cut after block --split-layer",
+        "a folder with a config.json",
+        (f"{FORMATS_MODULE}.hf_checkpoint", "CheckpointFolder"),
+    ),
+    ModelFormat(
+        "onnx",
+        "an ONNX graph, converted to torch for gradients and run by onnxruntime",
+        "the suffix .onnx; any file no other format recognises",
+        (f"{FORMATS_MODULE}.onnx", "OnnxGraph"),
+        fallback=True,
+        folds_batch_norm=True,
+    ),
+    ModelFormat(
+        "exported",
+        "a torch.export program (.pt2)",
+        "the suffix .pt2, or a zip archive in torch.export's layout",
+        (f"{FORMATS_MODULE}.exported", "ExportedProgram"),
+    ),
+    ModelFormat(
+        "torchscript",
+        "a TorchScript archive (torch.jit.save)",
+        "the suffixes .pt, .pth, .ts, .jit, .torchscript, or any other zip archive",
+        (f"{FORMATS_MODULE}.torchscript", "TorchScriptArchive"),
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -202,37 +201,34 @@ class ResultKind:
     side_by_side: str = ""
 
 
-RESULT_KINDS: dict[str, ResultKind] = {
-    kind.name: kind
-    for kind in (
-        ResultKind(
-            "report",
-            ("splitaudit.core.result", "shipped_schema"),
-            ("splitaudit.reports.writer", "write_reports"),
-            ("splitaudit.reports.consistency", "report_problem"),
-            ("splitaudit.reports.consistency", "recomputed_report_gate"),
-            ("splitaudit.engine.verify", "measure_report_again"),
-        ),
-        ResultKind(
-            "sweep",
-            ("splitaudit.core.result", "sweep_json_schema"),
-            ("splitaudit.reports.sweep", "write_sweep_reports"),
-            ("splitaudit.reports.consistency", "sweep_problem"),
-            ("splitaudit.reports.consistency", "recomputed_sweep_gate"),
-            ("splitaudit.engine.verify", "measure_sweep_again"),
-            side_by_side="a sweep already sets its sigmas side by side",
-        ),
-        ResultKind(
-            "cuts",
-            ("splitaudit.core.result", "cuts_json_schema"),
-            ("splitaudit.reports.cuts", "write_cuts_reports"),
-            ("splitaudit.reports.consistency", "cuts_problem"),
-            ("splitaudit.reports.consistency", "recomputed_cuts_gate"),
-            ("splitaudit.engine.cuts", "measure_cuts_again"),
-            side_by_side="it already sets its cuts side by side",
-        ),
-    )
-}
+RESULT_KINDS: dict[str, ResultKind] = by_name(
+    ResultKind(
+        "report",
+        ("splitaudit.core.result", "shipped_schema"),
+        ("splitaudit.reports.writer", "write_reports"),
+        ("splitaudit.reports.consistency", "report_problem"),
+        ("splitaudit.reports.consistency", "recomputed_report_gate"),
+        ("splitaudit.engine.verify", "measure_report_again"),
+    ),
+    ResultKind(
+        "sweep",
+        ("splitaudit.core.result", "sweep_json_schema"),
+        ("splitaudit.reports.sweep", "write_sweep_reports"),
+        ("splitaudit.reports.consistency", "sweep_problem"),
+        ("splitaudit.reports.consistency", "recomputed_sweep_gate"),
+        ("splitaudit.engine.verify", "measure_sweep_again"),
+        side_by_side="a sweep already sets its sigmas side by side",
+    ),
+    ResultKind(
+        "cuts",
+        ("splitaudit.core.result", "cuts_json_schema"),
+        ("splitaudit.reports.cuts", "write_cuts_reports"),
+        ("splitaudit.reports.consistency", "cuts_problem"),
+        ("splitaudit.reports.consistency", "recomputed_cuts_gate"),
+        ("splitaudit.engine.cuts", "measure_cuts_again"),
+        side_by_side="it already sets its cuts side by side",
+    ),
+)
 
 
 def result_kind(document: dict) -> ResultKind:
@@ -256,50 +252,47 @@ class ReportFormat:
 
 
 _ALL = frozenset({"report", "sweep", "cuts", "comparison"})
-FORMATS: dict[str, ReportFormat] = {
-    fmt.name: fmt
-    for fmt in (
-        ReportFormat(
-            "html",
-            "a self-contained web page",
-            _ALL,
-            ("splitaudit.reports.writer", "write_html_document"),
-            default=True,
-        ),
-        ReportFormat(
-            "md",
-            "Markdown, its figures beside it",
-            _ALL,
-            ("splitaudit.reports.writer", "write_markdown_document"),
-            default=True,
-        ),
-        ReportFormat(
-            "json",
-            "the result itself (report.json), checked against its schema",
-            _ALL,
-            ("splitaudit.reports.writer", "write_json_document"),
-            default=True,
-        ),
-        ReportFormat(
-            "sarif",
-            "SARIF 2.1.0 findings for code-scanning tools",
-            frozenset({"report"}),
-            ("splitaudit.reports.sarif", "write_sarif_document"),
-        ),
-        ReportFormat(
-            "junit",
-            "the gate's checks as JUnit XML test cases",
-            frozenset({"report", "sweep", "cuts"}),
-            ("splitaudit.reports.junit", "write_junit_document"),
-        ),
-        ReportFormat(
-            "pdf",
-            "a PDF for a reviewer to sign: the HTML's content, provenance, sign-off",
-            frozenset({"report"}),
-            ("splitaudit.reports.pdf", "write_pdf_document"),
-        ),
-    )
-}
+FORMATS: dict[str, ReportFormat] = by_name(
+    ReportFormat(
+        "html",
+        "a self-contained web page",
+        _ALL,
+        ("splitaudit.reports.writer", "write_html_document"),
+        default=True,
+    ),
+    ReportFormat(
+        "md",
+        "Markdown, its figures beside it",
+        _ALL,
+        ("splitaudit.reports.writer", "write_markdown_document"),
+        default=True,
+    ),
+    ReportFormat(
+        "json",
+        "the result itself (report.json), checked against its schema",
+        _ALL,
+        ("splitaudit.reports.writer", "write_json_document"),
+        default=True,
+    ),
+    ReportFormat(
+        "sarif",
+        "SARIF 2.1.0 findings for code-scanning tools",
+        frozenset({"report"}),
+        ("splitaudit.reports.sarif", "write_sarif_document"),
+    ),
+    ReportFormat(
+        "junit",
+        "the gate's checks as JUnit XML test cases",
+        frozenset({"report", "sweep", "cuts"}),
+        ("splitaudit.reports.junit", "write_junit_document"),
+    ),
+    ReportFormat(
+        "pdf",
+        "a PDF for a reviewer to sign: the HTML's content, provenance, sign-off",
+        frozenset({"report"}),
+        ("splitaudit.reports.pdf", "write_pdf_document"),
+    ),
+)
 DEFAULT_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.default)
 
 
