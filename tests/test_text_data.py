@@ -216,7 +216,8 @@ def test_an_onnx_token_model_reads_text_with_vocab_tokenizer_json(tmp_path, caps
     its sentences written as text come back as the sample's ids, and are recovered exactly."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from splitaudit.inputs.token_models import open_audited_model
+    from splitaudit.inputs.model_format import ModelRequest
+    from splitaudit.inputs.token_models import ModelSource, open_audited_model
 
     vocab = json.loads((SAMPLES / "text_vocab.json").read_text())
     tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(vocab)}, unk_token=vocab[0]))
@@ -225,7 +226,8 @@ def test_an_onnx_token_model_reads_text_with_vocab_tokenizer_json(tmp_path, caps
     with np.load(SAMPLES / "text.npz") as npz:
         ids = npz["x"][:40]
     (tmp_path / "corpus.txt").write_text("\n".join(" ".join(vocab[i] for i in row) for row in ids) + "\n")
-    raw = open_audited_model(SAMPLES / "text_bottom.onnx", torch.device("cpu"), None, tmp_path / "tokenizer.json")
+    source = ModelSource(SAMPLES / "text_bottom.onnx", ModelRequest(vocab=tmp_path / "tokenizer.json"))
+    raw = open_audited_model(source, torch.device("cpu"))
     data = load_text_data(tmp_path / "corpus.txt", raw.tokens, vocab_path=tmp_path / "tokenizer.json")
     assert torch.equal(data.token_ids, torch.from_numpy(ids)) and data.mask is None  # no padding: no mask
     assert (data.text["length"], data.text["padded"], data.text["truncated"]) == (8, 0, 0)

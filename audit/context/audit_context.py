@@ -5,13 +5,14 @@ Estimators and attacks read everything they need from here; nothing in it prints
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn as nn
 from tqdm import tqdm
 
+from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import InputSpace, decide_space
 from splitaudit.estimators.jacobian import seeded_draws
@@ -158,8 +159,27 @@ def _finite_embeddings(z: torch.Tensor, part: str) -> torch.Tensor:
     return z
 
 
+@dataclass(frozen=True)
+class ContextSettings:
+    """The run options the audit context is built from: what a worker process receives with the model
+    and the data (execution/recipe.py), rather than all of AuditOptions."""
+
+    noise_sigma: float
+    seed: int
+    quick: bool
+    attack_options: dict
+    queries: int
+    top_model_role: str
+    normalize: tuple | None
+    top_model: object  # a file, a torch module or None
+
+    @classmethod
+    def of(cls, options: AuditOptions) -> "ContextSettings":
+        return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
+
+
 def build_context(
-    options: AuditOptions,
+    options: ContextSettings,
     raw: RawModel,
     aux: Dataset,
     target: Dataset,

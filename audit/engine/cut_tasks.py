@@ -60,6 +60,10 @@ class CutsRecipe:
     prior: PriorEstimate
     scratch: str | None = None
 
+    @property
+    def device(self) -> str:
+        return self.options.device
+
     def rebuild(self, device: str) -> CutsWorkspace:
         options = replace(self.options, device=device)
         return CutsWorkspace(options, self.whole, (self.aux, self.target), self.prior, self.scratch)

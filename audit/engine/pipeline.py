@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options
-from splitaudit.context.audit_context import AuditContext, build_context, silent_progress
+from splitaudit.context.audit_context import AuditContext, ContextSettings, build_context, silent_progress
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.core.result import SCHEMA_VERSION
@@ -38,7 +38,7 @@ from splitaudit.inputs.digests import InputFiles
 from splitaudit.inputs.model_checks import within_time_limit
 from splitaudit.inputs.models import resolve_device
 from splitaudit.inputs.raw_model import RawModel
-from splitaudit.inputs.token_models import load_audited_data, open_audited_model
+from splitaudit.inputs.token_models import ModelSource, load_audited_data, open_audited_model
 from splitaudit.stages.bound_check import check_against_bound
 from splitaudit.stages.token_statement import checked_against_attacks, token_statement
 from splitaudit.verdicts.gate import evaluate_gate, thresholds_of
@@ -83,24 +83,19 @@ def _prepare_context(options: AuditOptions, progress: Callable[..., tqdm], data:
     device = resolve_device(options.device)
     raw = within_time_limit(
         open_audited_model,
-        options.model,
+        ModelSource.of(options),
         device,
-        options.output_name,
-        options.vocab,
-        options.model_mode,
-        options.input_shape,
-        options.split_layer,
         what="loading the model",
     )
     if data is not None:
-        return build_context(options, raw, *data, device, progress)
+        return build_context(ContextSettings.of(options), raw, *data, device, progress)
     shape = raw.declared_input_shape
     loaded = _load(options.aux, shape, options, raw)
     if options.target:
         aux, target = loaded, _load(options.target, shape or loaded.sample_shape, options, raw)
     else:
         aux, target = split_dataset(loaded, options.target_fraction, options.seed)
-    return build_context(options, raw, aux, target, device, progress)
+    return build_context(ContextSettings.of(options), raw, aux, target, device, progress)
 
 
 def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:

@@ -30,7 +30,7 @@ def context_on_worker(recipe_box: list):
     key, ref = recipe_box
     if key not in _CONTEXTS:
         recipe: Recipe = ray.get(ref)
-        device = recipe.options.device if ray.get_gpu_ids() else "cpu"
+        device = recipe.device if ray.get_gpu_ids() else "cpu"
         _CONTEXTS[key] = recipe.rebuild(device)
     return _CONTEXTS[key]
 

@@ -14,16 +14,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from splitaudit.context.audit_context import AuditContext, build_context
+from splitaudit.context.audit_context import AuditContext, ContextSettings, build_context
 from splitaudit.core.config import AuditOptions
 from splitaudit.inputs.data import Dataset
 from splitaudit.inputs.model_format import loader_for
+from splitaudit.inputs.token_models import ModelSource, open_audited_model
 
 
 class Recipe(Protocol):
     """What a worker rebuilds its tasks' common state from (an audit context, the cuts' whole model)."""
 
-    options: AuditOptions
+    device: str  # where the parent audits (--device): a Ray worker with a GPU rebuilds there
     scratch: str | None  # the folder the parent owns (and removes) for the workers' files; None: the system's
 
     def rebuild(self, device: str):
@@ -32,9 +33,12 @@ class Recipe(Protocol):
 
 @dataclass
 class ContextRecipe:
-    """The options, the model files' bytes by name and the split data."""
+    """What a worker rebuilds an audit context from: how the model is opened, the context's settings,
+    the model files' bytes by name and the split data (not the run's options: nothing else travels)."""
 
-    options: AuditOptions
+    source: ModelSource
+    settings: ContextSettings
+    device: str
     model_files: dict[str, bytes]
     top_model_files: dict[str, bytes]
     aux: Dataset
@@ -56,7 +60,9 @@ def model_files(path) -> dict[str, bytes]:
 def make_recipe(options: AuditOptions, ctx: AuditContext) -> ContextRecipe:
     """The recipe of a prepared context (data on the CPU, so it pickles anywhere)."""
     return ContextRecipe(
-        options=replace(options, aux="", target=None),
+        source=ModelSource.of(options),
+        settings=ContextSettings.of(options),
+        device=options.device,
         model_files=model_files(options.model),
         top_model_files=model_files(options.top_model),
         aux=ctx.aux.to("cpu"),
@@ -76,29 +82,15 @@ def rebuild_context(recipe: ContextRecipe, device: str) -> AuditContext:
 def _open_copies(recipe: ContextRecipe, device: str, folder: Path) -> AuditContext:
     """Write the recipe's model files into `folder` and build the context from those copies."""
     from splitaudit.inputs.models import resolve_device
-    from splitaudit.inputs.token_models import open_audited_model
 
     for files in (recipe.model_files, recipe.top_model_files):
         for name, data in files.items():
             (folder / name).parent.mkdir(exist_ok=True)
             (folder / name).write_bytes(data)
-    options = replace(
-        recipe.options,
-        model=_local_copy(recipe.options.model, folder),
-        top_model=_local_copy(recipe.options.top_model, folder),
-        device=device,
-    )
-    resolved = resolve_device(options.device)
-    raw = open_audited_model(
-        options.model,
-        resolved,
-        options.output_name,
-        options.vocab,
-        options.model_mode,
-        options.input_shape,
-        options.split_layer,
-    )
-    return build_context(options, raw, recipe.aux, recipe.target, resolved)
+    source = replace(recipe.source, model=_local_copy(recipe.source.model, folder))
+    settings = replace(recipe.settings, top_model=_local_copy(recipe.settings.top_model, folder))
+    resolved = resolve_device(device)
+    return build_context(settings, open_audited_model(source, resolved), recipe.aux, recipe.target, resolved)
 
 
 def _local_copy(model, folder: Path):

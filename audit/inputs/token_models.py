@@ -9,11 +9,13 @@ between a token model and any other.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
+from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
 from splitaudit.inputs.data import Dataset, load_dataset
@@ -24,28 +26,36 @@ from splitaudit.inputs.text_data import is_text_file, load_text_data, text_note
 from splitaudit.inputs.tokens import ALL_ONES_NOTE, MASK_NOTE, load_token_data
 
 
-def open_audited_model(
-    model,
-    device: torch.device,
-    output_name: str | None,
-    vocab,
-    mode: str = "saved",
-    input_shape=None,
-    split_layer: int | None = None,
-) -> RawModel:
-    """The model as the audit sees it (in --model-mode `mode`, on inputs of --input-shape or its
-    declared shape, channels first: audit_layout): a Hugging Face checkpoint folder cut after block
+@dataclass(frozen=True)
+class ModelSource:
+    """The audited model as the user gave it: the model (a file, a checkpoint folder or a torch module),
+    what was asked of it, and --input-shape. A worker process receives this, with the model's files,
+    to open its copy as the parent opened the original."""
+
+    model: object
+    request: ModelRequest = ModelRequest()
+    input_shape: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, options: AuditOptions) -> "ModelSource":
+        request = ModelRequest(options.output_name, options.model_mode, options.vocab, options.split_layer)
+        return cls(options.model, request, tuple(options.input_shape) if options.input_shape else None)
+
+
+def open_audited_model(source: ModelSource, device: torch.device) -> RawModel:
+    """The model as the audit sees it (in --model-mode, on inputs of --input-shape or its declared
+    shape, channels first: audit_layout): a Hugging Face checkpoint folder cut after block
     --split-layer; cut after its token-embedding lookup when --vocab declares token inputs; as it is
     otherwise. Its format's loader (loader_for) opens it."""
+    model, request = source.model, source.request
     if isinstance(model, nn.Module):
-        if split_layer is not None:
+        if request.split_layer is not None:
             raise InputError(SPLIT_LAYER_ONLY)
-        if vocab is not None:
+        if request.vocab is not None:
             raise InputError("--vocab (token inputs) needs a model file (TorchScript or ONNX), not a torch module")
-        return audit_layout(open_model(model, device, output_name, mode), input_shape)
-    request = ModelRequest(output_name, mode, vocab, split_layer)
+        return audit_layout(open_model(model, device, request.output_name, request.mode), source.input_shape)
     raw = loader_for(model).open(Path(model), device, request)
-    return raw if raw.tokens is not None else audit_layout(raw, input_shape)
+    return raw if raw.tokens is not None else audit_layout(raw, source.input_shape)
 
 
 def load_audited_data(
