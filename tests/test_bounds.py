@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from splitaudit.core import result
+from splitaudit.core import registries, result
 from splitaudit.core.registries import BOUNDS, GATED_BOUND
 from splitaudit.estimators import jacobian_sq_norm
 from splitaudit.estimators.bounds import (
@@ -127,8 +127,7 @@ def test_every_bound_is_its_formula(bound):
 
 def test_one_bound_is_gated_and_every_key_is_in_the_schema():
     assert [b for b in BOUNDS.values() if b.gated] == [GATED_BOUND]
-    # leakage's calibration solves 1/(E[dFIL] + J/d) = target (sigma_for_van_trees) and names it by
-    # the gated bound's slug: the two must be the same bound
+    assert GATED_BOUND.inverse is not None, "calibration solves the gated bound: give it an inverse"
     assert GATED_BOUND.uses_prior and GATED_BOUND.slug == "van-trees"
     assert [b.slug for b in BOUNDS.values()] == ["van-trees", "cramer-rao"]
     fields = set(get_type_hints(result.Bounds))
@@ -138,6 +137,18 @@ def test_one_bound_is_gated_and_every_key_is_in_the_schema():
     # a bound with the prior term is never above one without: more information, lower MSE
     with_prior = [b for b in BOUNDS.values() if b.uses_prior]
     assert all(bound_mse(b, 3.0, 0.5) <= bound_mse(c, 3.0, 0.5) for b in with_prior for c in BOUNDS.values())
+
+
+@pytest.mark.parametrize("bound", [b for b in BOUNDS.values() if b.inverse], ids=lambda b: b.key)
+def test_a_bounds_inverse_gives_the_noise_at_which_it_reaches_the_target(bound):
+    """At the sigma its inverse solves for, the bound (E||J||_F^2 / (d sigma^2) as the mean dFIL) is the
+    target, within the calibration's margin; where the prior alone beats the target, no sigma is."""
+    solve = registries.resolve(bound.inverse)
+    for trace_over_d, target, prior in [(9.7, 0.05, 3.0), (0.2, 0.3, 0.0), (120.0, 1e-3, 12.0)]:
+        answer = solve(trace_over_d, target, prior)
+        assert answer.feasible
+        assert bound_mse(bound, trace_over_d / answer.sigma**2, prior) == pytest.approx(target, rel=1e-12)
+    assert not solve(9.7, 0.1, 12.0).feasible  # 1/t = 10 <= J/d = 12
 
 
 def _markdown(write, *args, tmp_path: Path) -> str:

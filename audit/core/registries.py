@@ -40,7 +40,9 @@ class Bound:
     rather than the upper end of its interval); stderr_key: its standard error, where one is kept.
     audience: who it holds against, in a few words (charts, tables); holds_against: in full.
     gated: the bound --fail-under-mse gates on, attacks are checked against, and a sweep's
-    recommended sigma must reach (exactly one is).
+    recommended sigma must reach (exactly one is). inverse: (module, function) of the noise that makes
+    it equal a target, (E||J||_F^2 / d, target MSE, J/d) -> estimators.bounds.Calibration; the gated
+    bound's is what calibration, `--auto-sigma` and `cuts` solve.
     """
 
     name: str
@@ -52,6 +54,7 @@ class Bound:
     chart_color: str
     gated: bool = False
     stderr_key: str | None = None
+    inverse: tuple[str, str] | None = None
 
     @property
     def slug(self) -> str:
@@ -77,6 +80,7 @@ BOUNDS: dict[str, Bound] = {
             chart_color="#2f855a",
             gated=True,
             stderr_key="van_trees_stderr",
+            inverse=("splitaudit.estimators.bounds", "sigma_for_van_trees"),
         ),
         Bound(
             "Cramér-Rao",

@@ -18,13 +18,12 @@ import torch
 
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
-from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIORS
+from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIORS, resolve
 from splitaudit.estimators.bounds import (
     bound_mse,
     cramer_rao_mse,
     dfil,
     sigma_for_unbiased,
-    sigma_for_van_trees,
     van_trees_mse,
     van_trees_stderr,
 )
@@ -431,26 +430,28 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
 
 
 def calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | None) -> dict:
-    """Noise sigmas for a target bound: --fail-under-mse, else half the mean-guess MSE."""
+    """Noise sigmas for a target bound: --fail-under-mse, else half the mean-guess MSE. `sigma` solves the
+    gated bound (its registry entry's inverse); `sigma_unbiased` the unbiased one's, 1 / E[dFIL] = target."""
     source = "the --fail-under-mse threshold"
     if target_mse is None:
         target_mse = 0.5 * mean_variance(ctx.aux.x)[0]
         source = "default: half the mean-guess MSE (half the aux data's mean per-dimension variance)"
-    van_trees = sigma_for_van_trees(m.trace_over_d_upper, target_mse, m.prior.j_over_d_used)
+    solve = resolve(GATED_BOUND.inverse)
+    gated = solve(m.trace_over_d_upper, target_mse, m.prior.j_over_d_used)
     unbiased = sigma_for_unbiased(m.trace_over_d_upper, target_mse)
     return {
         "target_mse": target_mse,
         "target_source": source,
         "bound": GATED_BOUND.slug,
-        "sigma": van_trees.sigma,
-        "feasible": van_trees.feasible,
-        "reason": van_trees.reason,
+        "sigma": gated.sigma,
+        "feasible": gated.feasible,
+        "reason": gated.reason,
         "sigma_unbiased": unbiased.sigma,
         "trace_over_d": m.trace_over_d,
         "J_over_d": m.prior.j_over_d_used,
         "smoothing": m.smoothing,
         "trace_over_d_upper": m.trace_over_d_upper,
-        "sigma_point": sigma_for_van_trees(m.trace_over_d, target_mse, m.prior.j_over_d_used).sigma,
+        "sigma_point": solve(m.trace_over_d, target_mse, m.prior.j_over_d_used).sigma,
         "sigma_unbiased_point": sigma_for_unbiased(m.trace_over_d, target_mse).sigma,
         "sigma_basis": "upper end of the 95% confidence interval of E||J||_F^2 (conservative)",
     }
