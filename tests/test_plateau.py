@@ -25,8 +25,8 @@ from splitaudit.attacks.optimization import (
     map_weight,
     plan_inversion,
 )
+from splitaudit.attacks.parts.sdar_training import FULL, BatchStream, Stopping, sdar_reconstruct
 from splitaudit.attacks.sdar import PRESETS, sdar_settings
-from splitaudit.attacks.sdar_training import FULL, BatchStream, Stopping, sdar_reconstruct
 from splitaudit.core.plateau import Plateau, evaluating, restore, snapshot
 
 
@@ -202,14 +202,17 @@ def test_sdar_holds_no_aux_out_when_no_plateau_could_end_training_before_the_cap
     """The earliest stop is eval_every x (patience + 1) iterations; at or below it (a quick run's
     150 against the defaults' 550 with g, 350 without) stopping is off, so no aux is held out for
     nothing. The default patience is 10 measurements where g labels the simulator's embeddings, 6
-    without g."""
+    without g, where stopping is off unless asked for (its signal does not track the targets there)."""
     settings = lambda ctx, **options: sdar_settings(dataclasses.replace(ctx, attack_options={"sdar": options}))
     with_g, without_g = digits_top_ctx, dataclasses.replace(digits_top_ctx, top_model=None)
     assert with_g.quick and settings(with_g).iterations == 150 and settings(with_g).stopping is None
     assert settings(with_g, iterations=550).stopping is None
     assert settings(with_g, iterations=551).stopping == Stopping(every=50, patience=10, holdout_fraction=0.1)
-    assert settings(without_g, iterations=350).stopping is None
-    assert settings(without_g, iterations=351).stopping == Stopping(every=50, patience=6, holdout_fraction=0.1)
+    assert settings(without_g, iterations=351).stopping is None
+    assert settings(without_g, iterations=350, early_stopping=True).stopping is None
+    asked = settings(without_g, iterations=351, early_stopping=True).stopping
+    assert asked == Stopping(every=50, patience=6, holdout_fraction=0.1)
+    assert settings(with_g, iterations=551, early_stopping=False).stopping is None
     assert settings(with_g, iterations=40, eval_every=10, patience=1).stopping is not None
 
 

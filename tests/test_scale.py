@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from splitaudit.attacks.base import MIN_SEEDS
-from splitaudit.attacks.features import COMPONENTS, reduced
 from splitaudit.attacks.kmeans import cluster_scores
 from splitaudit.attacks.optimization import fit_prior, invert
+from splitaudit.attacks.parts.features import COMPONENTS, reduced
 from splitaudit.core import memory
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS,
@@ -189,13 +189,21 @@ def test_sdar_cost_is_a_timed_iteration_times_every_iteration_of_every_seed_and_
     """SDAR's estimate times its own training iteration on the model and data (one real iteration
     here, its time fixed at 0.5 s) and multiplies by iterations x seeds x variants (3 with the
     ablation: without d1 and without d2): at most all seeds' whole cap; about MIN_SEEDS seeds (seeds
-    by spread) of the share of the cap early stopping is expected to leave (EXPECTED_SHARE; under
-    --quick the stopping is off and the whole cap runs)."""
+    by spread) of the share of the cap early stopping is expected to leave (EXPECTED_SHARE) where it
+    is on (asked for here: this context has no top model); where it is off (by default without a
+    top model, and under --quick) the whole cap runs."""
     from splitaudit.attacks.sdar import EXPECTED_SHARE, sdar_settings
     from splitaudit.stages import cost
 
     timed = FixedTimer(0.5)
-    ctx = _cost_context(16, attack_options={"sdar": {"ablation": ablation}})
+    default = _cost_context(16, attack_options={"sdar": {"ablation": ablation}})
+    assert sdar_settings(default).stopping is None
+    per_seed = sdar_settings(default).iterations * (3 if ablation else 1) * 0.5
+    assert cost.estimate_cost(default, "gaussian", 0.25, ["sdar"], timer=timed).stages["sdar"] == pytest.approx(
+        MIN_SEEDS * per_seed
+    )
+    timed = FixedTimer(0.5)
+    ctx = _cost_context(16, attack_options={"sdar": {"ablation": ablation, "early_stopping": True}})
     estimate = cost.estimate_cost(ctx, "gaussian", 0.25, ["sdar"], timer=timed)
     settings = sdar_settings(ctx)
     per_seed = settings.iterations * (3 if ablation else 1) * 0.5
