@@ -14,7 +14,7 @@ same probes trained on the private inputs themselves are reported beside it as a
 less well than one on the inputs still leaks it, and calling that a failed attack would hide the
 leak. Features
 with more than 4096 dimensions are projected on their 256 leading principal components, fitted
-on the attacker's aux data (attacks/features.py); details["features"] says so.
+on the attacker's aux data (attacks/parts/features.py); details["features"] says so.
 
 Example::
 
@@ -37,7 +37,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from splitaudit.attacks.base import Attack, SeedOutcome
-from splitaudit.attacks.features import reduced
+from splitaudit.attacks.parts.features import reduced
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.threads import threads_for
 

@@ -17,13 +17,13 @@ import torch
 import torch.nn as nn
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
-from splitaudit.attacks.nets import Decoder, decode_batch, seeded
-from splitaudit.attacks.reconstruction import (
+from splitaudit.attacks.parts.nets import Decoder, decode_batch, seeded
+from splitaudit.attacks.parts.reconstruction import (
     mean_guess_baseline,
     reconstruction_examples,
     reconstruction_metrics,
 )
-from splitaudit.attacks.text_metrics import with_token_metrics
+from splitaudit.attacks.parts.text_metrics import with_token_metrics
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.plateau import (
     MIN_PATIENCE_STEPS,

@@ -7,7 +7,7 @@ It clusters the embeddings with k-means; each cluster then stands for one label.
 taken under the best one-to-one cluster-to-label assignment (Hungarian), as the paper does.
 The baseline is the same clustering on the raw inputs, without the bottom model. Features with
 more than 4096 dimensions (raw 3x224x224 inputs, early-split embeddings) are first projected on
-their 256 leading principal components (attacks/features.py); the details say so.
+their 256 leading principal components (attacks/parts/features.py); the details say so.
 
 Example::
 
@@ -23,7 +23,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from splitaudit.attacks.base import Attack, SeedOutcome
-from splitaudit.attacks.features import flat, reduced
+from splitaudit.attacks.parts.features import flat, reduced
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.threads import threads_for
 

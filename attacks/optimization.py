@@ -56,14 +56,14 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
 from splitaudit.attacks.decoder import DecoderOptions, decode, train_decoder, training_seconds
-from splitaudit.attacks.reconstruction import (
+from splitaudit.attacks.parts.reconstruction import (
     data_range,
     mean_guess_baseline,
     reconstruction_examples,
     reconstruction_metrics,
 )
-from splitaudit.attacks.text_metrics import with_token_metrics
-from splitaudit.attacks.token_relaxation import VocabularySimplex, quick_token_sentences, vocabulary_simplex
+from splitaudit.attacks.parts.text_metrics import with_token_metrics
+from splitaudit.attacks.parts.token_relaxation import VocabularySimplex, quick_token_sentences, vocabulary_simplex
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.memory import batch_within, per_sample_bytes
@@ -499,7 +499,7 @@ def invert(
     Iterates are clamped to [0, 1] when the input space lies there (`unit_range`: projected
     gradient descent); the step is scaled to the data's range (`data_range`).
     Token inputs (simplex given) are optimised as per-position logits over the vocabulary,
-    x = softmax(logits) @ table (attacks/token_relaxation.py says why).
+    x = softmax(logits) @ table (attacks/parts/token_relaxation.py says why).
     Samples are inverted in chunks whose saved activations fit the memory budget; the loss is a
     sum over samples and Adam works per coordinate, so chunks give the same result as one batch
     (`stopping` ends each chunk on its own objective, `steps` is then a cap).

@@ -23,7 +23,7 @@ targets' labels through a simulated tail, h~(g(z)) when `--top-model-role body` 
 (a server with the classifier but without labels) conditions the decoder on the labels it infers.
 Offline that tail names the classes' clusters arbitrarily (U_SHAPED_LIMIT); `labels = "clustered"`
 instead clusters the target embeddings and names the clusters by the layout of the aux classes
-(attacks/cluster_naming.py, this tool's addition), then runs the label-conditional attack on them.
+(attacks/parts/cluster_naming.py, this tool's addition), then runs the label-conditional attack on them.
 
 Noise: the client adds N(0, sigma^2 I) to what it sends (`--noise-sigma`) and the server sees
 that sigma in the protocol, so the attacker adds the same noise to f~'s outputs. Then g is fed
@@ -41,10 +41,10 @@ from typing import ClassVar
 import torch
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
-from splitaudit.attacks.cluster_naming import check_clusterable, geometry_named_labels
 from splitaudit.attacks.kmeans import best_assignment_accuracy, largest_class_share
-from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_examples, reconstruction_metrics
-from splitaudit.attacks.sdar_training import (
+from splitaudit.attacks.parts.cluster_naming import check_clusterable, geometry_named_labels
+from splitaudit.attacks.parts.reconstruction import mean_guess_baseline, reconstruction_examples, reconstruction_metrics
+from splitaudit.attacks.parts.sdar_training import (
     ABLATIONS,
     EVAL_EVERY,
     FULL,
@@ -215,7 +215,7 @@ class SDARAttack(Attack):
     would stop training does not track the targets (BLIND_STOPPING_LIMIT: off by default, said in the
     details of a run asked to stop on it);
     on small tabular data the attack is unstable (Zhu et al., NDSS 2025, evaluate images only). On
-    anisotropic images the networks grow and shrink per axis (attacks/nets.py). Without g on a
+    anisotropic images the networks grow and shrink per axis (attacks/parts/nets.py). Without g on a
     binary task, as on the text-line bottom of benchmarks/sdar_diagnosis.py (3x48x192 -> 16x3x96,
     upright/turned), the attack does not learn although its decoder is able: trained on f's own aux
     embeddings the same decoder beats the mean guess, and it inverts f~ on the targets' inputs just

@@ -45,7 +45,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from splitaudit.attacks.base import Attack, SeedOutcome, option
-from splitaudit.attacks.text_metrics import token_outcome
+from splitaudit.attacks.parts.text_metrics import token_outcome
 from splitaudit.attacks.token_inversion import sequence_states
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.threads import threads_for

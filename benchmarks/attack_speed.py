@@ -44,8 +44,8 @@ import torch
 
 from benchmarks.sdar_stopping import context
 from benchmarks.shapes_scale import SHAPES
+from splitaudit.attacks.parts.sdar_training import ADAM_EPS, EVAL_EVERY, FULL, SDARNets, sdar_training
 from splitaudit.attacks.sdar import PRESETS
-from splitaudit.attacks.sdar_training import ADAM_EPS, EVAL_EVERY, FULL, SDARNets, sdar_training
 
 Step = Callable[[], None]
 

@@ -31,7 +31,8 @@ from importlib.resources import files
 import torch
 import torch.nn as nn
 
-from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
+from splitaudit.attacks.parts.reconstruction import mean_guess_baseline, reconstruction_metrics
+from splitaudit.attacks.parts.sdar_training import ABLATIONS, FULL, SDARNets, Stopping, bce, sdar_reconstruct
 from splitaudit.attacks.sdar import (
     LABEL_FLIP,
     PRESETS,
@@ -39,7 +40,6 @@ from splitaudit.attacks.sdar import (
     majority_class_accuracy,
     relabelled_accuracy,
 )
-from splitaudit.attacks.sdar_training import ABLATIONS, FULL, SDARNets, Stopping, bce, sdar_reconstruct
 from splitaudit.core.config import AuditOptions
 from splitaudit.engine.pipeline import prepare_context
 from tests.support.ushaped import ARCHITECTURES, train_u_shaped

@@ -41,10 +41,9 @@ import torch
 
 from benchmarks.sdar_curve import d1_loss
 from benchmarks.shapes_scale import SHAPES, cpu_seconds, write_inputs
-from splitaudit.attacks.nets import decode_batch
-from splitaudit.attacks.reconstruction import mean_guess_baseline
-from splitaudit.attacks.sdar import PRESETS
-from splitaudit.attacks.sdar_training import (
+from splitaudit.attacks.parts.nets import decode_batch
+from splitaudit.attacks.parts.reconstruction import mean_guess_baseline
+from splitaudit.attacks.parts.sdar_training import (
     ABLATIONS,
     FULL,
     HOLDOUT_STREAM,
@@ -55,6 +54,7 @@ from splitaudit.attacks.sdar_training import (
     decoder_step,
     sdar_reconstruct,
 )
+from splitaudit.attacks.sdar import PRESETS
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.plateau import evaluating
 from splitaudit.core.threads import threads_for

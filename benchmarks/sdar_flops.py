@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.sdar_stopping import context
 from benchmarks.shapes_scale import SHAPES
-from splitaudit.attacks.sdar_training import Regularizers, sdar_training
+from splitaudit.attacks.parts.sdar_training import Regularizers, sdar_training
 from tests.support.architectures import ARCHITECTURES
 
 BATCH = 32  # the cpu preset's batch

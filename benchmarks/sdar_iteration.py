@@ -28,8 +28,8 @@ import time
 import torch
 import torch.nn as nn
 
+from splitaudit.attacks.parts.sdar_training import FULL, BatchStream, SDARNets, sdar_iteration
 from splitaudit.attacks.sdar import PRESETS
-from splitaudit.attacks.sdar_training import FULL, BatchStream, SDARNets, sdar_iteration
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.inputs.data import Dataset
 from splitaudit.inputs.models import Encoder, resolve_device

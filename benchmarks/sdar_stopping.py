@@ -42,10 +42,10 @@ import numpy as np
 
 from benchmarks.audit_scale import smooth_images
 from benchmarks.sdar_curve import DATA, curve
-from splitaudit.attacks import sdar_training
-from splitaudit.attacks.reconstruction import mean_guess_baseline, reconstruction_metrics
+from splitaudit.attacks.parts import sdar_training
+from splitaudit.attacks.parts.reconstruction import mean_guess_baseline, reconstruction_metrics
+from splitaudit.attacks.parts.sdar_training import FULL, PRECISIONS, sdar_reconstruct, training_precision
 from splitaudit.attacks.sdar import PRESETS
-from splitaudit.attacks.sdar_training import FULL, PRECISIONS, sdar_reconstruct, training_precision
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.plateau import Plateau
 from splitaudit.engine.pipeline import prepare_context

@@ -1,4 +1,4 @@
-"""Naming k-means clusters by the class layout (attacks/cluster_naming.py): a planted renaming is
+"""Naming k-means clusters by the class layout (attacks/parts/cluster_naming.py): a planted renaming is
 found exactly, a smooth embedding of well-separated classes is named right, and a class missing
 from the aux data is a clear input error."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from splitaudit.attacks.cluster_naming import best_renaming, centroid_distances, geometry_named_labels
+from splitaudit.attacks.parts.cluster_naming import best_renaming, centroid_distances, geometry_named_labels
 from splitaudit.attacks.sdar import relabelled_accuracy
 from splitaudit.core.errors import InputError
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 from conftest import SAMPLES, sample
 from test_cli import run_cli
 
-from splitaudit.attacks.nets import reinitialized_copy
+from splitaudit.attacks.parts.nets import reinitialized_copy
 from splitaudit.core.errors import InputError
 from splitaudit.inputs.models import open_model, prepare_encoder, prepare_top_model
 from tests.support.architectures import build

@@ -17,7 +17,7 @@ from conftest import sample
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.base import SeedOutcome
-from splitaudit.attacks.sdar_training import FULL, SDARNets
+from splitaudit.attacks.parts.sdar_training import FULL, SDARNets
 from splitaudit.cli import main
 from splitaudit.reports.terminal import terminal_summary
 from splitaudit.reports.view import build_view

@@ -13,7 +13,7 @@ from conftest import make_context
 
 from splitaudit.attacks import get_attack
 from splitaudit.attacks.optimization import fit_prior, invert, total_variation
-from splitaudit.attacks.reconstruction import (
+from splitaudit.attacks.parts.reconstruction import (
     mean_guess_baseline,
     per_sample_mse,
     reconstruction_examples,

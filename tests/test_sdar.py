@@ -10,11 +10,10 @@ import torch
 from conftest import make_context, sample
 
 from splitaudit.attacks import get_attack
-from splitaudit.attacks import sdar_training as sdar_training_module
-from splitaudit.attacks.nets import Decoder, reinitialized_copy, restore_batch_norm
-from splitaudit.attacks.reconstruction import reconstruction_metrics
-from splitaudit.attacks.sdar import BLIND_STOPPING_LIMIT, PRESETS, U_SHAPED_LIMIT, sdar_settings
-from splitaudit.attacks.sdar_training import (
+from splitaudit.attacks.parts import sdar_training as sdar_training_module
+from splitaudit.attacks.parts.nets import Decoder, reinitialized_copy, restore_batch_norm
+from splitaudit.attacks.parts.reconstruction import reconstruction_metrics
+from splitaudit.attacks.parts.sdar_training import (
     ABLATIONS,
     D2_CONVS,
     D2_SIDE,
@@ -31,6 +30,7 @@ from splitaudit.attacks.sdar_training import (
     simultaneous_step,
     training_precision,
 )
+from splitaudit.attacks.sdar import BLIND_STOPPING_LIMIT, PRESETS, U_SHAPED_LIMIT, sdar_settings
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import decide_space
 from splitaudit.verdicts.gate import evaluate_gate

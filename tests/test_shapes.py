@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import splitaudit
-from splitaudit.attacks.nets import Decoder, generic_encoder, stage_sizes
 from splitaudit.attacks.optimization import _difference_count, fit_prior, total_variation
-from splitaudit.attacks.sdar_training import D2_CONVS, D2_SIDE, d1_discriminator, discriminator
+from splitaudit.attacks.parts.nets import Decoder, generic_encoder, stage_sizes
+from splitaudit.attacks.parts.sdar_training import D2_CONVS, D2_SIDE, d1_discriminator, discriminator
 from splitaudit.core.input_space import decide_space
 from splitaudit.estimators import jacobian_sq_norm
 from splitaudit.inputs.models import open_model, prepare_encoder

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from splitaudit.attacks.text_metrics import most_frequent_guess, position_accuracy, rare_tokens, token_metrics
+from splitaudit.attacks.parts.text_metrics import most_frequent_guess, position_accuracy, rare_tokens, token_metrics
 
 
 def test_metrics_of_a_hand_made_case():

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from test_cli import assert_one_line_error, run_cli
 
-from splitaudit.attacks.text_metrics import most_frequent_guess, position_accuracy, rare_tokens, token_metrics
+from splitaudit.attacks.parts.text_metrics import most_frequent_guess, position_accuracy, rare_tokens, token_metrics
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.result import first_error
 from splitaudit.engine.pipeline import prepare_context

@@ -9,8 +9,8 @@ import torch
 from test_tokens import bottom, files, token_context  # noqa: F401  (bottom and files are fixtures)
 
 from splitaudit.attacks import get_attack
-from splitaudit.attacks import token_relaxation as relaxation
 from splitaudit.attacks.optimization import PILOT_TARGETS, STEP_FRACTIONS
+from splitaudit.attacks.parts import token_relaxation as relaxation
 from tests.support.token_models import VOCAB
 
 

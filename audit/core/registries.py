@@ -144,7 +144,7 @@ class ModelFormat:
     first format whose loader recognises it, in the registry's order; one that none recognises by
     the `fallback` format, whose loader then says what is wrong with it. `folds_batch_norm`: its
     exporters fold batch norm into the convolutions before it, which SDAR's simulator of the bottom
-    gets back (attacks/nets.py)."""
+    gets back (attacks/parts/nets.py)."""
 
     name: str
     description: str

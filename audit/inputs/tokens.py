@@ -30,8 +30,6 @@ import torch
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import describe_bytes, display_path, require_regular_file
-from splitaudit.estimators.jacobian import concatenated
-from splitaudit.estimators.mean_trace import MeanTrace, summarised
 from splitaudit.estimators.prior import PriorEstimate
 from splitaudit.inputs.data import Dataset, load_dataset
 
@@ -288,33 +286,6 @@ def per_mask_pattern(
         out = part.new_empty((len(x), *part.shape[1:])) if out is None else out
         out[positions] = part
     return out
-
-
-def mean_trace_per_mask_pattern(
-    tokens: TokenSpace | None, mask: torch.Tensor | None, x: torch.Tensor, estimate: Callable[[torch.Tensor], MeanTrace]
-) -> MeanTrace:
-    """estimate(x) (a mean Jacobian trace) on each group of samples sharing a mask pattern under its
-    mask, merged into one over all samples: per-sample traces side by side (index into x), the
-    mean and its standard error recomputed over them, products summed, the largest group's self-check."""
-    groups = mask_groups(mask, len(x)) if tokens is not None and tokens.masked is not None else []
-    if len(groups) <= 1:
-        with bound_mask(tokens, groups[0][0] if groups else None):
-            return estimate(x)
-    parts = []
-    for row, positions in groups:
-        positions = positions.to(x.device)
-        with bound_mask(tokens, row):
-            parts.append((positions, estimate(x[positions])))
-    merged = summarised(
-        concatenated([part.traces for _, part in parts]),
-        torch.cat([positions[part.index] for positions, part in parts]),
-        parts[0][1].rtol,
-        sum(part.total_products for _, part in parts),
-    )
-    largest = max(parts, key=lambda p: len(p[0]))[1]
-    merged.check = largest.check
-    merged.fd_choice = largest.fd_choice
-    return merged
 
 
 def require_mask_name(name: str, path) -> None:

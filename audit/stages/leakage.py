@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -27,7 +27,7 @@ from splitaudit.estimators.bounds import (
     van_trees_mse,
     van_trees_stderr,
 )
-from splitaudit.estimators.jacobian import FD_MAX_RELATIVE_ERROR, FD_STEP_RATIO, TraceEstimate
+from splitaudit.estimators.jacobian import FD_MAX_RELATIVE_ERROR, FD_STEP_RATIO, TraceEstimate, concatenated
 from splitaudit.estimators.mean_trace import (
     LEAKIEST,
     Z_95,
@@ -37,6 +37,7 @@ from splitaudit.estimators.mean_trace import (
     TraceOverflow,
     default_method,
     estimate_mean_trace,
+    summarised,
 )
 from splitaudit.estimators.prior import (
     QUICK_SCORE_SETTINGS,
@@ -48,7 +49,7 @@ from splitaudit.estimators.prior import (
 )
 from splitaudit.inputs.model_checks import naming_state_edits
 from splitaudit.inputs.stochastic import naming_randomness
-from splitaudit.inputs.tokens import mean_trace_per_mask_pattern
+from splitaudit.inputs.tokens import TokenSpace, bound_mask, mask_groups
 
 IMAGE_SMOOTHING = 0.25  # Maeng et al. (NeurIPS 2023), A.1: the randomized-smoothing noise that works for [0,1] images
 DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES = 2048, 256
@@ -455,3 +456,30 @@ def calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | N
         "sigma_unbiased_point": sigma_for_unbiased(m.trace_over_d, target_mse).sigma,
         "sigma_basis": "upper end of the 95% confidence interval of E||J||_F^2 (conservative)",
     }
+
+
+def mean_trace_per_mask_pattern(
+    tokens: TokenSpace | None, mask: torch.Tensor | None, x: torch.Tensor, estimate: Callable[[torch.Tensor], MeanTrace]
+) -> MeanTrace:
+    """estimate(x) (a mean Jacobian trace) on each group of samples sharing a mask pattern under its
+    mask, merged into one over all samples: per-sample traces side by side (index into x), the
+    mean and its standard error recomputed over them, products summed, the largest group's self-check."""
+    groups = mask_groups(mask, len(x)) if tokens is not None and tokens.masked is not None else []
+    if len(groups) <= 1:
+        with bound_mask(tokens, groups[0][0] if groups else None):
+            return estimate(x)
+    parts = []
+    for row, positions in groups:
+        positions = positions.to(x.device)
+        with bound_mask(tokens, row):
+            parts.append((positions, estimate(x[positions])))
+    merged = summarised(
+        concatenated([part.traces for _, part in parts]),
+        torch.cat([positions[part.index] for positions, part in parts]),
+        parts[0][1].rtol,
+        sum(part.total_products for _, part in parts),
+    )
+    largest = max(parts, key=lambda p: len(p[0]))[1]
+    merged.check = largest.check
+    merged.fd_choice = largest.fd_choice
+    return merged

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from splitaudit.attacks.text_metrics import position_counts
+from splitaudit.attacks.parts.text_metrics import position_counts
 from splitaudit.inputs.data import Dataset
 from splitaudit.inputs.tokens import TokenSpace
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from splitaudit.attacks.nets import (
+from splitaudit.attacks.parts.nets import (
     LABEL_EMBEDDING,
     Decoder,
     LabelChannel,

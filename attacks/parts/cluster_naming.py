@@ -26,8 +26,8 @@ import itertools
 import numpy as np
 import torch
 
-from splitaudit.attacks.features import reduced
 from splitaudit.attacks.kmeans import kmeans_clusters
+from splitaudit.attacks.parts.features import reduced
 from splitaudit.core.errors import InputError
 
 EXACT_CLASSES = 8  # up to 8! = 40,320 renamings are all scored; above, restarted pairwise swaps
