@@ -199,14 +199,14 @@ def prepare_encoder(raw: RawModel, sample: torch.Tensor, normalize: tuple | None
     device = sample.device
     mean, std = _normalization(normalize, tuple(sample.shape[1:]), device)
     notes: list[str] = list(raw.notes)
-    held = [m for m in (raw.torch_module, raw.saved_module) if m is not None and raw.format != "onnx"]
+    held = [m for m in (raw.torch_module, raw.saved_module) if m is not None and not raw.runs_a_graph]
     weights = state_digest(held)
     batch_note = settle_static_batch(raw, model_layout((sample - mean) / std, raw.channels_last))
     notes.extend([batch_note] if batch_note else [])
     blackbox = _blackbox_fn(raw, mean, std)
     torch_fn = Normalized(raw.torch_module, mean, std, raw.channels_last) if raw.torch_module is not None else None
     parity = None
-    if raw.format == "onnx":
+    if raw.runs_a_graph:
         torch_fn, parity = check_parity(raw, mean, std, blackbox, sample, notes)
     elif raw.saved_module is not None:
         parity = check_saved_precision(raw, torch_fn, blackbox, sample)
@@ -311,7 +311,7 @@ def prepare_top_model(raw: RawModel, embeddings: torch.Tensor) -> tuple[nn.Modul
     blackbox = _blackbox_fn(raw, zero, one)
     notes: list[str] = []
     module = raw.torch_module
-    if raw.format == "onnx":
+    if raw.runs_a_graph:
         module, _ = check_parity(raw, zero, one, blackbox, embeddings, notes)
     forward = module if module is not None else blackbox
     check_top_model(forward, embeddings)

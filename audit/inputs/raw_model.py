@@ -71,6 +71,13 @@ class RawModel:
     quantized_session: object | None = None  # a quantized ONNX model as saved; `session` runs it straight-through
     saved_batch: SavedBatch | None = None  # saved with a static batch, opened with the batch free
 
+    @property
+    def runs_a_graph(self) -> bool:
+        """Whether onnxruntime runs the model as saved (`session`) and `torch_module`, when there is one,
+        is a converter's translation of that graph: the two are checked for parity before either is
+        trusted, and the module's own weights are not the model's."""
+        return self.session is not None
+
 
 # torch's recurrent layers, by class name: a TorchScript module keeps it as its original_name.
 RECURRENT_LAYERS = ("LSTM", "GRU", "RNN")
