@@ -68,6 +68,12 @@ def evaluate_gate(
     }
 
 
+def threshold_checks(entry: dict, thresholds: dict, strict: bool = False) -> list[dict]:
+    """evaluate_gate's checks of one audited entry (a sweep's recommended point, the recommended cut)
+    without its completeness check: the sweep's and the cuts' gates check completeness at every entry."""
+    return [c for c in evaluate_gate(entry, **thresholds, strict=strict)["checks"] if c["name"] != "audit-complete"]
+
+
 def thresholds_of(options) -> dict:
     """The gate's keyword arguments as a run's options (core.config.AuditOptions) set them."""
     return {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from splitaudit.core.registries import GATED_BOUND
-from splitaudit.verdicts.gate import completeness_checks, evaluate_gate, no_recommendation_check, utility_loss_check
+from splitaudit.verdicts.gate import completeness_checks, no_recommendation_check, threshold_checks, utility_loss_check
 
 REACHES_RTOL = 1e-9  # the calibrated sigma's bound equals the target up to rounding
 
@@ -112,8 +112,7 @@ def sweep_gate(
         "max_advantage": max_advantage,
     }
     if rec["noise_sigma"] is not None:
-        at_rec = evaluate_gate(sweep["points"][rec["point_index"]], **thresholds, strict=strict)["checks"]
-        checks += [c for c in at_rec if c["name"] != "audit-complete"]
+        checks += threshold_checks(sweep["points"][rec["point_index"]], thresholds, strict)
     elif any(v is not None for v in thresholds.values()) or max_utility_loss is not None:
         checks.append(no_recommendation_check(rec["reason"], rec["target_mse"]))
     if max_utility_loss is not None and rec["noise_sigma"] is not None:

@@ -11,7 +11,7 @@ FLOPs (the earlier cut on a tie).
 from __future__ import annotations
 
 from splitaudit.core.registries import GATED_BOUND
-from splitaudit.verdicts.gate import completeness_checks, evaluate_gate, no_recommendation_check
+from splitaudit.verdicts.gate import completeness_checks, no_recommendation_check, threshold_checks
 from splitaudit.verdicts.recommend import reaches
 
 LOSS_ATOL = 1e-9  # an accuracy loss equal to the budget qualifies (1 - 0.98 is 0.020000000000000018 in floats)
@@ -126,9 +126,7 @@ def cuts_gate(
     }
     if rec["cut_index"] is not None:
         cut = {**document["cuts"][rec["cut_index"]], "prior": document["prior"]}
-        checks += [
-            c for c in evaluate_gate(cut, **thresholds, strict=strict)["checks"] if c["name"] != "audit-complete"
-        ]
+        checks += threshold_checks(cut, thresholds, strict)
     elif any(v is not None for v in thresholds.values()):
         check = no_recommendation_check(rec["reason"], rec["target_mse"])
         checks.append({**check, "message": "no cut can be recommended: " + rec["reason"]})
