@@ -51,7 +51,7 @@ class ContextRecipe:
 
 def model_files(path) -> dict[str, bytes]:
     """A model's files by name, as its format's loader ships them (nothing for no model, or for an
-    in-memory torch module, which travels pickled in the options)."""
+    in-memory torch module, which travels pickled in the recipe's ModelSource)."""
     if not isinstance(path, (str, Path)):
         return {}
     return loader_for(path).files(Path(path))
