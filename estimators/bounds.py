@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from splitaudit.core.registries import Bound
+from splitaudit.core.registries import Bound, resolve
 
 
 def dfil(trace_sq: Tensor, d: int, sigma: float) -> Tensor:
@@ -44,6 +44,44 @@ def van_trees_mse(mean_dfil: float, prior_j_over_d: float) -> float:
 def bound_mse(bound: Bound, mean_dfil: float, prior_j_over_d: float) -> float:
     """A registered bound's MSE: van Trees with the prior term, Cramér-Rao (its J/d = 0) without."""
     return van_trees_mse(mean_dfil, prior_j_over_d if bound.uses_prior else 0.0)
+
+
+def bound_prior_term(bound: Bound, prior_j_over_d: float) -> float:
+    """The prior term a bound uses: J(pi)/d where it has the prior, else none."""
+    return prior_j_over_d if bound.uses_prior else 0.0
+
+
+@dataclass(frozen=True)
+class BoundInputs:
+    """What a bound's numbers are computed from. dfil: the estimate of E[dFIL], dfil_stderr its
+    standard error, dfil_used the upper end of its interval (what the bounds use), dfil_leakiest the
+    largest per-sample dFIL; prior_j_over_d: J(pi)/d as used, prior_stderr its standard error;
+    stam_limit: 1/tau^2 under smoothing tau (the smallest J any prior smoothed so can have), else None."""
+
+    dfil: float
+    dfil_stderr: float
+    dfil_used: float
+    dfil_leakiest: float
+    prior_j_over_d: float
+    prior_stderr: float
+    stam_limit: float | None
+
+
+def van_trees_numbers(inputs: BoundInputs) -> dict:
+    """The van Trees bound's standard error (delta method) and its value with the Stam limit as the
+    prior term (the bound no smoothed prior can lower further), where the input is smoothed."""
+    stam = inputs.stam_limit
+    return {
+        "van_trees_stderr": van_trees_stderr(
+            inputs.dfil, inputs.dfil_stderr, inputs.prior_j_over_d, inputs.prior_stderr
+        ),
+        "van_trees_stam_mse": None if stam is None else van_trees_mse(inputs.dfil_used, stam),
+    }
+
+
+def cramer_rao_numbers(inputs: BoundInputs) -> dict:
+    """The Cramér-Rao bound of the leakiest sample: what an unbiased attacker may reach on it."""
+    return {"cramer_rao_mse_leakiest": cramer_rao_mse(inputs.dfil_leakiest)}
 
 
 def van_trees_stderr(mean_dfil: float, mean_dfil_stderr: float, prior_j_over_d: float, prior_stderr: float) -> float:
@@ -87,6 +125,15 @@ def sigma_for_van_trees(trace_over_d: float, target_mse: float, prior_j_over_d: 
             ),
         )
     return Calibration(math.sqrt(trace_over_d / slack), True, "sigma solves 1/(E||J||_F^2/(d sigma^2) + J/d) = target")
+
+
+def solve_sigma(bound: Bound, trace_over_d: float, target_mse: float, prior_j_over_d: float) -> Calibration:
+    """The noise at which `bound` reaches target_mse, by its registry entry's inverse (given the
+    prior term only where the bound uses it)."""
+    solve = resolve(bound.inverse)
+    if bound.uses_prior:
+        return solve(trace_over_d, target_mse, prior_j_over_d)
+    return solve(trace_over_d, target_mse)
 
 
 def sigma_for_unbiased(trace_over_d: float, target_mse: float) -> Calibration:

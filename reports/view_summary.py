@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from splitaudit.core.registries import GATED_BOUND
+from splitaudit.core.registries import BOUNDS, GATED_BOUND
 from splitaudit.reports.formatting import advantage_words, is_finite, is_number, mean_std, number, text
 from splitaudit.reports.tokens import token_statement_words
 from splitaudit.reports.view_attacks import attack_title
@@ -137,6 +137,6 @@ def _recommended_noise(calibration: dict, current: Any) -> Item:
         f"Gaussian noise with σ = {number(sigma)} on the embeddings guarantees MSE ≥ {target} "
         f"against any attacker{_smoothing_condition(calibration)}{now}."
     )
-    if is_finite(calibration.get("sigma_unbiased")):
-        words += f" Against unbiased attackers only, σ = {number(calibration['sigma_unbiased'])} would suffice."
+    for bound in (b for b in BOUNDS.values() if not b.gated and is_finite(calibration.get(b.sigma_key))):
+        words += f" Against {bound.audience} only, σ = {number(calibration[bound.sigma_key])} would suffice."
     return Item("Recommended noise", words, "info")

@@ -16,11 +16,13 @@ from splitaudit.core import registries, result
 from splitaudit.core.registries import BOUNDS, GATED_BOUND
 from splitaudit.estimators import jacobian_sq_norm
 from splitaudit.estimators.bounds import (
+    BoundInputs,
     bound_mse,
     cramer_rao_mse,
     dfil,
     sigma_for_unbiased,
     sigma_for_van_trees,
+    solve_sigma,
     van_trees_mse,
     van_trees_stderr,
 )
@@ -139,39 +141,98 @@ def test_one_bound_is_gated_and_every_key_is_in_the_schema():
     assert all(bound_mse(b, 3.0, 0.5) <= bound_mse(c, 3.0, 0.5) for b in with_prior for c in BOUNDS.values())
 
 
-@pytest.mark.parametrize("bound", [b for b in BOUNDS.values() if b.inverse], ids=lambda b: b.key)
+@pytest.mark.parametrize("bound", list(BOUNDS.values()), ids=list(BOUNDS))
 def test_a_bounds_inverse_gives_the_noise_at_which_it_reaches_the_target(bound):
     """At the sigma its inverse solves for, the bound (E||J||_F^2 / (d sigma^2) as the mean dFIL) is the
     target, within the calibration's margin; where the prior alone beats the target, no sigma is."""
-    solve = registries.resolve(bound.inverse)
     for trace_over_d, target, prior in [(9.7, 0.05, 3.0), (0.2, 0.3, 0.0), (120.0, 1e-3, 12.0)]:
-        answer = solve(trace_over_d, target, prior)
+        answer = solve_sigma(bound, trace_over_d, target, prior)
         assert answer.feasible
         assert bound_mse(bound, trace_over_d / answer.sigma**2, prior) == pytest.approx(target, rel=1e-12)
-    assert not solve(9.7, 0.1, 12.0).feasible  # 1/t = 10 <= J/d = 12
+    assert solve_sigma(bound, 9.7, 0.1, 12.0).feasible is not bound.uses_prior  # 1/t = 10 <= J/d = 12
+
+
+@pytest.mark.parametrize("bound", list(BOUNDS.values()), ids=list(BOUNDS))
+def test_every_bound_writes_the_numbers_it_declares(bound):
+    inputs = BoundInputs(4.0, 0.2, 4.4, 9.0, 0.5, 0.05, 16.0)
+    numbers = registries.resolve(bound.numbers)(inputs) if bound.numbers else {}
+    assert set(numbers) == {key for key, _ in bound.number_keys}
+    assert bound.stderr_key is None or bound.stderr_key in numbers
+
+
+def test_the_bounds_numbers_are_their_closed_forms():
+    numbers = {
+        **registries.resolve(BOUNDS["van_trees_mse"].numbers)(BoundInputs(30.0, 3.0, 36.0, 90.0, 10.0, 4.0, 16.0)),
+        **registries.resolve(BOUNDS["cramer_rao_mse"].numbers)(BoundInputs(30.0, 3.0, 36.0, 90.0, 10.0, 4.0, None)),
+    }
+    assert numbers["van_trees_stderr"] == pytest.approx((1 / 40) ** 2 * 5.0)  # delta method, hypot(3, 4) = 5
+    assert numbers["van_trees_stam_mse"] == pytest.approx(1 / (36.0 + 16.0))  # at the upper dFIL, J = 1/tau^2
+    assert numbers["cramer_rao_mse_leakiest"] == pytest.approx(1 / 90.0)
+    assert (
+        registries.resolve(BOUNDS["van_trees_mse"].numbers)(BoundInputs(30, 3, 36, 90, 10, 4, None))[
+            "van_trees_stam_mse"
+        ]
+        is None
+    )  # no smoothing: no Stam limit
 
 
 def _markdown(write, *args, tmp_path: Path) -> str:
     return "\n".join(p.read_text() for p in write(*args, tmp_path, ["md"]) if p.suffix == ".md")
 
 
-def test_a_new_bound_is_one_registry_line(tmp_path, monkeypatch):
-    """A bound added to the registry alone is stated by the report, the comparison and the sweep
-    (table rows, formula, audience, the sweep's MSE chart) and has its keys in the schema's Bounds
-    section without other code (the leakage stage computes every entry by bound_mse)."""
-    from splitaudit.core import registries
+def toy_numbers(inputs: BoundInputs) -> dict:
+    """The toy bound's one extra number: its value at the leakiest sample."""
+    return {"test_mse_leakiest": 1 / (2 * inputs.dfil_leakiest)}
+
+
+def test_a_new_bound_is_one_registry_line(tmp_path, monkeypatch, cancer_ctx):
+    """A bound added to the registry alone is computed by the leakage stage (its value, its `_point`,
+    the numbers it declares, its calibrated sigma), described by `calibrate` and the report's summary,
+    stated by the report, the comparison and the sweep (table rows, formula, audience, the sweep's MSE
+    chart), listed in the reference, and has its keys in the schema's sections, without other code."""
+    import dataclasses
+
+    from docs.generate import bounds_section
     from splitaudit.reports.compare import write_comparison
     from splitaudit.reports.sweep import _mse_series, write_sweep_reports
     from splitaudit.reports.writer import load_result, write_reports
+    from splitaudit.stages import leakage
+    from splitaudit.stages.calibration import describe_calibration
 
     extra = registries.Bound(
-        "Test", "test_mse", "1 / (2 x mean dFIL)", "test attackers", "attackers in a test", False, "#000"
+        "Test",
+        "test_mse",
+        "1 / (2 x mean dFIL)",
+        "test attackers",
+        "attackers in a test",
+        False,
+        "#000",
+        inverse=("splitaudit.estimators.bounds", "sigma_for_unbiased"),
+        sigma_key="sigma_test",
+        numbers=("test_bounds", "toy_numbers"),
+        number_keys=(("test_mse_leakiest", float),),
     )
     monkeypatch.setitem(registries.BOUNDS, extra.key, extra)
+    audit = leakage.assess(dataclasses.replace(cancer_ctx, noise_sigma=0.5), prior="gaussian")
+    bounds, calibration = audit["bounds"], audit["calibration"]
+    assert bounds["test_mse"] == bounds["cramer_rao_mse"] and bounds["test_mse_point"] == bounds["cramer_rao_mse_point"]
+    assert bounds["test_mse_leakiest"] == pytest.approx(bounds["cramer_rao_mse_leakiest"] / 2, rel=1e-12)
+    assert calibration["sigma_test"] == calibration["sigma_unbiased"] > 0
+    assert calibration["sigma_test_point"] == calibration["sigma_unbiased_point"]
+    words = describe_calibration({**calibration, "prior": {"method": "gaussian"}})
+    assert f"Against test attackers only (Test), sigma {calibration['sigma_test']:.4g} suffices." in words
+    assert "| Test | `test_mse` | 1 / (2 x mean dFIL) | attackers in a test |" in "\n".join(bounds_section())
+    section = get_type_hints(result._bounds_section())
+    assert {"test_mse", "test_mse_point", "test_mse_leakiest"} <= set(section)
+    assert "test_mse" not in get_type_hints(result.Bounds)  # the schema is built from the registry at import
+    assert {"sigma_test", "sigma_test_point"} <= set(get_type_hints(result._calibration_section()))
+
     report = load_result(FIXTURES / "image_audit.json")
     report["bounds"]["test_mse"] = 0.123
+    report["calibration"]["sigma_test"] = 0.4567
     page = _markdown(write_reports, report, tmp_path=tmp_path / "r")
     assert "Test" in page and "0.123" in page and "1 / (2 x mean dFIL)" in page and "attackers in a test" in page
+    assert "Against test attackers only, σ = 0.4567 would suffice." in page
     before = load_result(FIXTURES / "sigma0_audit.json")
     before["bounds"]["test_mse"] = 0.5
     page = _markdown(write_comparison, before, report, tmp_path=tmp_path / "c")
@@ -184,8 +245,6 @@ def test_a_new_bound_is_one_registry_line(tmp_path, monkeypatch):
     charted = {series.label: series.values for series, _ in _mse_series(sweep)[1]}
     assert set(charted) == {b.label for b in registries.BOUNDS.values()}
     assert charted["Test bound (test attackers)"] == [0.0456] * len(sweep["points"])
-    section = get_type_hints(result._bounds_section())
-    assert {"test_mse", "test_mse_point"} <= set(section) and "test_mse" not in get_type_hints(result.Bounds)
 
 
 def test_the_bound_at_a_calibrated_sigma_never_falls_below_the_target_by_rounding():

@@ -34,15 +34,19 @@ def resolve(reference: tuple[str, str]):
 @dataclass(frozen=True)
 class Bound:
     """A lower bound on an attacker's reconstruction MSE per input dimension, 1 / (dFIL + J/d)
-    with or without the prior term (estimators/bounds.py: bound_mse), and how reports state it.
+    with or without the prior term (estimators/bounds.py: bound_mse), and everything the audit
+    writes and says of it: one entry here is the whole bound.
 
     key: its value in the result's bounds section (`{key}_point`: at the estimate of E[dFIL]
-    rather than the upper end of its interval); stderr_key: its standard error, where one is kept.
-    audience: who it holds against, in a few words (charts, tables); holds_against: in full.
-    gated: the bound --fail-under-mse gates on, attacks are checked against, and a sweep's
-    recommended sigma must reach (exactly one is). inverse: (module, function) of the noise that makes
-    it equal a target, (E||J||_F^2 / d, target MSE, J/d) -> estimators.bounds.Calibration; the gated
-    bound's is what calibration, `--auto-sigma` and `cuts` solve.
+    rather than the upper end of its interval). audience: who it holds against, in a few words
+    (charts, tables, the calibration's words); holds_against: in full. gated: the bound
+    --fail-under-mse gates on, attacks are checked against, and a sweep's recommended sigma must
+    reach (exactly one is). inverse: (module, function) of the noise that makes it equal a target,
+    (E||J||_F^2 / d, target MSE[, J/d where it uses the prior]) -> estimators.bounds.Calibration,
+    written to the calibration section as `sigma_key` (and `{sigma_key}_point`); the gated bound's
+    is what `--auto-sigma` and `cuts` solve. numbers: (module, function) of the other numbers it
+    writes beside its value, estimators.bounds.BoundInputs -> {key: value}, their keys and types in
+    `number_keys`; stderr_key: the one of them that is its standard error.
     """
 
     name: str
@@ -52,9 +56,12 @@ class Bound:
     holds_against: str
     uses_prior: bool
     chart_color: str
+    inverse: tuple[str, str]
+    sigma_key: str
     gated: bool = False
+    numbers: tuple[str, str] | None = None
+    number_keys: tuple[tuple[str, object], ...] = ()
     stderr_key: str | None = None
-    inverse: tuple[str, str] | None = None
 
     @property
     def slug(self) -> str:
@@ -67,6 +74,7 @@ class Bound:
         return f"{self.name} bound ({self.audience})"
 
 
+BOUNDS_MODULE = "splitaudit.estimators.bounds"
 BOUNDS: dict[str, Bound] = {
     bound.key: bound
     for bound in (
@@ -78,9 +86,12 @@ BOUNDS: dict[str, Bound] = {
             "any attacker, including one who knows the data distribution",
             uses_prior=True,
             chart_color="#2f855a",
+            inverse=(BOUNDS_MODULE, "sigma_for_van_trees"),
+            sigma_key="sigma",
             gated=True,
+            numbers=(BOUNDS_MODULE, "van_trees_numbers"),
+            number_keys=(("van_trees_stderr", float), ("van_trees_stam_mse", float | None)),
             stderr_key="van_trees_stderr",
-            inverse=("splitaudit.estimators.bounds", "sigma_for_van_trees"),
         ),
         Bound(
             "Cramér-Rao",
@@ -90,6 +101,10 @@ BOUNDS: dict[str, Bound] = {
             "unbiased attackers (no prior knowledge)",
             uses_prior=False,
             chart_color="#805ad5",
+            inverse=(BOUNDS_MODULE, "sigma_for_unbiased"),
+            sigma_key="sigma_unbiased",
+            numbers=(BOUNDS_MODULE, "cramer_rao_numbers"),
+            number_keys=(("cramer_rao_mse_leakiest", float),),
         ),
     )
 }

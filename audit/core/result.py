@@ -223,20 +223,17 @@ class Prior(TypedDict):
 
 def _bounds_section() -> type:
     """The bounds section's TypedDict: each registered bound's key (at the upper end of E[dFIL]'s
-    interval), its `_point` key (at the estimate) and its standard error where one is kept, from
+    interval), its `_point` key (at the estimate) and the other numbers it declares, from
     registries.BOUNDS, so a new bound needs no line here; then the keys every run writes besides."""
     per_bound: dict[str, Any] = {}
     for bound in BOUNDS.values():
         per_bound[bound.key] = float
-        if bound.stderr_key:
-            per_bound[bound.stderr_key] = float
+        per_bound.update(bound.number_keys)
         per_bound[f"{bound.key}_point"] = NotRequired[float]
     section = TypedDict(
         "Bounds",
         {
             **per_bound,
-            "cramer_rao_mse_leakiest": float,
-            "van_trees_stam_mse": float | None,
             "mean_guess_mse": float,
             "violated_by": list[str],
             "violation_causes": NotRequired[list[str]],
@@ -273,23 +270,35 @@ class TokenStatement(TypedDict):
     violated_by: list[str]
 
 
-class Calibration(TypedDict):
-    """The noise sigma that makes the van Trees bound reach a target MSE."""
+def _calibration_section() -> type:
+    """The calibration section's TypedDict: the gated bound's sigma (`sigma`, whether one exists and
+    why), every other registered bound's `sigma_key`, each with its `_point` twin (at the estimate of
+    E[dFIL]), from registries.BOUNDS; then what they were solved from."""
+    others = {bound.sigma_key: float | None for bound in BOUNDS.values() if not bound.gated}
+    at_estimate = {f"{bound.sigma_key}_point": NotRequired[float | None] for bound in BOUNDS.values()}
+    section = TypedDict(
+        "Calibration",
+        {
+            "target_mse": float,
+            "target_source": str,
+            "bound": Literal[GATED_BOUND.slug],
+            "sigma": float | None,
+            "feasible": bool,
+            "reason": str,
+            **others,
+            "trace_over_d": float,
+            "J_over_d": float,
+            "smoothing": float,
+            "trace_over_d_upper": NotRequired[float],
+            **at_estimate,
+            "sigma_basis": NotRequired[str],
+        },
+    )
+    section.__doc__ = f"The noise sigma that makes the {GATED_BOUND.name} bound reach a target MSE."
+    return section
 
-    target_mse: float
-    target_source: str
-    bound: Literal[GATED_BOUND.slug]
-    sigma: float | None
-    feasible: bool
-    reason: str
-    sigma_unbiased: float | None
-    trace_over_d: float
-    J_over_d: float
-    smoothing: float
-    trace_over_d_upper: NotRequired[float]
-    sigma_point: NotRequired[float | None]
-    sigma_unbiased_point: NotRequired[float | None]
-    sigma_basis: NotRequired[str]
+
+Calibration = _calibration_section()
 
 
 class BoundCheck(TypedDict):

@@ -19,14 +19,7 @@ import torch
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIORS, resolve
-from splitaudit.estimators.bounds import (
-    bound_mse,
-    cramer_rao_mse,
-    dfil,
-    sigma_for_unbiased,
-    van_trees_mse,
-    van_trees_stderr,
-)
+from splitaudit.estimators.bounds import BoundInputs, bound_mse, dfil, solve_sigma
 from splitaudit.estimators.jacobian import FD_MAX_RELATIVE_ERROR, FD_STEP_RATIO, TraceEstimate, concatenated
 from splitaudit.estimators.mean_trace import (
     LEAKIEST,
@@ -413,17 +406,19 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
         notes.append(
             f"these bounds hold for one send of each input; an attacker averaging --queries {ctx.queries} "
             f"independent sends gains up to {ctx.queries} times the Fisher information (independent draws and "
-            f"noise add up), so its van Trees bound is {van_trees_mse(ctx.queries * upper, j):.4g}"
+            f"noise add up), so its {GATED_BOUND.name} bound is {bound_mse(GATED_BOUND, ctx.queries * upper, j):.4g}"
         )
-    values = {key: bound_mse(bound, upper, j) for key, bound in BOUNDS.items()}
-    at_estimate = {f"{key}_point": bound_mse(bound, mean, j) for key, bound in BOUNDS.items()}
+    inputs = BoundInputs(mean, stderr, upper, float(per_sample.max()), j, m.prior.stderr, stam)
     return {
-        **values,
-        **at_estimate,
-        "cramer_rao_mse_leakiest": cramer_rao_mse(float(per_sample.max())),
+        **{key: bound_mse(bound, upper, j) for key, bound in BOUNDS.items()},
+        **{f"{key}_point": bound_mse(bound, mean, j) for key, bound in BOUNDS.items()},
+        **{
+            key: value
+            for bound in BOUNDS.values()
+            if bound.numbers
+            for key, value in resolve(bound.numbers)(inputs).items()
+        },
         "dfil_used": upper,
-        "van_trees_stderr": van_trees_stderr(mean, stderr, j, m.prior.stderr),
-        "van_trees_stam_mse": None if stam is None else van_trees_mse(upper, stam),
         "mean_guess_mse": mean_variance(ctx.aux.x)[0] + m.smoothing**2,
         "violated_by": [],
         "notes": notes,
@@ -431,15 +426,23 @@ def _bounds_section(ctx: AuditContext, m: Measurement, per_sample: torch.Tensor,
 
 
 def calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | None) -> dict:
-    """Noise sigmas for a target bound: --fail-under-mse, else half the mean-guess MSE. `sigma` solves the
-    gated bound (its registry entry's inverse); `sigma_unbiased` the unbiased one's, 1 / E[dFIL] = target."""
+    """Noise sigmas for a target bound: --fail-under-mse, else half the mean-guess MSE. Each bound's
+    `sigma_key` holds the sigma its registry entry's inverse solves for (`sigma`: the gated bound's,
+    with `feasible` and `reason`), at the upper end of E[dFIL]'s interval and (`_point`) at its estimate."""
     source = "the --fail-under-mse threshold"
     if target_mse is None:
         target_mse = 0.5 * mean_variance(ctx.aux.x)[0]
         source = "default: half the mean-guess MSE (half the aux data's mean per-dimension variance)"
-    solve = resolve(GATED_BOUND.inverse)
-    gated = solve(m.trace_over_d_upper, target_mse, m.prior.j_over_d_used)
-    unbiased = sigma_for_unbiased(m.trace_over_d_upper, target_mse)
+    j = m.prior.j_over_d_used
+    gated = solve_sigma(GATED_BOUND, m.trace_over_d_upper, target_mse, j)
+    sigmas = {
+        bound.sigma_key: solve_sigma(bound, m.trace_over_d_upper, target_mse, j).sigma
+        for bound in BOUNDS.values()
+        if not bound.gated
+    }
+    at_estimate = {
+        f"{bound.sigma_key}_point": solve_sigma(bound, m.trace_over_d, target_mse, j).sigma for bound in BOUNDS.values()
+    }
     return {
         "target_mse": target_mse,
         "target_source": source,
@@ -447,13 +450,12 @@ def calibration_section(ctx: AuditContext, m: Measurement, target_mse: float | N
         "sigma": gated.sigma,
         "feasible": gated.feasible,
         "reason": gated.reason,
-        "sigma_unbiased": unbiased.sigma,
+        **sigmas,
         "trace_over_d": m.trace_over_d,
-        "J_over_d": m.prior.j_over_d_used,
+        "J_over_d": j,
         "smoothing": m.smoothing,
         "trace_over_d_upper": m.trace_over_d_upper,
-        "sigma_point": solve(m.trace_over_d, target_mse, m.prior.j_over_d_used).sigma,
-        "sigma_unbiased_point": sigma_for_unbiased(m.trace_over_d, target_mse).sigma,
+        **at_estimate,
         "sigma_basis": "upper end of the 95% confidence interval of E||J||_F^2 (conservative)",
     }
 
