@@ -112,6 +112,23 @@ def test_a_format_that_cannot_do_something_says_so_in_one_line(format_files, tmp
         loader_for(format_files["onnx"]).open(format_files["onnx"], CPU, ModelRequest(split_layer=1))
 
 
+def test_a_whole_graph_written_from_another_form_comes_with_its_check(format_files, tmp_path):
+    """`splitaudit cuts` cuts an ONNX graph: an ONNX file is its own graph (nothing to check); a
+    torch.export program is written as one, and its loader's check refuses a graph whose output
+    differs from the program's on the data (one line), and passes the graph onnxruntime runs."""
+    import onnxruntime as ort
+
+    onnx_graph = loader_for(format_files["onnx"]).whole_graph(format_files["onnx"], tmp_path)
+    assert onnx_graph.path == format_files["onnx"] and onnx_graph.check is None
+    graph = loader_for(format_files["exported"]).whole_graph(format_files["exported"], tmp_path)
+    x = np.random.default_rng(0).random((4, 6), dtype=np.float32)
+    session = ort.InferenceSession(str(graph.path), providers=["CPUExecutionProvider"])
+    output = session.run(None, {session.get_inputs()[0].name: x})[0].astype(np.float64)
+    graph.check(x, output)
+    with pytest.raises(InputError, match="differs from the program by 0.1"):
+        graph.check(x, output + 0.1)
+
+
 def _shipped(path: Path, folder: Path) -> Path:
     """The model as a worker writes it from model_files."""
     files = model_files(str(path))

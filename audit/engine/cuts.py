@@ -46,7 +46,6 @@ from splitaudit.estimators.prior import PriorEstimate
 from splitaudit.execution.executor import local_workers, open_backend
 from splitaudit.execution.tasks import TaskResult
 from splitaudit.inputs.digests import InputFiles
-from splitaudit.inputs.exported_whole import check_conversion
 from splitaudit.inputs.model_format import loader_for
 from splitaudit.inputs.onnx_cuts import (
     CutPoint,
@@ -98,14 +97,14 @@ def run_cuts(
     say = on_cost or (lambda _line: None)
     inputs = InputFiles.before_loading(options, invocation.config_file)
     with tempfile.TemporaryDirectory(prefix="splitaudit-cuts-") as folder:
-        whole, program = _whole_model(options, Path(folder))
+        whole, check = _whole_model(options, Path(folder))
         candidates = candidate_cuts(whole)
         if not candidates:
             raise InputError(
                 f"{options.model}: no tensor lies on every path from the input to the output: nothing to cut"
             )
         chosen = select_cuts(candidates, options.cuts, DEFAULT_CUTS)
-        prepared = _prepare(options, whole, program, candidates, chosen, Path(folder), progress, say, started)
+        prepared = _prepare(options, whole, check, candidates, chosen, Path(folder), progress, say, started)
         inputs.hash_all()
         entries, executed = _audit_cuts(options, whole, prepared, chosen, progress, say)
     inputs.confirm_unchanged()
@@ -155,16 +154,16 @@ def measure_cuts_again(options: AuditOptions, document: dict, config: str | None
 
 
 def _whole_model(options: AuditOptions, folder: Path):
-    """The whole model's graph, and the program it was written from (None for an ONNX file): its
-    format's loader writes it as ONNX in `folder` where it is not ONNX, and that graph is checked
-    against the program on the data."""
+    """The whole model's graph, and its loader's check that the graph computes what the file does
+    (WholeGraph.check; None where the file is the graph): its format's loader writes it as ONNX in
+    `folder` where it is not ONNX, and the check runs on the data."""
     path = Path(options.model)
     loader = loader_for(path)
-    onnx_path, program = loader.whole_graph(path, folder)  # a format that keeps no graph says so here
-    require_regular_file(onnx_path, "model file")
-    whole = open_whole_model(onnx_path, _sample_shape(replace(options, model=str(onnx_path))), options.output_name)
+    graph = loader.whole_graph(path, folder)  # a format that keeps no graph says so here
+    require_regular_file(graph.path, "model file")
+    whole = open_whole_model(graph.path, _sample_shape(replace(options, model=str(graph.path))), options.output_name)
     whole.format = loader.format.name
-    return whole, program
+    return whole, graph.check
 
 
 def _sample_shape(options: AuditOptions) -> tuple[int, ...]:
@@ -203,7 +202,7 @@ def _npz_sample_shape(path: str) -> tuple[int, ...] | None:
 def _prepare(
     options: AuditOptions,
     whole: WholeModel,
-    program,
+    check: Callable[[np.ndarray, np.ndarray], object] | None,
     candidates: list[CutPoint],
     chosen: list[CutPoint],
     folder: Path,
@@ -211,15 +210,15 @@ def _prepare(
     say: Callable[[str], None],
     started: datetime,
 ) -> Preparation:
-    """What every cut shares, from the data loaded once beside the first cut's bottom: the .pt2's
-    graph checked against its program, the whole model's accuracy, the plan and its cost estimate
+    """What every cut shares, from the data loaded once beside the first cut's bottom: the graph
+    checked against the file it was written from (a .pt2's program), the whole model's accuracy, the plan and its cost estimate
     (timed on each chosen bottom, one context at a time, and said before anything slow), then the
     prior term. No bottom's context outlives this (each cut builds its own)."""
     _, _, bottom, top = write_halves(whole, chosen[0], folder)
     ctx, names = prepare_audit(cut_options(options, bottom, top), progress)
-    if program is not None:  # the graph that is cut is the program's
+    if check is not None:  # the graph that is cut was written from the file
         x = model_inputs(ctx).astype(input_dtype(whole), copy=False)
-        check_conversion(program, run_onnx(whole.proto, x), x)
+        check(x, run_onnx(whole.proto, x))
     workers = local_workers(options.workers, ctx) if options.executor == "local" else 0
     data = ctx.aux.to("cpu"), ctx.target.to("cpu")
     prepared = Preparation(

@@ -7,9 +7,11 @@ whole model as the ONNX graph `splitaudit cuts` cuts all go through the loader.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from splitaudit.core.errors import InputError
@@ -32,6 +34,17 @@ class ModelRequest:
     vocab: object = None
     split_layer: int | None = None
     mask_input: bool = False
+
+
+@dataclass(frozen=True)
+class WholeGraph:
+    """A whole model as the ONNX graph `splitaudit cuts` cuts: the graph's file, and where the graph
+    was written from another form (a torch.export program), `check(x, the graph's output on x)`,
+    which raises InputError where the graph does not compute what the file does (None: the file is
+    the graph)."""
+
+    path: Path
+    check: Callable[[np.ndarray, np.ndarray], object] | None = None
 
 
 class ModelLoader:
@@ -84,9 +97,9 @@ class ModelLoader:
         """The files a folder model consists of, (relative name, path); None for a single file."""
         return None
 
-    def whole_graph(self, path: Path, folder: Path) -> tuple[Path, object | None]:
-        """(an ONNX file of the whole model, the program it was written from or None), written in
-        `folder` where the format is not ONNX itself: what `splitaudit cuts` cuts."""
+    def whole_graph(self, path: Path, folder: Path) -> WholeGraph:
+        """The whole model as an ONNX graph, written in `folder` where the format is not ONNX itself,
+        with the check that it computes what the file does: what `splitaudit cuts` cuts."""
         raise InputError(
             f"{display_path(path)}: splitaudit cuts takes a whole model as ONNX (.onnx) or a torch.export program "
             f"(.pt2): its graph is what is cut, and this is {self.format.description}, which keeps none to cut "

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from splitaudit.inputs.exported_loading import is_exported_archive, open_exported
-from splitaudit.inputs.exported_whole import exported_as_onnx
-from splitaudit.inputs.model_format import ModelLoader, ModelRequest
+from splitaudit.inputs.exported_whole import check_conversion, exported_as_onnx
+from splitaudit.inputs.model_format import ModelLoader, ModelRequest, WholeGraph
 from splitaudit.inputs.raw_model import RawModel
 
 
@@ -22,5 +22,6 @@ class ExportedProgram(ModelLoader):
     def open_file(self, path: Path, device: torch.device, request: ModelRequest) -> RawModel:
         return open_exported(path, device, request.mode, request.output_name)
 
-    def whole_graph(self, path: Path, folder: Path):
-        return exported_as_onnx(path, folder)
+    def whole_graph(self, path: Path, folder: Path) -> WholeGraph:
+        graph, program = exported_as_onnx(path, folder)
+        return WholeGraph(graph, lambda x, graph_output: check_conversion(program, graph_output, x))

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import display_path
-from splitaudit.inputs.model_format import ModelLoader, ModelRequest
+from splitaudit.inputs.model_format import ModelLoader, ModelRequest, WholeGraph
 from splitaudit.inputs.onnx_loading import open_onnx
 from splitaudit.inputs.raw_model import RawModel, first_line
 from splitaudit.inputs.tokens import MaskSlot, require_mask_name
@@ -47,8 +47,8 @@ class OnnxGraph(ModelLoader):
     def external_files(self, path: Path) -> list[str]:
         return onnx_external_locations(path)
 
-    def whole_graph(self, path: Path, folder: Path) -> tuple[Path, None]:
-        return path, None
+    def whole_graph(self, path: Path, folder: Path) -> WholeGraph:
+        return WholeGraph(path)
 
 
 def onnx_external_locations(model: Path) -> list[str]:
