@@ -23,9 +23,8 @@ from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class
 from splitaudit.attacks.base import options_help
 from splitaudit.cli import EXIT_BAD_INPUT, EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, cli
 from splitaudit.core.config import AuditOptions, option_flag, option_spec
-from splitaudit.core.registries import BOUNDS, FORMATS, MODEL_FORMATS, PRIORS
+from splitaudit.core.registries import BOUNDS, FORMATS, MODEL_FORMATS, PRIORS, TRACE_METHODS
 from splitaudit.core.result import default_baseline_name, shipped_schema
-from splitaudit.estimators.methods import METHODS
 
 REFERENCE = Path(__file__).with_name("reference.md")
 SIDES = {"inputs": "J v (forward mode)", "outputs": "Jᵀ u (reverse mode)", "differences": "J v by finite differences"}
@@ -170,8 +169,8 @@ def priors_section() -> list[str]:
 
 
 def trace_methods_section() -> list[str]:
-    """The Jacobian-trace methods (estimators/methods.py METHODS)."""
-    rows = [(f"`{m.name}`", SIDES[m.side], first_paragraph(m.compute.__doc__)) for m in METHODS.values()]
+    """The Jacobian-trace methods (core/registries.py TRACE_METHODS)."""
+    rows = [(f"`{m.name}`", SIDES[m.side], m.description) for m in TRACE_METHODS.values()]
     intro = [
         "## Jacobian-trace methods",
         "",

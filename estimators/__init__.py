@@ -5,10 +5,9 @@ Pure tensor functions: no I/O, no printing; the audit wiring lives in splitaudit
 
 from splitaudit.estimators.jacobian import TraceEstimate, TraceOptions
 from splitaudit.estimators.mean_trace import MeanOptions, MeanTrace, TraceCheckError, estimate_mean_trace
-from splitaudit.estimators.methods import METHODS, jacobian_sq_norm, jacobian_trace
+from splitaudit.estimators.methods import jacobian_sq_norm, jacobian_trace
 
 __all__ = [
-    "METHODS",
     "MeanOptions",
     "MeanTrace",
     "TraceCheckError",

@@ -30,7 +30,7 @@ import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -87,29 +87,6 @@ class TraceEstimate:
         return dataclasses.replace(
             self, values=self.values.to(device), stderr=self.stderr.to(device), fd_error=fd_error
         )
-
-
-@dataclass(frozen=True)
-class Method:
-    """A registered trace method (the table is estimators/methods.py).
-
-    name: its name in the table and in TraceEstimate.method. side: the products it takes, "inputs"
-    (J v, forward mode), "outputs" (J^T u, reverse mode) or "differences" (J v by central
-    differences, black-box); the runtime cross-check (estimators/mean_trace.py) takes the other
-    AD side's products, so that the check is independent of the method. compute(f, x, options,
-    plan) -> TraceEstimate. products(f, x, plan): the cost model, products per sample when the
-    method is exact and applies to (f, x), else None; "auto" picks the fewest.
-    """
-
-    name: str
-    side: Literal["inputs", "outputs", "differences"]
-    compute: Callable[[BatchFn, Tensor, TraceOptions, "Plan"], TraceEstimate]
-    products: Callable[[BatchFn, Tensor, "Plan"], int | None]
-
-    @property
-    def differentiates(self) -> bool:
-        """Whether the method needs autograd (every side but differences)."""
-        return self.side != "differences"
 
 
 @dataclass(frozen=True)
@@ -179,6 +156,21 @@ def forward_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> T
         lambda v: _jvp_products(f, x, v), plan.d, x, plan.directions_per_chunk(len(x), options.memory_bytes)
     )
     return _exact(values, "forward", plan.d)
+
+
+def forward_products(f: BatchFn, x: Tensor, plan: Plan) -> int | None:
+    """forward_trace's cost: d products per sample, where the model has forward-mode derivatives."""
+    return plan.d if forward_mode_works(f, x) else None
+
+
+def reverse_products(f: BatchFn, x: Tensor, plan: Plan) -> int:
+    """reverse_trace's cost: m products per sample."""
+    return plan.m
+
+
+def never_exact(f: BatchFn, x: Tensor, plan: Plan) -> None:
+    """The cost model of a randomised method: never one "auto" picks as exact."""
+    return None
 
 
 def reverse_trace(f: BatchFn, x: Tensor, options: TraceOptions, plan: Plan) -> TraceEstimate:

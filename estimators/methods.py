@@ -1,9 +1,10 @@
-"""The Jacobian-trace methods by name, and the entry points that pick one: `jacobian_sq_norm` and
+"""The entry points that run a Jacobian-trace method by name or pick one: `jacobian_sq_norm` and
 `jacobian_trace` (method "auto": the exact method with the fewest products for this model).
 
-The methods themselves are in estimators/jacobian.py (forward, reverse, Hutchinson, finite
-differences) and estimators/structured.py (output colouring); this table imports both, so neither
-imports the other's dispatcher.
+The methods are registered in core/registries.py (TRACE_METHODS: name, AD side, words, computation
+and cost model); their code is in estimators/jacobian.py (forward, reverse, Hutchinson, finite
+differences) and estimators/structured.py (output colouring). This dispatcher imports both, so
+neither imports the other's.
 """
 
 from __future__ import annotations
@@ -13,50 +14,28 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from splitaudit.core.registries import TRACE_METHODS, TraceMethod, resolve
 from splitaudit.estimators.jacobian import (
     MIN_DIRECTIONS_PER_CHUNK,
     BatchFn,
-    Method,
     Plan,
     TraceEstimate,
     TraceOptions,
     choose_fd_step,
     concatenated,
-    finite_difference_trace,
-    forward_mode_works,
-    forward_trace,
-    hutchinson_trace,
     is_stochastic,
     measure_plan,
-    reverse_trace,
 )
-from splitaudit.estimators.structured import STRUCTURED, search_structure
+from splitaudit.estimators.structured import search_structure
 
 DEFAULT_OPTIONS = TraceOptions()
 
-# The trace methods: name, AD side, computation and cost model (estimators/jacobian.py: Method),
-# in the order "auto" breaks ties in. Each exact method says how many products per sample it needs
-# on (f, x), or None where it does not apply; "auto" picks the fewest. A new method is one Method
-# and one line here; tests/test_trace_methods.py runs every one against a closed form.
-METHODS: dict[str, Method] = {
-    method.name: method
-    for method in (
-        Method("forward", "inputs", forward_trace, lambda f, x, plan: plan.d if forward_mode_works(f, x) else None),
-        Method("reverse", "outputs", reverse_trace, lambda f, x, plan: plan.m),
-        # forward-mode probes, reverse-mode ones where forward mode does not work
-        Method("hutchinson", "inputs", hutchinson_trace, lambda f, x, plan: None),
-        Method("finite-difference", "differences", finite_difference_trace, lambda f, x, plan: None),
-        STRUCTURED,
-    )
-}
-METHOD_NAMES = ("auto", *METHODS)
 
-
-def method_named(name: str) -> Method:
+def method_named(name: str) -> TraceMethod:
     """The registered method `name`; ValueError naming the choices for any other name."""
-    if name not in METHODS:
-        raise ValueError(f"unknown Jacobian method {name!r}; choose {', '.join(METHOD_NAMES)}")
-    return METHODS[name]
+    if name not in TRACE_METHODS:
+        raise ValueError(f"unknown Jacobian method {name!r}; choose {', '.join(('auto', *TRACE_METHODS))}")
+    return TRACE_METHODS[name]
 
 
 def differentiates(method: str) -> bool:
@@ -93,7 +72,8 @@ def jacobian_trace(
         choice = choose_fd_step(f, x, options, plan)
         options = dataclasses.replace(options, fd_step=choice.step)
     samples = max(1, options.memory_bytes // (plan.bytes_per_product * MIN_DIRECTIONS_PER_CHUNK))
-    traces = concatenated([METHODS[name].compute(f, chunk, options, plan) for chunk in x.split(samples)])
+    compute = resolve(method_named(name).compute)
+    traces = concatenated([compute(f, chunk, options, plan) for chunk in x.split(samples)])
     return dataclasses.replace(traces, fd_choice=choice) if choice is not None else traces
 
 
@@ -111,7 +91,7 @@ def cheapest_exact(f: BatchFn, x: Tensor, plan: Plan) -> tuple[str, int]:
 
 def exact_costs(f: BatchFn, x: Tensor, plan: Plan) -> dict[str, int]:
     """Products per sample of each exact method that applies to (f, x)."""
-    costs = {name: m.products(f, x, plan) for name, m in METHODS.items()}
+    costs = {name: resolve(m.products)(f, x, plan) for name, m in TRACE_METHODS.items()}
     return {name: c for name, c in costs.items() if c is not None}
 
 

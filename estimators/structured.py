@@ -39,7 +39,6 @@ from torch import Tensor
 from splitaudit.estimators.jacobian import (
     DEFAULT_MEMORY_BYTES,
     BatchFn,
-    Method,
     Plan,
     TraceEstimate,
     TraceOptions,
@@ -150,11 +149,6 @@ def structured_products(f: BatchFn, x: Tensor, plan: Plan) -> int | None:
         return None
     colouring = find_colouring(f, x, plan)
     return None if colouring is None else colouring.count
-
-
-# Colours either side; declared "inputs" so that its cross-check takes reverse-mode probes, which
-# every differentiable model has (forward mode may be missing).
-STRUCTURED = Method("structured", "inputs", structured_trace, structured_products)
 
 
 def coloured_sq_norm(f: BatchFn, x: Tensor, colouring: Colouring, per_pass: int, signs: Tensor | None = None) -> Tensor:

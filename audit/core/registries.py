@@ -1,14 +1,14 @@
-"""The plugin families besides attacks (attacks/__init__.py) and trace methods
-(estimators/methods.py), by name: the bounds, the prior estimators, the model formats and the report
-formats.
+"""The plugin families besides attacks (attacks/__init__.py), by name: the bounds, the Jacobian-trace
+methods, the prior estimators, the model formats, the report formats and the result kinds.
 
 Torch-free and in the core layer, so that the options (config.py), the CLI's choices, the result's
 schema (result.py) and the reports all read their names and words from here. The code of each
 entry lives with its family (the prior's score-matching loss in estimators/prior.py, a format's
 writer in reports/writer.py, a model format's loader in audit/inputs/formats/, a bound's formula in
-estimators/bounds.py), found by the entry's name. Adding a bound, a prior or a format is one line here
-and its code there; the family's conformance suite (tests/test_bounds.py, tests/test_prior.py,
-tests/test_formats.py, tests/test_model_formats.py) runs every entry.
+estimators/bounds.py, a trace method's computation in estimators/jacobian.py or structured.py), found
+by the entry's name. Adding a member is one line here and its code there; the family's conformance
+suite (tests/test_bounds.py, tests/test_trace_methods.py, tests/test_prior.py, tests/test_formats.py,
+tests/test_model_formats.py, tests/test_result_kinds.py) runs every entry.
 """
 
 from __future__ import annotations
@@ -109,6 +109,74 @@ BOUNDS: dict[str, Bound] = {
     )
 }
 GATED_BOUND = next(bound for bound in BOUNDS.values() if bound.gated)  # also the bound noise is calibrated for
+
+
+@dataclass(frozen=True)
+class TraceMethod:
+    """A way to compute ||J(x)||_F^2 per sample, the numerator of dFIL.
+
+    side: the products it takes, "inputs" (J v, forward mode), "outputs" (J^T u, reverse mode) or
+    "differences" (J v by central differences, black-box); the run-time cross-check
+    (estimators/mean_trace.py) takes the other AD side's products, so that the check is independent
+    of the method. compute: (module, function) (f, x, TraceOptions, Plan) -> TraceEstimate. products:
+    (module, function) (f, x, Plan) -> its products per sample where it is exact and applies to
+    (f, x), else None: the cost model "auto" picks the fewest by, in the registry's order on ties.
+    """
+
+    name: str
+    side: str
+    description: str
+    compute: tuple[str, str]
+    products: tuple[str, str]
+
+    @property
+    def differentiates(self) -> bool:
+        """Whether the method needs autograd (every side but differences)."""
+        return self.side != "differences"
+
+
+JACOBIAN_MODULE, STRUCTURED_MODULE = "splitaudit.estimators.jacobian", "splitaudit.estimators.structured"
+TRACE_METHODS: dict[str, TraceMethod] = by_name(
+    TraceMethod(
+        "forward",
+        "inputs",
+        "exact: one forward-mode product per input dimension (d per sample)",
+        (JACOBIAN_MODULE, "forward_trace"),
+        (JACOBIAN_MODULE, "forward_products"),
+    ),
+    TraceMethod(
+        "reverse",
+        "outputs",
+        "exact: one reverse-mode product per output dimension (m per sample)",
+        (JACOBIAN_MODULE, "reverse_trace"),
+        (JACOBIAN_MODULE, "reverse_products"),
+    ),
+    TraceMethod(
+        "hutchinson",
+        "inputs",
+        "random Rademacher probes (forward mode, reverse where forward mode does not work) until the "
+        "standard error is the asked fraction of the mean",
+        (JACOBIAN_MODULE, "hutchinson_trace"),
+        (JACOBIAN_MODULE, "never_exact"),
+    ),
+    TraceMethod(
+        "finite-difference",
+        "differences",
+        "central differences over the input basis (random probes when d is large) at two steps, whose "
+        "disagreement bounds the truncation error; forward passes only (black-box models)",
+        (JACOBIAN_MODULE, "finite_difference_trace"),
+        (JACOBIAN_MODULE, "never_exact"),
+    ),
+    TraceMethod(  # colours either side; "inputs" so that its cross-check takes reverse-mode probes, which
+        # every differentiable model has (forward mode may be missing)
+        "structured",
+        "inputs",
+        "exact: one product per colour of the outputs (or inputs) no two of which share a dependency, "
+        "where the model has local structure (convolutions, per-position layers)",
+        (STRUCTURED_MODULE, "structured_trace"),
+        (STRUCTURED_MODULE, "structured_products"),
+    ),
+)
 
 
 @dataclass(frozen=True)
