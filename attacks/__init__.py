@@ -13,33 +13,39 @@ each attack on a tiny context of every input kind it declares) all read the regi
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
 
 from splitaudit.core.errors import InputError
+from splitaudit.core.registries import resolve
 
 if TYPE_CHECKING:
     from splitaudit.attacks.base import Attack
     from splitaudit.context.audit_context import AuditContext
 
-# CLI name -> (module in splitaudit.attacks, class name); the order is the report's order.
+# CLI name -> (module, class name), the module imported on first use; the order is the report's order.
 REGISTRY: dict[str, tuple[str, str]] = {
-    "fine-tune": ("finetune", "FineTuneAttack"),
-    "kmeans": ("kmeans", "KMeansAttack"),
-    "attribute": ("attribute", "AttributeAttack"),
-    "decoder": ("decoder", "DecoderAttack"),
-    "optimization": ("optimization", "OptimizationAttack"),
-    "sdar": ("sdar", "SDARAttack"),
-    "token-inversion": ("token_inversion", "TokenInversionAttack"),
-    "sequential-inversion": ("sequential_inversion", "SequentialInversionAttack"),
+    name: (f"splitaudit.attacks.{module}", cls)
+    for name, module, cls in (
+        ("fine-tune", "finetune", "FineTuneAttack"),
+        ("kmeans", "kmeans", "KMeansAttack"),
+        ("attribute", "attribute", "AttributeAttack"),
+        ("decoder", "decoder", "DecoderAttack"),
+        ("optimization", "optimization", "OptimizationAttack"),
+        ("sdar", "sdar", "SDARAttack"),
+        ("token-inversion", "token_inversion", "TokenInversionAttack"),
+        ("sequential-inversion", "sequential_inversion", "SequentialInversionAttack"),
+    )
 }
-ATTACK_NAMES = tuple(REGISTRY)
+
+
+def attack_names() -> tuple[str, ...]:
+    """The registered attacks' names, in the report's order (read when asked: the registry is the list)."""
+    return tuple(REGISTRY)
 
 
 def attack_class(name: str) -> type["Attack"]:
     """The class registered under `name` (its module is imported now)."""
-    module, cls = REGISTRY[name]
-    return getattr(import_module(f"splitaudit.attacks.{module}"), cls)
+    return resolve(REGISTRY[name])
 
 
 def get_attack(name: str) -> "Attack":
@@ -53,7 +59,7 @@ def check_attack_options(options: dict[str, dict]) -> None:
     before anything is computed."""
     for name, table in options.items():
         if name not in REGISTRY:
-            raise InputError(f"attack option for unknown attack {name!r}; attacks: {', '.join(ATTACK_NAMES)}")
+            raise InputError(f"attack option for unknown attack {name!r}; attacks: {', '.join(attack_names())}")
         attack_class(name).parse_options(table)
 
 
@@ -65,9 +71,9 @@ def check_attack_inputs(ctx: "AuditContext", names: list[str]) -> None:
 
 
 __all__ = [
-    "ATTACK_NAMES",
     "REGISTRY",
     "attack_class",
+    "attack_names",
     "check_attack_inputs",
     "check_attack_options",
     "get_attack",

@@ -21,7 +21,7 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from splitaudit.attacks import ATTACK_NAMES, attack_class
+from splitaudit.attacks import attack_class, attack_names
 from splitaudit.core.config import (
     AUDITING,
     CALIBRATE,
@@ -110,7 +110,8 @@ def _click_option(f, command: str):
     OptionSpec."""
     spec = option_spec(f)
     words = spec.help_in(command).format(
-        attacks=",".join(ATTACK_NAMES), formats=",".join(formats_of(command if command in (SWEEP, CUTS) else "report"))
+        attacks=",".join(attack_names()),
+        formats=",".join(formats_of(command if command in (SWEEP, CUTS) else "report")),
     )
     kwargs = {"help": words, "metavar": spec.metavar, "required": command in spec.required_in}
     if f.type == "bool":
@@ -498,7 +499,7 @@ def attacks() -> None:
     """List the attacks, what each measures and the options each takes (NAME.KEY=VALUE)."""
     from splitaudit.attacks.base import options_help
 
-    for name in ATTACK_NAMES:
+    for name in attack_names():
         attack = attack_class(name)
         click.echo(f"{name}: {attack.title}; metrics {', '.join(attack.metrics)}")
         for line in options_help(attack.Options) or ["takes no options"]:

@@ -42,7 +42,7 @@ import torch
 
 from benchmarks.demo_stages import StageClock, instrument
 from splitaudit import cli
-from splitaudit.attacks import ATTACK_NAMES, get_attack
+from splitaudit.attacks import attack_names, get_attack
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.threads import threads_for
 from splitaudit.engine.pipeline import prepare_context
@@ -146,7 +146,7 @@ def main(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         model, aux, target = write_inputs(folder, args.shape, args.aux, args.target)
-        attacks = list(ATTACK_NAMES) if args.attacks == "all" else args.attacks.split(",")
+        attacks = list(attack_names()) if args.attacks == "all" else args.attacks.split(",")
         found = estimates(model, aux, target, attacks)
         print(f"{args.shape}: full battery estimate {found[False]['total'] / 60:.1f} min", flush=True)
         if args.full_seed:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import sys
 import typing
 from dataclasses import MISSING, fields
-from importlib import import_module
 from pathlib import Path
 
 import click
 
-from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class
+from splitaudit.attacks import attack_class, attack_names
 from splitaudit.attacks.base import options_help
 from splitaudit.cli import EXIT_BAD_INPUT, EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, cli
 from splitaudit.core.config import AuditOptions, option_flag, option_spec
@@ -113,9 +112,9 @@ def attacks_section() -> list[str]:
         "or an `[attack.NAME]` table in the config file.",
         "",
     ]
-    for name in ATTACK_NAMES:
+    for name in attack_names():
         attack = attack_class(name)
-        module = import_module(f"splitaudit.attacks.{REGISTRY[name][0]}")
+        module = sys.modules[attack.__module__]
         lines += [f"### `{name}`: {attack.title}", "", first_paragraph(module.__doc__), ""]
         options = [_option_item(line) for line in options_help(attack.Options)] or ["  - none"]
         lines += [f"- {label}: {value}" for label, value in _attack_facts(attack)] + ["- options:", *options, ""]

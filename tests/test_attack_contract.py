@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 from conftest import sample
 
-from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class, get_attack
-from splitaudit.attacks.base import NEEDS, option, option_rule, orphan_quick_options, resolve_quick
+from splitaudit.attacks import REGISTRY, attack_class, attack_names, get_attack
+from splitaudit.attacks.base import NEEDS, Attack, SeedOutcome, option, option_rule, orphan_quick_options, resolve_quick
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import INPUT_KINDS, KIND_METRICS
@@ -125,9 +125,9 @@ def home_kind(name: str) -> str:
     return "tabular" if "tabular" in kinds else next(k for k in INPUT_KINDS if k in kinds)
 
 
-DECLARED = [(name, kind) for name in ATTACK_NAMES for kind in INPUT_KINDS if kind in attack_class(name).input_kinds]
+DECLARED = [(name, kind) for name in attack_names() for kind in INPUT_KINDS if kind in attack_class(name).input_kinds]
 UNDECLARED = [
-    (name, kind) for name in ATTACK_NAMES for kind in INPUT_KINDS if kind not in attack_class(name).input_kinds
+    (name, kind) for name in attack_names() for kind in INPUT_KINDS if kind not in attack_class(name).input_kinds
 ]
 
 
@@ -145,10 +145,10 @@ def kind_runs(kind_ctx) -> dict[tuple[str, str], dict]:
 
 @pytest.fixture(scope="module")
 def first_runs(kind_runs) -> dict[str, dict]:
-    return {name: kind_runs[name, home_kind(name)] for name in ATTACK_NAMES}
+    return {name: kind_runs[name, home_kind(name)] for name in attack_names()}
 
 
-@pytest.mark.parametrize("name", ATTACK_NAMES)
+@pytest.mark.parametrize("name", attack_names())
 def test_attack_describes_itself(name):
     attack = attack_class(name)
     assert attack.name == name and REGISTRY[name][1] == attack.__name__
@@ -166,7 +166,7 @@ def test_attack_describes_itself(name):
     assert entry["title"] == attack.title and entry["baseline_name"] == (
         attack.baseline_name or default_baseline_name(attack.kind)
     )
-    assert entry.get("query_access_reference", "") in ("", *ATTACK_NAMES)
+    assert entry.get("query_access_reference", "") in ("", *attack_names())
     assert entry.get("query_access_reference") != name, "an attack is not its own reference"
     for metric, words in attack.series.items():
         assert metric in attack.metrics and "_by_" in metric and set(words) == {"title", "key", "axis", "value"}
@@ -177,7 +177,7 @@ def test_tiny_options_name_declared_options():
         assert set(table) <= attack_class(name).option_names()
 
 
-@pytest.mark.parametrize("name", ATTACK_NAMES)
+@pytest.mark.parametrize("name", attack_names())
 def test_attack_runs_fills_its_metrics_and_is_reproducible(name, tiny_ctx, first_runs):
     first, second = first_runs[name], get_attack(name).run(tiny_ctx)
     assert first["status"] == "ok", first.get("reason")
@@ -224,14 +224,14 @@ def flat(metrics: dict, prefix: str = "") -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", ATTACK_NAMES)
+@pytest.mark.parametrize("name", attack_names())
 def test_attack_handles_noisy_embeddings(name, tiny_ctx):
     entry = get_attack(name).run(dataclasses.replace(tiny_ctx, noise_sigma=5.0))
     assert entry["status"] == "ok", entry.get("reason")
     assert math.isfinite(entry["metrics"][entry["primary_metric"]])
 
 
-@pytest.mark.parametrize("name", ATTACK_NAMES)
+@pytest.mark.parametrize("name", attack_names())
 def test_attack_skips_with_a_reason_when_inputs_lack_what_it_needs(name, tiny_ctx):
     unlabelled = dataclasses.replace(
         tiny_ctx,
@@ -246,7 +246,7 @@ def test_attack_skips_with_a_reason_when_inputs_lack_what_it_needs(name, tiny_ct
         assert entry["status"] == "ok", entry.get("reason")
 
 
-@pytest.mark.parametrize("name", ATTACK_NAMES)
+@pytest.mark.parametrize("name", attack_names())
 def test_gradient_attacks_skip_black_box_models(name, tiny_ctx):
     blackbox = dataclasses.replace(tiny_ctx, encoder=dataclasses.replace(tiny_ctx.encoder, torch_fn=None))
     attack = get_attack(name)
@@ -265,7 +265,7 @@ def bad_value(spec: dataclasses.Field, hint) -> object:
     return "not-a-" + str(hint)
 
 
-@pytest.mark.parametrize("name", ATTACK_NAMES)
+@pytest.mark.parametrize("name", attack_names())
 def test_every_quick_option_names_the_option_it_replaces(name):
     """quick_X is X's value under --quick: a quick_X without X would silently set nothing."""
     assert orphan_quick_options(attack_class(name).Options) == []
@@ -312,7 +312,7 @@ def test_attack_options_resolve_quick_variants_for_the_run(quick, trained, plain
     assert details["epochs_trained"] == trained and details["stopped_by"] == STOPPED_BY_CAP
 
 
-@pytest.mark.parametrize("name", ATTACK_NAMES)
+@pytest.mark.parametrize("name", attack_names())
 def test_attack_checks_its_options_before_running(name, tiny_ctx):
     attack = attack_class(name)
     defaults = attack.parse_options({})
@@ -336,7 +336,7 @@ def test_attack_checks_its_options_before_running(name, tiny_ctx):
 @pytest.mark.slow
 def test_every_attack_runs_on_the_digits_cnn_with_ssim(digits_ctx):
     assert digits_ctx.space.kind == "image"
-    for name in (n for n in ATTACK_NAMES if "image" in attack_class(n).input_kinds):
+    for name in (n for n in attack_names() if "image" in attack_class(n).input_kinds):
         entry = get_attack(name).run(digits_ctx)
         assert entry["status"] == "ok", (name, entry.get("reason"))
         assert set(attack_class(name).metrics) <= set(entry["metrics"])
@@ -386,17 +386,73 @@ def test_attacks_on_token_inputs_report_token_metrics_or_say_why_not(kind_runs, 
     inversion = get_attack("token-inversion").run(plain_ctx)
     assert inversion["status"] == "skipped" and "needs token inputs (--vocab)" in inversion["reason"]
     on_tokens = {name: entry for (name, kind), entry in kind_runs.items() if kind == "tokens"}
-    assert set(on_tokens) == set(ATTACK_NAMES) - {"sdar"}
+    assert set(on_tokens) == set(attack_names()) - {"sdar"}
     for name, entry in on_tokens.items():
         if entry["kind"] == "reconstruction" or name == "token-inversion":
             assert KIND_METRICS["tokens"] <= set(entry["metrics"]) & set(entry["baseline"]), name
             assert len(entry["details"]["tokens"]["position_accuracy"]) == 4, name
 
 
-@pytest.mark.parametrize("name", ATTACK_NAMES)
+@pytest.mark.parametrize("name", attack_names())
 def test_attack_accepts_labelled_data_in_its_input_check(name, tiny_ctx):
     """check_inputs runs on every audit before any attack (pipeline.check_attack_inputs): on the
     tiny context, labelled and of a kind the attack takes, it must pass with the default options
     (it once read a typed option as a dict and stopped every labelled audit with exit 3)."""
     assert tiny_ctx.aux.y is not None
     assert get_attack(name).check_inputs(tiny_ctx) is None
+
+
+@dataclasses.dataclass(frozen=True)
+class NearestOptions:
+    neighbours: int = option(1, "neighbours that vote on a target's label", low=1)
+
+
+class NearestAttack(Attack):
+    """A toy attack for the registry test: each target embedding takes the majority label of its
+    nearest aux embeddings; baseline: the same on the raw inputs."""
+
+    name = "nearest"
+    kind = "label"
+    primary_metric = "accuracy"
+    title = "Nearest neighbours (toy)"
+    baseline_name = "nearest neighbours on the raw inputs"
+    baseline_role = "raw-input"
+    metrics = ("accuracy",)
+    needs = frozenset({"labels"})
+    Options = NearestOptions
+
+    def run_seed(self, ctx, seed):
+        from sklearn.neighbors import KNeighborsClassifier
+
+        k = self.options(ctx).neighbours
+
+        def accuracy(train, test) -> float:
+            flat = [t.reshape(len(t), -1).cpu().numpy() for t in (train, test)]
+            model = KNeighborsClassifier(k).fit(flat[0], ctx.aux.y.cpu().numpy())
+            return float(model.score(flat[1], ctx.target.y.cpu().numpy()))
+
+        aux, target = (ctx.observed_embeddings(part, ctx.generator(seed)) for part in ("aux", "target"))
+        return SeedOutcome({"accuracy": accuracy(aux, target)}, {"accuracy": accuracy(ctx.aux.x, ctx.target.x)})
+
+
+def test_a_new_attack_is_one_module_and_one_registry_line(monkeypatch, capsys, tmp_path):
+    """An attack added by its registry line alone is listed by `splitaudit attacks` with its option,
+    selected by --attacks, its options checked up front (one line, exit 2), run and written to
+    report.json with its words, and described in the reference."""
+    from test_cli import assert_one_line_error, run_cli
+
+    from docs.generate import attacks_section
+
+    monkeypatch.setitem(REGISTRY, "nearest", ("test_attack_contract", "NearestAttack"))
+    code, out, _ = run_cli(["attacks"], capsys)
+    assert code == 0 and "nearest: Nearest neighbours (toy); metrics accuracy" in out and "neighbours:" in out
+    args = ["run", sample("breast_cancer_mlp.onnx"), "--aux", sample("breast_cancer.npz"), "--quick"]
+    args += ["--workers", "1", "--format", "json", "--out", str(tmp_path)]
+    code, _, err = run_cli([*args, "--attacks", "nearest", "--attack-option", "nearest.neighbours=0"], capsys)
+    assert_one_line_error(code, err, "nearest.neighbours must be an integer >= 1")
+    code, _, err = run_cli([*args, "--attacks", "kmeans,nearest", "--attack-option", "nearest.neighbours=3"], capsys)
+    assert code == 0, err
+    entry = json.loads((tmp_path / "report.json").read_text())["attacks"]["nearest"]
+    assert entry["status"] == "ok" and entry["title"] == "Nearest neighbours (toy)"
+    assert 0.5 < entry["metrics"]["accuracy"] <= 1 and entry["baseline"]["accuracy"] > 0.5
+    assert "### `nearest`: Nearest neighbours (toy)" in "\n".join(attacks_section())

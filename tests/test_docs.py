@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from splitaudit.attacks import ATTACK_NAMES
+from splitaudit.attacks import attack_names
 from splitaudit.cli import cli
 from splitaudit.core import registries
 from splitaudit.core.registries import ModelFormat, PriorMethod, ReportFormat
@@ -37,7 +37,7 @@ def test_reference_names_every_command_attack_and_exit_code(generate):
     text = generate.render()
     for command in cli.commands:
         assert f"### `splitaudit {command}`" in text
-    for name in ATTACK_NAMES:
+    for name in attack_names():
         assert f"### `{name}`:" in text
     for code, _ in generate.EXIT_CODES:
         assert f"\n| {code} | " in text

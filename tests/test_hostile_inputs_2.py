@@ -28,7 +28,7 @@ from conftest import sample
 from test_hostile_inputs import assert_refused, run_cli
 
 from splitaudit import audit
-from splitaudit.attacks import ATTACK_NAMES, attack_class
+from splitaudit.attacks import attack_class, attack_names
 from splitaudit.attacks.base import option_rule
 from splitaudit.core.config import NUMERIC_RANGES, AuditOptions
 from splitaudit.core.errors import InputError
@@ -417,7 +417,7 @@ def test_a_tv_prior_on_tabular_data_is_refused_before_any_measurement(tmp_path, 
 def test_every_number_an_attack_option_takes_is_bounded_above():
     """Every number an attack option takes is bounded above: without a limit 1e308 would reach the attack."""
     numeric = ("a number", "an integer", "a list of numbers", "a list of integers")
-    for name in ATTACK_NAMES:
+    for name in attack_names():
         options = attack_class(name).Options
         hints = typing.get_type_hints(options)
         for spec in fields(options):

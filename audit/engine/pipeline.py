@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from splitaudit.attacks import ATTACK_NAMES, check_attack_inputs, check_attack_options
+from splitaudit.attacks import attack_names, check_attack_inputs, check_attack_options
 from splitaudit.context.audit_context import AuditContext, ContextSettings, build_context, silent_progress
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
@@ -54,13 +54,13 @@ SplitData = tuple[Dataset, Dataset]  # aux and target, loaded and split
 def select_attacks(names: list[str]) -> list[str]:
     """Expand all/none and check names against the registry, keeping the registry's order."""
     if names in (["all"], ["*"]):
-        return list(ATTACK_NAMES)
+        return list(attack_names())
     if names in (["none"], []):
         return []
-    unknown = [n for n in names if n not in ATTACK_NAMES]
+    unknown = [n for n in names if n not in attack_names()]
     if unknown:
-        raise InputError(f"unknown attack {unknown[0]!r}; choose from all, none, {', '.join(ATTACK_NAMES)}")
-    return [n for n in ATTACK_NAMES if n in names]
+        raise InputError(f"unknown attack {unknown[0]!r}; choose from all, none, {', '.join(attack_names())}")
+    return [n for n in attack_names() if n in names]
 
 
 def prepare_context(

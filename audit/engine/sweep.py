@@ -16,7 +16,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from splitaudit.attacks import ATTACK_NAMES, attack_class
+from splitaudit.attacks import attack_class, attack_names
 from splitaudit.context.audit_context import AuditContext, silent_progress
 from splitaudit.core.config import AuditOptions, sigma_key
 from splitaudit.core.errors import InputError
@@ -139,5 +139,5 @@ DEMO_SWEEP_MAX_COST = 10.0
 def demo_sweep_options(options: AuditOptions) -> AuditOptions:
     """`demo --sweep`: the demo's model and data swept over sigma 0 and the calibrated sigma with
     the points around it, with every attack of at most DEMO_SWEEP_MAX_COST."""
-    attacks = [name for name in ATTACK_NAMES if attack_class(name).relative_cost <= DEMO_SWEEP_MAX_COST]
+    attacks = [name for name in attack_names() if attack_class(name).relative_cost <= DEMO_SWEEP_MAX_COST]
     return replace(options, noise_sigmas=[0.0], auto_sigma=True, attacks=attacks).validate()
