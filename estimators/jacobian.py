@@ -25,12 +25,11 @@ independent of x and of the direction); an "exact" method is exact per draw only
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -400,18 +399,6 @@ def product_fn(f: BatchFn, x: Tensor, side: str) -> tuple[Tensor, Callable[[Tens
     if is_stochastic(f):
         return out.detach(), lambda u: vmap(lambda ui: vjp(f, x)[1](ui)[0], randomness="different")(u).detach()
     return out.detach(), lambda u: vmap(pullback)(u)[0].detach()
-
-
-@contextlib.contextmanager
-def seeded_draws(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
-    """torch's global generator (of `device`) seeded with `seed` inside and restored after: a
-    stochastic encoder's draws, which come from it, are then reproducible wherever a job runs,
-    without changing the caller's random state."""
-    device = torch.device(device)
-    cuda = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda, device_type="cuda" if cuda else "cpu"):
-        torch.manual_seed(seed)
-        yield
 
 
 def is_stochastic(f: BatchFn) -> bool:

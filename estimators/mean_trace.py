@@ -37,6 +37,7 @@ from typing import Callable, Union
 import torch
 from torch import Tensor
 
+from splitaudit.core.draws import seeded_draws
 from splitaudit.estimators.jacobian import (
     DEFAULT_MEMORY_BYTES,
     MIN_DIRECTIONS_PER_CHUNK,
@@ -55,7 +56,6 @@ from splitaudit.estimators.jacobian import (
     measure_plan,
     product_fn,
     rademacher,
-    seeded_draws,
 )
 from splitaudit.estimators.methods import cheapest_exact, differentiates, exact_choice, jacobian_trace, method_named
 

@@ -162,6 +162,48 @@ def gaussian_prior(x: Tensor, smoothing: float) -> PriorEstimate:
     )
 
 
+def finite_table_prior(method: str, tau: float, x: Tensor) -> PriorEstimate:
+    """The prior term of inputs that take finitely many values (token embeddings: rows of a table).
+    At tau = 0 it is infinite, so the van Trees bound is 0 (only Cramér-Rao remains). At tau > 0 it is
+    Stam's limit 1/tau^2, not an estimate: the smoothed prior is a mixture of N(row, tau^2 I) over the
+    rows; where rows lie more than a few tau apart its J/d is about 1/tau^2, the most any prior
+    smoothed with tau can have. Score matching underestimates such peaked mixtures and a Gaussian fit
+    (the floor) is far below them, which would make the bound too optimistic; the limit is valid for
+    every prior."""
+    if tau == 0:
+        return PriorEstimate(
+            method=method,
+            smoothing=0.0,
+            j_over_d=math.inf,
+            stderr=0.0,
+            gaussian_floor=math.nan,
+            stam_limit=None,
+            valid=False,
+            j_over_d_used=math.inf,
+            notes=[
+                "token embeddings take finitely many values (rows of the embedding table): their prior has "
+                "infinite Fisher information, so without smoothing (--smoothing > 0) the van Trees bound is 0"
+            ],
+        )
+    limit = 1.0 / tau**2
+    variance = float(x.flatten(1).var(dim=0).mean())
+    return PriorEstimate(
+        method=method,
+        smoothing=tau,
+        j_over_d=limit,
+        stderr=0.0,
+        gaussian_floor=1.0 / (variance + tau**2),
+        stam_limit=limit,
+        j_over_d_used=limit,
+        notes=[
+            f"token inputs: J/d is Stam's limit 1/tau^2 = {limit:.4g} (valid for every prior smoothed with "
+            f"tau = {tau:.4g}), not a {method} estimate: the smoothed prior of a finite vocabulary is a "
+            "mixture of narrow Gaussians whose J/d approaches that limit, which score matching and a "
+            "Gaussian fit underestimate (both would overstate the bound)"
+        ],
+    )
+
+
 def stam_limit(noise: float) -> float | None:
     """Stam's inequality: J(pi * N(0, noise^2 I))/d <= 1/noise^2 for every pi."""
     return 1.0 / noise**2 if noise > 0 else None

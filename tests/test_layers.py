@@ -25,8 +25,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("core", {"core"}),
     # Pure functions of a result's own numbers (gate, recommendations, regression), which reports recompute.
     ("verdicts", {"verdicts"}),
-    # Pure tensor functions: they know nothing of models or data files, and the context and the
-    # token space use their seeded draws and trace types, so they sit below the inputs.
+    # Pure tensor functions: they know nothing of models or data files (and the inputs and the
+    # context compute no estimate: test_loading_and_the_context_estimate_nothing).
     ("estimators", {"estimators"}),
     ("inputs", {"inputs", "sample_models"}),
     ("context", {"context"}),  # built from the inputs, read by every attack and stage
@@ -72,6 +72,16 @@ def test_no_import_points_up_a_layer(edges):
         if LAYER_OF.get(e.target, -1) > LAYER_OF.get(e.source, len(LAYERS))  # unplaced: the test above
     ]
     assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
+
+
+def test_loading_and_the_context_estimate_nothing(edges):
+    """Opening models and data (inputs) and holding them for the attacks (context) is one job, estimating
+    is another: neither imports an estimator (the token table's prior term is estimators/prior.py's)."""
+    estimators = _members("estimators")
+    crossing = [
+        _where(e) for e in edges if e.target in estimators and e.source in _members("inputs") | _members("context")
+    ]
+    assert not crossing, "\n".join(crossing)
 
 
 def _members(layer: str) -> set[str]:

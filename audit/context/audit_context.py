@@ -13,9 +13,9 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from splitaudit.core.config import AuditOptions
+from splitaudit.core.draws import seeded_draws
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import InputSpace, decide_space
-from splitaudit.estimators.jacobian import seeded_draws
 from splitaudit.inputs.data import Dataset, in_unit_range
 from splitaudit.inputs.model_checks import check_magnitude, within_time_limit
 from splitaudit.inputs.models import Encoder, open_model, prepare_encoder, prepare_top_model

@@ -15,9 +15,9 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from splitaudit.core.draws import seeded_draws
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import require_regular_file
-from splitaudit.estimators.jacobian import seeded_draws
 from splitaudit.inputs.model_checks import (
     Fingerprint,
     check_batch_independence,

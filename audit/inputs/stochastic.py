@@ -5,7 +5,7 @@ it, randomised activations such as the R3eLU of Mao et al., 2023). Which of its 
 a stated choice (`--model-mode`): the mode the model was saved in (default), eval (every module
 in eval mode: dropout off) or train (every module in training mode). The Jacobian products and
 the attacks then face the encoder's own draws (estimators/jacobian.py, audit/context/audit_context.py), seeded
-per job with estimators.jacobian.seeded_draws. ONNX graphs that draw are refused here, and
+per job with core.draws.seeded_draws. ONNX graphs that draw are refused here, and
 failures caused by draws are named (InputError) instead of surfacing as internal errors.
 """
 

@@ -19,7 +19,6 @@ shard and probe the estimators make of a group sees that group's mask.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -30,7 +29,6 @@ import torch
 
 from splitaudit.core.errors import InputError
 from splitaudit.core.safety import describe_bytes, display_path, require_regular_file
-from splitaudit.estimators.prior import PriorEstimate
 from splitaudit.inputs.data import Dataset, load_dataset
 
 ALL_ONES_NOTE = (
@@ -74,47 +72,6 @@ class TokenSpace:
         """tau for the smoothed prior: token embeddings take finitely many values, so the
         unsmoothed prior has infinite Fisher information and no finite van Trees bound."""
         return TOKEN_SMOOTHING_FRACTION * self.spread()
-
-    def unsmoothed_prior(self, method: str) -> PriorEstimate:
-        """The prior term at tau = 0: infinite, so the van Trees bound is 0 (only Cramér-Rao remains)."""
-        return PriorEstimate(
-            method=method,
-            smoothing=0.0,
-            j_over_d=math.inf,
-            stderr=0.0,
-            gaussian_floor=math.nan,
-            stam_limit=None,
-            valid=False,
-            j_over_d_used=math.inf,
-            notes=[
-                "token embeddings take finitely many values (rows of the embedding table): their prior has "
-                "infinite Fisher information, so without smoothing (--smoothing > 0) the van Trees bound is 0"
-            ],
-        )
-
-    def smoothed_prior(self, method: str, tau: float, x: torch.Tensor) -> PriorEstimate:
-        """The prior term at tau > 0: Stam's limit 1/tau^2, not an estimate. The smoothed prior of
-        token embeddings is a mixture of N(row, tau^2 I) over the table's rows; where rows lie more
-        than a few tau apart its J/d is about 1/tau^2, the most any prior smoothed with tau can have.
-        Score matching underestimates such peaked mixtures and a Gaussian fit (the floor) is far
-        below them, which would make the bound too optimistic; the limit is valid for every prior."""
-        limit = 1.0 / tau**2
-        variance = float(x.flatten(1).var(dim=0).mean())
-        return PriorEstimate(
-            method=method,
-            smoothing=tau,
-            j_over_d=limit,
-            stderr=0.0,
-            gaussian_floor=1.0 / (variance + tau**2),
-            stam_limit=limit,
-            j_over_d_used=limit,
-            notes=[
-                f"token inputs: J/d is Stam's limit 1/tau^2 = {limit:.4g} (valid for every prior smoothed with "
-                f"tau = {tau:.4g}), not a {method} estimate: the smoothed prior of a finite vocabulary is a "
-                "mixture of narrow Gaussians whose J/d approaches that limit, which score matching and a "
-                "Gaussian fit underestimate (both would overstate the bound)"
-            ],
-        )
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of token ids [..., T] -> [..., T, D]."""

@@ -37,6 +37,7 @@ from splitaudit.estimators.prior import (
     PriorEstimate,
     ScoreSettings,
     estimate_prior,
+    finite_table_prior,
     mean_variance,
     within_work_cap,
 )
@@ -174,7 +175,7 @@ def prior_term(ctx: AuditContext, method: str, smoothing: float | None) -> Prior
 
 def _prior(ctx: AuditContext, method: str, tau: float) -> PriorEstimate:
     if ctx.space.kind == "tokens":
-        return ctx.tokens.smoothed_prior(method, tau, ctx.aux.x) if tau > 0 else ctx.tokens.unsmoothed_prior(method)
+        return finite_table_prior(method, tau, ctx.aux.x)
     settings = QUICK_SCORE_SETTINGS if ctx.quick else ScoreSettings()
     if not PRIORS[method].trains:
         return estimate_prior(ctx.aux.x, method, tau)
