@@ -13,8 +13,9 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from splitaudit.core.config import AuditOptions, option_spec
+from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
+from splitaudit.core.options import option_spec
 from splitaudit.core.registries import DEFAULT_FORMATS, check_formats
 
 

@@ -22,7 +22,8 @@ import click
 from splitaudit.attacks import ATTACK_NAMES, REGISTRY, attack_class
 from splitaudit.attacks.base import options_help
 from splitaudit.cli import EXIT_BAD_INPUT, EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, cli
-from splitaudit.core.config import AuditOptions, option_flag, option_spec
+from splitaudit.core.config import AuditOptions, option_flag
+from splitaudit.core.options import option_spec
 from splitaudit.core.registries import BOUNDS, FORMATS, MODEL_FORMATS, PRIORS
 from splitaudit.core.result import default_baseline_name, shipped_schema
 from splitaudit.estimators.methods import METHODS
@@ -85,7 +86,7 @@ def options_section() -> list[str]:
     rows = []
     for f in fields(AuditOptions):
         spec = option_spec(f)
-        flag = f"`{spec.flag or option_flag(f.name)}`" if spec.commands else ""
+        flag = f"`{option_flag(f)}`" if spec.commands else ""
         where = ", ".join(sorted(spec.commands)) or ("the MODEL argument" if f.name == "model" else "config file")
         rows.append((f"`{f.name}`", flag, where, "yes" if spec.api else "no", _default(f)))
     intro = [

@@ -307,10 +307,13 @@ def test_sweep_cli_writes_the_reports_gates_the_utility_and_renders_again(tmp_pa
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--noise-sigma", "0,-1"], "--noise-sigma must lie in [0, 1e+12], got -1.0"),
+        (
+            ["--noise-sigma", "0,-1"],
+            "--noise-sigma must be a list of numbers, each 0 or >= 1e-12 and <= 1e+12, got -1.0",
+        ),
         ([], "no noise sigmas to sweep"),
         (["--noise-sigma", "0,x"], "comma-separated list"),
-        (["--noise-sigma", "1", "--target-mse", "0"], "--target-mse must lie in (0, 1e+12], got 0.0"),
+        (["--noise-sigma", "1", "--target-mse", "0"], "--target-mse must be a number > 0 and <= 1e+12, got 0.0"),
         (["--noise-sigma", "1", "--max-utility-loss", "2"], "--max-utility-loss"),
         (
             ["--noise-sigma", "1", "--format", "html,sarif"],
