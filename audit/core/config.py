@@ -382,12 +382,6 @@ def check_attack_tables(attack_options: dict) -> None:
             raise InputError(f"attack options for {attack!r} must be a table of KEY = VALUE, got {table!r:.60}")
 
 
-def check_model_mode(mode: str) -> None:
-    """--model-mode (and the API's model_mode) is one of MODEL_MODES."""
-    if mode not in MODEL_MODES:
-        raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {mode!r}")
-
-
 def option_flag(f: Field) -> str:
     """The command-line spelling of an option (its OptionSpec's flag, else --name-with-dashes)."""
     return option_spec(f).flag or f"--{f.name.replace('_', '-')}"
