@@ -107,7 +107,7 @@ def audit(
         attacks=_attack_names(attacks),
         noise_sigma=noise_sigma,
         **options,
-    )
+    ).validate()
     return run(chosen, progress=_stderr_progress if progress else None)
 
 
@@ -142,7 +142,7 @@ def run(
     baseline: dict | None = None,
     on_notice: Callable | None = None,
 ) -> AuditResult:
-    """Run the audit that `options` describe (the CLI's and audit()'s one code path); invocation
+    """Run the audit that validated `options` describe (the CLI's and audit()'s one code path); invocation
     (splitaudit.engine.provenance.Invocation) says how the CLI was called, baseline is the earlier
     report run --baseline compares with (splitaudit.reports.compare.read_baseline); on_notice gets
     the line that says why the model runs slower than it could, if it does."""

@@ -149,11 +149,13 @@ def test_every_flag_reaches_its_option(tmp_path, monkeypatch, capsys):
 
 def test_audit_passes_each_keyword_through(monkeypatch):
     """Each keyword reaches AuditOptions under its own name (a keyword taken but not passed on
-    would be ignored): every option is given a value other than its default and read back."""
+    would be ignored): every option is given a value other than its default and read back. audit()
+    validates its options, which refuses workers with the Ray executor: workers goes in a call of
+    its own."""
     from splitaudit import api
 
     seen = {}
-    monkeypatch.setattr(api, "run", lambda options, progress=None: seen.setdefault("options", options))
+    monkeypatch.setattr(api, "run", lambda options, progress=None: seen.update(options=options))
     values = {
         "target_fraction": 0.3,
         "top_model": "top.onnx",
@@ -173,7 +175,6 @@ def test_audit_passes_each_keyword_through(monkeypatch):
         "seed": 7,
         "device": "cpu",
         "quick": True,
-        "workers": 2,
         "executor": "ray",
         "ray_address": "auto",
         "task_timeout": 60.0,
@@ -192,8 +193,10 @@ def test_audit_passes_each_keyword_through(monkeypatch):
     for name, value in values.items():
         assert value != _default(name), f"{name}: pick a value other than the default"
         assert getattr(options, name) == value, name
+    audit("model.onnx", "aux.npz", workers=2)
+    assert seen["options"].workers == 2 != _default("workers")
     api_options = {name for name, f in FIELDS.items() if option_spec(f).api}
-    assert set(values) | {"model", "aux", "target", "attacks", "noise_sigma"} == api_options
+    assert set(values) | {"model", "aux", "target", "attacks", "noise_sigma", "workers"} == api_options
 
 
 @dataclasses.dataclass

@@ -317,7 +317,9 @@ class AuditOptions:
     )
 
     def validate(self) -> "AuditOptions":
-        """Raise InputError for values that no audit can use; each value is kept as its option stores it."""
+        """Raise InputError for values that no audit can use; each value is kept as its option stores it.
+        Called once, where options come in (the CLI's build_options and demo, splitaudit.audit(), a
+        report's recorded options for verify); the engine takes the validated options as they are."""
         check_values(self)
         check_attack_tables(self.attack_options)
         self._normalize_sigmas()
