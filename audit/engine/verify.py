@@ -114,7 +114,9 @@ def recorded_options(provenance: dict, checks: list[FileCheck], device: str | No
         if check.role in OPTION_OF_ROLE:
             values[OPTION_OF_ROLE[check.role]] = str(check.path)
     options = AuditOptions(**values)
-    return replace(options, attacks=["none"], device=device or options.device, workers=1, executor="local").validate()
+    return replace(
+        options, attacks=["none"], device=device or options.device, workers=1, executor="local", ray_address=None
+    ).validate()
 
 
 def recompute_dfil(
