@@ -49,7 +49,9 @@ class OptionSpec:
     commands taking it as a flag (--name-with-dashes, or `flag`); help_for, a command's own help
     where it differs; api, whether splitaudit.audit() takes it as a keyword (those that say how
     reports are written belong to AuditResult.write instead); metavar; is_path, the flag names a
-    file; required_in, the commands that need it. The flag's type comes from the annotation."""
+    file; required_in, the commands that need it. The flag's type comes from the annotation. An
+    attack option is set in its `[attack.NAME]` table (or --attack-option): its where-fields keep
+    their defaults and nothing reads them."""
 
     help: str
     low: float | None = None
