@@ -12,8 +12,9 @@ distance from the baseline; the entry's `seeds` lists those that ran.
 An attack describes itself on its class: `title`, `baseline_name`, `query_access_reference` and
 `series` (the report's words, copied into every result entry so that reports render from the
 result alone, without importing an attack), `metrics` (the metric names every ok run fills) and `Options`, a frozen dataclass whose fields
-are the keys its `[attack.NAME]` table takes, each declared with `option(...)` (default, help,
-range or choices). `parse_options` checks a user's table against it before anything runs.
+are the keys its `[attack.NAME]` table takes, each declared with splitaudit.core.options.option
+(default, help, limits or choices), as run options are. `parse_options` checks a user's table
+against it, with the run options' checker, before anything runs.
 An Options field named `quick_X` is X's value under --quick (`resolve_quick`): attacks read X from
 `Attack.options(ctx)` and never choose a quick variant themselves.
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import math
 import time
-import types
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -35,9 +35,8 @@ from scipy import stats
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import INPUT_KINDS
+from splitaudit.core.options import checked, option_rule, option_spec
 from splitaudit.core.result import default_baseline_name, outcome_of
-
-MAX_OPTION_INT = 2**31 - 1  # the implicit upper limit of an integer option (see _limits)
 
 NEEDS = {"labels", "attribute", "gradients"}
 MIN_SEEDS = 2  # the fewest seeds a spread can be measured from (or all there are, under --quick)
@@ -57,79 +56,9 @@ class SeedOutcome:
     not_converged: str = ""
 
 
-def option(
-    default: Any,
-    help: str,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    above: float | None = None,
-    below: float | None = None,
-    choices: tuple = (),
-) -> Any:
-    """A field of an attack's Options: its default, one line of help, and the values it takes
-    (low/high inclusive, above/below exclusive bounds; choices for strings)."""
-    limits = {"low": low, "high": high, "above": above, "below": below, "choices": tuple(choices)}
-    return field(default=default, metadata={"help": help, **limits})
-
-
 @dataclass(frozen=True)
 class NoOptions:
     """An attack that takes no options."""
-
-
-def option_rule(spec: Any, hint: Any) -> str:
-    """The values one option takes, in words (for error messages and help)."""
-    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return option_rule(spec, args[0])  # None: the default that depends on the run
-    if typing.get_origin(hint) is tuple:
-        plural = option_rule(spec, args[0]).replace("an integer", "integers").replace("a number", "numbers")
-        return "a list of " + plural
-    meta = _limits(spec, hint)
-    if meta["choices"]:
-        return "one of " + ", ".join(repr(c) for c in meta["choices"])
-    bounds = [
-        f"{sign} {meta[key] if isinstance(meta[key], int) else format(meta[key], 'g')}"
-        for key, sign in (("low", ">="), ("above", ">"), ("below", "<"), ("high", "<="))
-        if meta[key] is not None
-    ]
-    return words[hint] + (" " + " and ".join(bounds) if bounds else "")
-
-
-def _limits(spec: Any, hint: Any) -> dict:
-    """The option's declared limits; an integer with no upper limit gets MAX_OPTION_INT (a count
-    beyond it overflows the int32 sizes of torch kernels: batch_size=1e20 is no batch size)."""
-    meta = dict(spec.metadata)
-    if hint is int and meta["high"] is None and meta["below"] is None:
-        meta["high"] = MAX_OPTION_INT
-    return meta
-
-
-def _accepts(spec: Any, hint: Any, value: Any) -> tuple[bool, Any]:
-    """(whether `value` fits the option, the value as the option stores it)."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return (True, None) if value is None else _accepts(spec, args[0], value)
-    if typing.get_origin(hint) is tuple:
-        items = [value] if not isinstance(value, list | tuple) else list(value)
-        checked = [_accepts(spec, args[0], item) for item in items]
-        return bool(items) and all(ok for ok, _ in checked), tuple(v for _, v in checked)
-    if isinstance(value, bool) != (hint is bool):
-        return False, value
-    if hint is float and isinstance(value, int):
-        value = float(value)
-    if not isinstance(value, hint) or (hint is float and not math.isfinite(value)):
-        return False, value
-    meta = _limits(spec, hint)
-    inside = (
-        (meta["low"] is None or value >= meta["low"])
-        and (meta["high"] is None or value <= meta["high"])
-        and (meta["above"] is None or value > meta["above"])
-        and (meta["below"] is None or value < meta["below"])
-    )
-    return inside and (not meta["choices"] or value in meta["choices"]), value
 
 
 def parse_options(attack: str, options_type: type, table: dict) -> Any:
@@ -145,21 +74,16 @@ def parse_options(attack: str, options_type: type, table: dict) -> Any:
     if unknown:
         takes = ", ".join(sorted(specs)) or "no options"
         raise InputError(f"attack {attack!r} has no option {unknown[0]!r}; it takes {takes}")
-    values = {}
-    for key, value in table.items():
-        ok, values[key] = _accepts(specs[key], hints[key], value)
-        if not ok:
-            raise InputError(
-                f"attack option {attack}.{key} must be {option_rule(specs[key], hints[key])}, got {value!r:.60}"
-            )
-    return options_type(**values)
+    return options_type(
+        **{key: checked(f"attack option {attack}.{key}", specs[key], hints[key], value) for key, value in table.items()}
+    )
 
 
 def options_help(options_type: type) -> list[str]:
     """One line per option: name, values it takes, default, help."""
     hints = typing.get_type_hints(options_type)
     return [
-        f"{f.name}: {f.metadata['help']}; {option_rule(f, hints[f.name])}{_default_words(f.default)}"
+        f"{f.name}: {option_spec(f).help}; {option_rule(f, hints[f.name])}{_default_words(f.default)}"
         for f in fields(options_type)
     ]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.parts.nets import Decoder, decode_batch, seeded
 from splitaudit.attacks.parts.reconstruction import (
     mean_guess_baseline,
@@ -25,6 +25,7 @@ from splitaudit.attacks.parts.reconstruction import (
 )
 from splitaudit.attacks.parts.text_metrics import with_token_metrics
 from splitaudit.context.audit_context import AuditContext
+from splitaudit.core.options import option
 from splitaudit.core.plateau import (
     MIN_PATIENCE_STEPS,
     Plateau,

@@ -23,11 +23,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.kmeans import largest_class_share
 from splitaudit.attacks.parts.nets import bottom_architecture, mlp, reinitialized_copy, seeded
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.memory import batch_within, forward_batch, per_sample_bytes
+from splitaudit.core.options import option
 from splitaudit.core.plateau import STOPPED_BY_CAP
 from splitaudit.core.threads import threads_for
 

@@ -54,7 +54,7 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.decoder import DecoderOptions, decode, train_decoder, training_seconds
 from splitaudit.attacks.parts.reconstruction import (
     data_range,
@@ -67,6 +67,7 @@ from splitaudit.attacks.parts.token_relaxation import VocabularySimplex, quick_t
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.memory import batch_within, per_sample_bytes
+from splitaudit.core.options import option
 from splitaudit.core.plateau import STOPPED_BY_CAP, STOPPED_BY_PLATEAU, Plateau
 from splitaudit.core.threads import threads_for
 from splitaudit.inputs.models import Encoder

@@ -40,7 +40,7 @@ from typing import ClassVar
 
 import torch
 
-from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.kmeans import best_assignment_accuracy, largest_class_share
 from splitaudit.attacks.parts.cluster_naming import check_clusterable, geometry_named_labels
 from splitaudit.attacks.parts.reconstruction import mean_guess_baseline, reconstruction_examples, reconstruction_metrics
@@ -60,6 +60,7 @@ from splitaudit.attacks.parts.sdar_training import (
     training_precision,
 )
 from splitaudit.context.audit_context import AuditContext
+from splitaudit.core.options import option
 from splitaudit.core.plateau import STOPPED_BY_CAP, Plateau
 
 # Budgets (option `preset`). "paper": SL's batches of 128 for 20k iterations (App. B-B) at the

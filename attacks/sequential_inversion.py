@@ -44,10 +44,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.parts.text_metrics import token_outcome
 from splitaudit.attacks.token_inversion import sequence_states
 from splitaudit.context.audit_context import AuditContext
+from splitaudit.core.options import option
 from splitaudit.core.threads import threads_for
 from splitaudit.estimators.token_information import position_counts
 from splitaudit.inputs.raw_model import Normalized

@@ -22,10 +22,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from splitaudit.attacks.base import Attack, SeedOutcome, option
+from splitaudit.attacks.base import Attack, SeedOutcome
 from splitaudit.attacks.parts.nets import seeded
 from splitaudit.attacks.parts.text_metrics import token_outcome
 from splitaudit.context.audit_context import AuditContext
+from splitaudit.core.options import option
 from splitaudit.core.plateau import MIN_PATIENCE_STEPS, Plateau, epochs_of_patience, restore, snapshot
 from splitaudit.core.threads import threads_for
 

@@ -13,8 +13,9 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from splitaudit.core.config import AuditOptions, option_spec
+from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
+from splitaudit.core.options import option_spec
 from splitaudit.core.registries import DEFAULT_FORMATS, check_formats
 
 
@@ -106,7 +107,7 @@ def audit(
         attacks=_attack_names(attacks),
         noise_sigma=noise_sigma,
         **options,
-    )
+    ).validate()
     return run(chosen, progress=_stderr_progress if progress else None)
 
 
@@ -141,7 +142,7 @@ def run(
     baseline: dict | None = None,
     on_notice: Callable | None = None,
 ) -> AuditResult:
-    """Run the audit that `options` describe (the CLI's and audit()'s one code path); invocation
+    """Run the audit that validated `options` describe (the CLI's and audit()'s one code path); invocation
     (splitaudit.engine.provenance.Invocation) says how the CLI was called, baseline is the earlier
     report run --baseline compares with (splitaudit.reports.compare.read_baseline); on_notice gets
     the line that says why the model runs slower than it could, if it does."""

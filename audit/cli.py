@@ -23,7 +23,6 @@ from tqdm import tqdm
 
 from splitaudit.attacks import attack_class, attack_names
 from splitaudit.core.config import (
-    AUDITING,
     CALIBRATE,
     CUTS,
     DEVICES,
@@ -32,10 +31,10 @@ from splitaudit.core.config import (
     AuditOptions,
     load_config,
     option_flag,
-    option_spec,
     parse_attack_option,
 )
 from splitaudit.core.errors import InputError
+from splitaudit.core.options import AUDITING, option_spec
 from splitaudit.core.registries import check_formats, formats_of, resolve, result_kind
 from splitaudit.core.safety import display_path, display_text, displayable
 from splitaudit.core.version import __version__
@@ -126,7 +125,7 @@ def _click_option(f, command: str):
         kwargs["type"] = click.Path(dir_okay=False)
     elif f.type in SCALARS:
         kwargs["type"] = SCALARS[f.type]
-    return click.option(spec.flag or option_flag(f.name), f.name, **kwargs)
+    return click.option(option_flag(f), f.name, **kwargs)
 
 
 def given_flags(flags: dict) -> dict:

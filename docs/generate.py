@@ -21,7 +21,8 @@ import click
 from splitaudit.attacks import attack_class, attack_names
 from splitaudit.attacks.base import options_help
 from splitaudit.cli import EXIT_BAD_INPUT, EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, cli
-from splitaudit.core.config import AuditOptions, option_flag, option_spec
+from splitaudit.core.config import HINTS, SOURCE_FIELDS, AuditOptions, option_flag
+from splitaudit.core.options import option_rule, option_spec
 from splitaudit.core.registries import BOUNDS, FORMATS, MODEL_FORMATS, PRIORS, TRACE_METHODS
 from splitaudit.core.result import default_baseline_name, shipped_schema
 
@@ -79,13 +80,14 @@ def _param_row(param: click.Parameter, ctx: click.Context) -> tuple[str, str] | 
 
 
 def options_section() -> list[str]:
-    """The audit options: one name for the TOML file and the Python API, the flag, the commands."""
+    """The audit options: one name for the TOML file and the Python API, the flag, the commands,
+    the values each takes (in its error message's words)."""
     rows = []
     for f in fields(AuditOptions):
         spec = option_spec(f)
-        flag = f"`{spec.flag or option_flag(f.name)}`" if spec.commands else ""
+        flag = f"`{option_flag(f)}`" if spec.commands else ""
         where = ", ".join(sorted(spec.commands)) or ("the MODEL argument" if f.name == "model" else "config file")
-        rows.append((f"`{f.name}`", flag, where, "yes" if spec.api else "no", _default(f)))
+        rows.append((f"`{f.name}`", flag, where, "yes" if spec.api else "no", _default(f), _values(f)))
     intro = [
         "## Options in a config file and the Python API",
         "",
@@ -93,7 +95,15 @@ def options_section() -> list[str]:
         "in `[attack.NAME]` tables (below). `splitaudit.audit(...)` takes the keys marked *API* as keywords.",
         "",
     ]
-    return intro + table(("key", "flag", "set in", "API", "default"), rows) + [""]
+    return intro + table(("key", "flag", "set in", "API", "default", "values"), rows) + [""]
+
+
+def _values(f) -> str:
+    """The values an option takes: its rule, or for a model or data option a path (the API also
+    takes an object in memory there)."""
+    if f.name in SOURCE_FIELDS:
+        return "a path, or in the API a torch module (models) or arrays (data)"
+    return option_rule(f, HINTS[f.name])
 
 
 def _default(f) -> str:

@@ -24,10 +24,11 @@ import torch.nn as nn
 from conftest import sample
 
 from splitaudit.attacks import REGISTRY, attack_class, attack_names, get_attack
-from splitaudit.attacks.base import NEEDS, Attack, SeedOutcome, option, option_rule, orphan_quick_options, resolve_quick
+from splitaudit.attacks.base import NEEDS, Attack, SeedOutcome, orphan_quick_options, resolve_quick
 from splitaudit.context.audit_context import AuditContext
 from splitaudit.core.errors import InputError
 from splitaudit.core.input_space import INPUT_KINDS, KIND_METRICS
+from splitaudit.core.options import option, option_rule, option_spec
 from splitaudit.core.plateau import STOPPED_BY_CAP
 from splitaudit.core.result import default_baseline_name
 from splitaudit.inputs.data import Dataset
@@ -256,12 +257,12 @@ def test_gradient_attacks_skip_black_box_models(name, tiny_ctx):
 def bad_value(spec: dataclasses.Field, hint) -> object:
     """A value outside what the option declares: a wrong choice, a number below its range, or a
     value of the wrong type."""
-    meta = spec.metadata
-    if meta["choices"]:
+    declared = option_spec(spec)
+    if declared.choices:
         return "no-such-choice"
     for key, step in (("low", -1), ("above", 0), ("below", 0), ("high", 1)):
-        if meta[key] is not None:
-            return meta[key] + step
+        if getattr(declared, key) is not None:
+            return getattr(declared, key) + step
     return "not-a-" + str(hint)
 
 
@@ -319,7 +320,7 @@ def test_attack_checks_its_options_before_running(name, tiny_ctx):
     assert defaults == attack.Options(), "an empty table gives the declared defaults"
     hints = typing.get_type_hints(attack.Options)
     for spec in dataclasses.fields(attack.Options):
-        assert spec.metadata["help"], f"{name}.{spec.name} has a help line"
+        assert option_spec(spec).help, f"{name}.{spec.name} has a help line"
         wrong = bad_value(spec, hints[spec.name])
         with pytest.raises(InputError) as refused:
             attack.parse_options({spec.name: wrong})

@@ -52,4 +52,4 @@ def test_calibrate_json_reports_an_unreachable_target(capsys):
 
 def test_calibrate_rejects_a_non_positive_target(capsys):
     code, _, err = cli(calibrate_args("digits_cnn.onnx", "digits.npz", "0", "--json"), capsys)
-    assert code == 2 and "--target-mse must lie in (0," in err and "Traceback" not in err
+    assert code == 2 and "--target-mse must be a number > 0" in err and "Traceback" not in err

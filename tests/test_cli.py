@@ -67,7 +67,10 @@ def empty_folder(tmp_path):
         (["run", MODEL, "--aux", sample("breast_cancer.npz")], "model expects (1, 8, 8)"),
         (["run", MODEL, "--aux", "{nan_data}"], "NaN or infinite"),
         (["run", MODEL, "--aux", "{empty_folder}"], "data folder is empty"),
-        (["run", MODEL, "--aux", DATA, "--noise-sigma", "-1"], "--noise-sigma must lie in [0, 1e+12], got -1.0"),
+        (
+            ["run", MODEL, "--aux", DATA, "--noise-sigma", "-1"],
+            "--noise-sigma must be 0 or a number >= 1e-12 and <= 1e+12, got -1.0",
+        ),
         (["run", MODEL, "--aux", DATA, "--attacks", "fine-tune,telepathy"], "unknown attack 'telepathy'"),
         (["run", MODEL, "--aux", DATA, "--no-such-flag"], "No such option"),
         (
@@ -85,7 +88,7 @@ def empty_folder(tmp_path):
         ),
         (["run", MODEL, "--aux", DATA, "--input-shape", "a,b"], "comma-separated"),
         (["run", MODEL], "no auxiliary data"),
-        (["calibrate", MODEL, "--aux", DATA, "--target-mse", "0"], "--target-mse must lie in (0, 1e+12]"),
+        (["calibrate", MODEL, "--aux", DATA, "--target-mse", "0"], "--target-mse must be a number > 0 and <= 1e+12"),
         (["render", "missing/report.json"], "report not found"),
     ],
 )
@@ -103,7 +106,7 @@ def test_config_file_is_read_and_flags_win(tmp_path, capsys):
     config = tmp_path / "audit.toml"
     config.write_text(f'model = "{MODEL}"\naux = "{DATA}"\nnoise_sigma = -2.0\n')
     code, _, err = run_cli(["run", "--config", str(config)], capsys)
-    assert_one_line_error(code, err, "--noise-sigma must lie in [0, 1e+12], got -2.0")
+    assert_one_line_error(code, err, "--noise-sigma must be 0 or a number >= 1e-12 and <= 1e+12, got -2.0")
     # The flag overrides the file's bad value; the next problem surfaces instead.
     code, _, err = run_cli(["run", "--config", str(config), "--noise-sigma", "0.1", "--attacks", "nope"], capsys)
     assert_one_line_error(code, err, "unknown attack 'nope'")

@@ -85,7 +85,7 @@ def _numbers(document: dict) -> str:
 
 
 def _options(model, aux, target=None, **extra) -> AuditOptions:
-    return AuditOptions(model=str(model), aux=str(aux), target=target and str(target), quick=True, **extra)
+    return AuditOptions(model=str(model), aux=str(aux), target=target and str(target), quick=True, **extra).validate()
 
 
 def test_linear_chain_matches_the_closed_form_at_every_cut(chain):
@@ -347,7 +347,7 @@ def test_a_torch_export_program_is_cut_in_its_graph_under_its_node_names(tmp_pat
     with torch.no_grad():
         np.savez(tmp_path / "data.npz", x=x.numpy(), y=model(x).argmax(1).numpy())
     options = AuditOptions(model=str(tmp_path / "whole.pt2"), aux=str(tmp_path / "data.npz"), quick=True)
-    document = run_cuts(replace(options, prior="gaussian", attacks=["none"], cuts=["2"]))
+    document = run_cuts(replace(options, prior="gaussian", attacks=["none"], cuts=["2"]).validate())
     assert document["model"]["format"] == "exported" and document["whole_accuracy"]["accuracy"] == 1.0
     # the labels are one class (2) of three: the top model's accuracy is read against class 2 too
     assert [c["utility"]["clean_accuracy"] for c in document["cuts"]] == [1.0, 1.0]

@@ -2,12 +2,15 @@
 OptionSpec): the click options of `run`, `sweep` and `calibrate` and the keywords of
 splitaudit.audit() are made from it. These tests check what the generation must give: the CLI,
 the API and the config file accept the same set of options (but as the table says), with the
-same defaults, and each value reaches AuditOptions under its own name."""
+same defaults, and each value reaches AuditOptions under its own name. Run options and attack
+options are one system (splitaudit.core.options): one declaration, one check, one rule in words."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import shutil
+import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
 
@@ -15,7 +18,9 @@ import pytest
 
 from splitaudit.api import audit
 from splitaudit.cli import cli, main
-from splitaudit.core.config import CALIBRATE, CLI_CONTROLS, CUTS, RUN, SWEEP, AuditOptions, load_config, option_spec
+from splitaudit.core.config import CALIBRATE, CLI_CONTROLS, CUTS, HINTS, RUN, SWEEP, AuditOptions, load_config
+from splitaudit.core.errors import InputError
+from splitaudit.core.options import checked, option, option_rule, option_spec
 
 FIELDS = {f.name: f for f in fields(AuditOptions)}
 COMMAND_OWN = {RUN: set(), SWEEP: set(), CALIBRATE: {"as_json"}, CUTS: set()}  # flags a command adds for itself
@@ -144,11 +149,13 @@ def test_every_flag_reaches_its_option(tmp_path, monkeypatch, capsys):
 
 def test_audit_passes_each_keyword_through(monkeypatch):
     """Each keyword reaches AuditOptions under its own name (a keyword taken but not passed on
-    would be ignored): every option is given a value other than its default and read back."""
+    would be ignored): every option is given a value other than its default and read back. audit()
+    validates its options, which refuses workers with the Ray executor: workers goes in a call of
+    its own."""
     from splitaudit import api
 
     seen = {}
-    monkeypatch.setattr(api, "run", lambda options, progress=None: seen.setdefault("options", options))
+    monkeypatch.setattr(api, "run", lambda options, progress=None: seen.update(options=options))
     values = {
         "target_fraction": 0.3,
         "top_model": "top.onnx",
@@ -168,7 +175,6 @@ def test_audit_passes_each_keyword_through(monkeypatch):
         "seed": 7,
         "device": "cpu",
         "quick": True,
-        "workers": 2,
         "executor": "ray",
         "ray_address": "auto",
         "task_timeout": 60.0,
@@ -187,5 +193,85 @@ def test_audit_passes_each_keyword_through(monkeypatch):
     for name, value in values.items():
         assert value != _default(name), f"{name}: pick a value other than the default"
         assert getattr(options, name) == value, name
+    audit("model.onnx", "aux.npz", workers=2)
+    assert seen["options"].workers == 2 != _default("workers")
     api_options = {name for name, f in FIELDS.items() if option_spec(f).api}
-    assert set(values) | {"model", "aux", "target", "attacks", "noise_sigma"} == api_options
+    assert set(values) | {"model", "aux", "target", "attacks", "noise_sigma", "workers"} == api_options
+
+
+@dataclasses.dataclass
+class Toy:
+    """Options of both kinds declared with the one option(...): a run-option-style field (a flag of
+    `run`, an API keyword) and an attack-option-style one (its table only)."""
+
+    scale: float = option(0.0, "a noise scale", commands=frozenset({RUN}), scale=True, high=10)
+    steps: tuple[int, ...] | None = option(None, "step counts", low=1)
+
+
+TOY = {f.name: f for f in dataclasses.fields(Toy)}
+TOY_HINTS = typing.get_type_hints(Toy)
+
+
+@pytest.mark.parametrize(
+    "name, value, stored",
+    [("scale", 0, 0.0), ("scale", 2, 2.0), ("steps", [3, 4], (3, 4)), ("steps", 5, (5,)), ("steps", None, None)],
+)
+def test_the_one_checker_keeps_a_fitting_value_as_the_option_stores_it(name, value, stored):
+    kept = checked(name, TOY[name], TOY_HINTS[name], value)
+    assert kept == stored and type(kept) is type(stored)
+
+
+@pytest.mark.parametrize(
+    "name, value, shown",
+    [
+        ("scale", 1e-20, "1e-20"),  # below MIN_SCALE but not 0: underflows float32 when squared
+        ("scale", float("nan"), "nan"),
+        ("scale", True, "True"),  # a bool is never a number
+        ("scale", "1", "'1'"),
+        ("scale", None, "None"),  # not declared X | None
+        ("steps", [2, 0], "0"),  # the offending item of a list
+        ("steps", [2.0], "2.0"),
+    ],
+)
+def test_the_one_checker_refuses_in_the_rule_s_words_whichever_kind_of_option(name, value, shown):
+    """A run option and an attack option are refused with the same rule (option_rule), each
+    family naming the option its own way: the flag, or `attack option NAME.KEY`."""
+    rule = option_rule(TOY[name], TOY_HINTS[name])
+    for label in (f"--{name}", f"attack option toy.{name}"):
+        with pytest.raises(InputError) as refused:
+            checked(label, TOY[name], TOY_HINTS[name], value)
+        assert str(refused.value) == f"{label} must be {rule}, got {shown}"
+
+
+def test_the_rule_in_words_states_the_declared_limits():
+    assert option_rule(TOY["scale"], TOY_HINTS["scale"]) == "0 or a number >= 1e-12 and <= 10"
+    assert option_rule(TOY["steps"], TOY_HINTS["steps"]) == "a list of integers >= 1 and <= 2147483647"
+
+
+def test_run_options_and_attack_options_are_checked_by_the_one_checker():
+    from splitaudit.attacks import attack_class
+
+    with pytest.raises(InputError) as run_refusal:
+        AuditOptions(model="m.onnx", aux="a.npz", queries=0).validate()
+    with pytest.raises(InputError) as attack_refusal:
+        attack_class("decoder").parse_options({"patience": 0})
+    assert str(run_refusal.value) == "--queries must be an integer >= 1 and <= 1000, got 0"
+    assert (
+        str(attack_refusal.value) == "attack option decoder.patience must be an integer >= 1 and <= 2147483647, got 0"
+    )
+
+
+def _numeric(hint) -> bool:
+    """Whether an option annotated `hint` holds numbers (int, float, X | None, list[X])."""
+    return hint in (int, float) or any(_numeric(arg) for arg in typing.get_args(hint))
+
+
+def test_every_numeric_option_declares_its_limits():
+    """Every number a run option takes is declared with a lower and an upper limit: one added
+    without them would let nan-free but absurd values (1e308, -5) reach an estimator."""
+    numeric = {name for name, hint in HINTS.items() if _numeric(hint)}
+    assert {"noise_sigma", "noise_sigmas", "seed", "input_shape", "workers"} <= numeric
+    for name in numeric:
+        spec = option_spec(FIELDS[name])
+        assert spec.scale or spec.low is not None or spec.above is not None, f"{name} has no lower limit"
+        assert spec.high is not None or spec.below is not None, f"{name} has no upper limit"

@@ -22,7 +22,7 @@ from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.core.result import first_error
 from splitaudit.engine.provenance import fingerprint
-from splitaudit.engine.verify import inside
+from splitaudit.engine.verify import inside, recorded_options
 from splitaudit.inputs.digests import InputFiles, file_sha256, folder_sha256
 
 MODEL, DATA = sample("digits_cnn.onnx"), sample("digits.npz")
@@ -220,3 +220,11 @@ def test_a_sweep_shows_its_fingerprint_and_sign_off_too(tmp_path, capsys):
     for name in ("sweep.html", "sweep.md"):
         page = (tmp_path / name).read_text()
         assert page.count(sweep["provenance"]["fingerprint"]) >= 3 and "Signature" in page, name
+
+
+def test_a_ray_run_is_measured_again_in_this_process():
+    """verify --recompute measures locally: the recorded Ray cluster goes with the Ray executor
+    (validate refuses --ray-address without --executor ray)."""
+    recorded = {"model": "m.onnx", "aux": "a.npz", "executor": "ray", "ray_address": "auto", "workers": 1}
+    options = recorded_options({"options": recorded}, [], device=None)
+    assert (options.executor, options.ray_address, options.attacks) == ("local", None, ["none"])

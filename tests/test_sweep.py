@@ -57,7 +57,7 @@ def test_a_linear_encoder_has_the_closed_form_bound_at_every_sigma(linear_case, 
     monkeypatch.setattr(leakage, "measure", lambda *args, **kw: measured.append(1) or real_measure(*args, **kw))
     options = AuditOptions(
         model=model, aux=data, noise_sigmas=[0.1, 0.3, 1.0, 3.0], prior="gaussian", attacks=["none"], quick=True
-    )
+    ).validate()
     sweep = run_sweep(options)
     assert measured == [1]  # traces and prior computed once for the four sigmas
     aux = prepare_context(options).aux.x.double()
@@ -147,7 +147,7 @@ def digits_sweep():
         noise_sigmas=[0, 0.1, 0.3, 1, 3],
         attacks=["kmeans", "optimization"],
         quick=True,
-    )
+    ).validate()
     return run_sweep(options), options
 
 
@@ -178,7 +178,7 @@ def test_every_reconstruction_attack_weakens_toward_the_mean_guess(stem):
         noise_sigmas=[0, 0.3, 3],
         attacks=["decoder", "optimization", "sdar"],
         quick=True,
-    )
+    ).validate()
     sweep = run_sweep(options)
     bounds = series(sweep, lambda p: p["bounds"]["van_trees_mse"])
     assert bounds[0] == 0.0 < bounds[1] < bounds[2]
@@ -307,10 +307,13 @@ def test_sweep_cli_writes_the_reports_gates_the_utility_and_renders_again(tmp_pa
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--noise-sigma", "0,-1"], "--noise-sigma must lie in [0, 1e+12], got -1.0"),
+        (
+            ["--noise-sigma", "0,-1"],
+            "--noise-sigma must be a list of numbers, each 0 or >= 1e-12 and <= 1e+12, got -1.0",
+        ),
         ([], "no noise sigmas to sweep"),
         (["--noise-sigma", "0,x"], "comma-separated list"),
-        (["--noise-sigma", "1", "--target-mse", "0"], "--target-mse must lie in (0, 1e+12], got 0.0"),
+        (["--noise-sigma", "1", "--target-mse", "0"], "--target-mse must be a number > 0 and <= 1e+12, got 0.0"),
         (["--noise-sigma", "1", "--max-utility-loss", "2"], "--max-utility-loss"),
         (
             ["--noise-sigma", "1", "--format", "html,sarif"],

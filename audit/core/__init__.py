@@ -1,1 +1,1 @@
-"""The lowest layer: errors and exit codes, safe paths, memory and thread limits, the options (config), the plugin registries besides attacks, and the result's schema. Torch-free; everything else may import it."""
+"""The lowest layer: errors and exit codes, safe paths, memory and thread limits, the options (how any option is declared and checked: options; the run's options: config), the plugin registries besides attacks, and the result's schema. Torch-free; everything else may import it."""

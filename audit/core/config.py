@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-import math
 import sys
-from dataclasses import MISSING, dataclass, field, fields
+import typing
+from dataclasses import Field, dataclass, fields
 from pathlib import Path
 
 from splitaudit.core.errors import InputError
+from splitaudit.core.options import (
+    CALIBRATE,
+    CUTS,
+    MAX_INT32,
+    MEASURING,
+    RUN,
+    SWEEP,
+    checked,
+    option,
+    option_spec,
+)
 from splitaudit.core.registries import DEFAULT_FORMATS, PRIOR_NAMES, PRIORS, check_formats
 from splitaudit.core.safety import nested_deeper_than, require_regular_file
 
@@ -17,10 +28,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 MAX_SCALE = 1e12  # --noise-sigma/--smoothing above this overflow float32 when squared or added
-MIN_SCALE = 1e-12  # a positive scale below this underflows float32 when squared (1/sigma^2 divides by 0)
 MAX_THRESHOLD = 1e12  # an MSE or advantage threshold beyond this is no threshold
 MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
-MAX_INT32 = 2**31 - 1  # sizes and counts beyond this overflow the int32 indices of torch kernels
 MAX_CONFIG_BYTES = 1024**2  # a config file is a few hundred bytes of options
 MAX_CONFIG_DEPTH = 8  # [attack.NAME] tables holding lists: 4 levels; deeper is hostile
 MAX_SIGMAS = 64  # points in one sweep (each runs every attack)
@@ -36,47 +45,18 @@ MAX_TEXT_TOKENS = 1_000_000  # --max-length: beyond any model's context window
 
 
 # The options are declared once, here: each field of AuditOptions is a key of the TOML file, and
-# its `option(...)` says which commands take it as a flag (with its help), and whether
-# splitaudit.audit() takes it as a keyword. cli.py makes the click options from this table and
-# api.py the keywords of audit(); tests/test_options.py checks that the three accept one set.
-RUN, SWEEP, CALIBRATE, CUTS = "run", "sweep", "calibrate", "cuts"
-MEASURING = frozenset({RUN, SWEEP, CALIBRATE, CUTS})  # the commands that load a model and its data
-AUDITING = frozenset({RUN, SWEEP, CUTS})  # ... and run attacks
+# its `option(...)` (splitaudit.core.options) says which values it takes, which commands take it
+# as a flag (with its help), and whether splitaudit.audit() takes it as a keyword. cli.py makes
+# the click options from this table and api.py the keywords of audit(); tests/test_options.py
+# checks that the three accept one set. validate() checks every value against its declaration.
 DEFAULT_CUTS = 6  # candidate cuts audited when --cuts is not given: enough to see the trend
 CLI_CONTROLS = ("attack_option", "config_file", "debug")  # flags that are not options of the audit
-
-
-@dataclass(frozen=True)
-class OptionSpec:
-    """Where an option is set besides the TOML file, and its words.
-
-    commands: the CLI commands taking it as a flag (--name-with-dashes, or `flag`); help_for: a
-    command's own help where it differs; api: whether splitaudit.audit() takes it as a keyword
-    (those that say how reports are written belong to AuditResult.write instead); choices: the
-    values a flag accepts; is_path: the flag names a file; required_in: the commands that need it.
-    The flag's type comes from the field's annotation (cli._click_option)."""
-
-    help: str
-    commands: frozenset[str] = AUDITING
-    api: bool = True
-    help_for: tuple[tuple[str, str], ...] = ()
-    flag: str | None = None
-    choices: tuple[str, ...] | None = None
-    metavar: str | None = None
-    is_path: bool = False
-    required_in: frozenset[str] = frozenset()
-
-    def help_in(self, command: str) -> str:
-        return dict(self.help_for).get(command, self.help)
-
-
-def option(default=MISSING, help: str = "", *, factory=MISSING, **where):
-    """A field of AuditOptions with its OptionSpec (`where`: OptionSpec's fields but help)."""
-    return field(default=default, default_factory=factory, metadata={"option": OptionSpec(help, **where)})
-
-
-def option_spec(f) -> OptionSpec:
-    return f.metadata["option"]
+# The limits several options share (OptionSpec's fields).
+NOISE_SCALE = {"scale": True, "high": MAX_SCALE}  # above MAX_SCALE, float32 overflows when squared or added
+THRESHOLD = {"low": 0, "high": MAX_THRESHOLD}
+SHARE = {"low": 0, "high": 1}
+FRACTION = {"above": 0, "below": 1}
+SIZE = {"low": 1, "high": MAX_INT32}
 
 
 PRIOR_HELP = "Prior-term estimator for the van Trees bound (default ssm): " + "; ".join(
@@ -95,11 +75,14 @@ class AuditOptions:
     target: str | None = option(None, "Separate target data (default: a seeded split of --aux).", commands=MEASURING)
     attacks: list[str] = option(help="all, none, or a comma list of {attacks}.", factory=lambda: ["all"])
     noise_sigma: float = option(
-        0.0, "Std of the Gaussian noise added to embeddings (default 0).", commands=frozenset({RUN, CALIBRATE})
+        0.0,
+        "Std of the Gaussian noise added to embeddings (default 0).",
+        commands=frozenset({RUN, CALIBRATE}),
+        **NOISE_SCALE,
     )
     prior: str = option("ssm", PRIOR_HELP + ".", commands=MEASURING, choices=PRIOR_NAMES)
     smoothing: float | None = option(
-        None, "Randomized-smoothing tau (default 0.25 for [0,1] images, else 0).", commands=MEASURING
+        None, "Randomized-smoothing tau (default 0.25 for [0,1] images, else 0).", commands=MEASURING, **NOISE_SCALE
     )
     top_model: str | None = option(
         None,
@@ -114,15 +97,17 @@ class AuditOptions:
         commands=frozenset({RUN, SWEEP}),
         choices=TOP_MODEL_ROLES,
     )
-    input_shape: list[int] | None = option(None, "Per-sample input shape, e.g. 3,32,32.", commands=MEASURING)
+    input_shape: list[int] | None = option(None, "Per-sample input shape, e.g. 3,32,32.", commands=MEASURING, **SIZE)
     normalize: list[float] | None = option(
         None,
         "MEAN,STD (or C means then C stds) folded into the encoder; MSEs stay in data space.",
         commands=frozenset({RUN, SWEEP, CALIBRATE}),  # cuts: the whole model takes the data as it is
+        low=-MAX_SCALE,
+        high=MAX_SCALE,
     )
     label_column: str | None = option(None, "CSV column with class labels.", commands=MEASURING)
     attr_column: str | None = option(None, "CSV column with the sensitive attribute.", commands=MEASURING)
-    target_fraction: float = option(0.5, "Share of --aux held out as the target set.", commands=frozenset())
+    target_fraction: float = option(0.5, "Share of --aux held out as the target set.", commands=frozenset(), **FRACTION)
     out: str = option("splitaudit-report", "Output folder (default ./splitaudit-report).", api=False)
     formats: list[str] = option(
         help="Comma list of {formats} (default html,md,json).",
@@ -134,16 +119,20 @@ class AuditOptions:
         None,
         "Gate: fail when the van Trees bound MSE is below T.",
         help_for=((SWEEP, "Gate: fail when the recommended sigma's bound MSE is below T."),),
+        **THRESHOLD,
     )
     fail_under_attack_mse: float | None = option(
         None,
         "Gate: fail when any reconstruction attack's MSE is below T.",
         help_for=((SWEEP, SWEEP_GATE.format("an attack reconstructs with MSE below T")),),
+        **THRESHOLD,
     )
     max_advantage: float | None = option(
         None,
         "Gate: fail when any attack's advantage over its baseline exceeds A.",
         help_for=((SWEEP, SWEEP_GATE.format("an attack's advantage exceeds A")),),
+        low=-MAX_THRESHOLD,
+        high=MAX_THRESHOLD,
     )
     strict: bool = option(
         False,
@@ -169,7 +158,9 @@ class AuditOptions:
     mlflow_uri: str | None = option(
         None, "The MLflow tracking URI to log to (implies --mlflow).", commands=frozenset({RUN}), api=False
     )
-    seed: int = option(0, "Seed for splits, attacks and estimators (default 0).", commands=MEASURING)
+    seed: int = option(
+        0, "Seed for splits, attacks and estimators (default 0).", commands=MEASURING, low=0, high=MAX_SEED
+    )
     device: str = option("auto", "Where to compute (default auto).", commands=MEASURING, choices=DEVICES)
     quick: bool = option(False, "Smoke run: fewer seeds, epochs and probes.", commands=MEASURING)
     attack_options: dict[str, dict] = option(
@@ -186,12 +177,16 @@ class AuditOptions:
         None,
         "A Hugging Face checkpoint folder as MODEL: the client keeps the embedding and the first N blocks.",
         commands=frozenset({RUN, SWEEP, CALIBRATE}),  # cuts takes a whole ONNX or .pt2 graph and finds its own cuts
+        low=0,
+        high=MAX_INT32,
     )
     max_length: int = option(
         128,
         "Raw text (--aux/--target .txt or .jsonl): tokens a text keeps; longer texts are truncated, shorter "
         "ones right-padded to the longest (default 128).",
         commands=MEASURING,
+        low=1,
+        high=MAX_TEXT_TOKENS,
     )
     output_name: str | None = option(
         None,
@@ -217,6 +212,8 @@ class AuditOptions:
         "(dFIL shards are not bound by it: without all of them there is no bound).",
         metavar="S",
         commands=frozenset({RUN, SWEEP}),  # cuts: each cut is one task, its attack seeds run inside it
+        above=0,
+        high=MAX_TIMEOUT_SECONDS,
     )
     workers: int | None = option(
         1,
@@ -225,12 +222,21 @@ class AuditOptions:
         help_for=(
             (CUTS, "Worker processes auditing cuts side by side (default 1: one cut after another in this process)."),
         ),
+        low=1,
+        high=MAX_WORKERS,
     )
     dfil_rtol: float = option(
-        0.02, "Target relative standard error of the mean dFIL when it is estimated (default 0.02).", commands=MEASURING
+        0.02,
+        "Target relative standard error of the mean dFIL when it is estimated (default 0.02).",
+        commands=MEASURING,
+        **FRACTION,
     )
     dfil_samples: int | None = option(
-        None, "At most this many target samples for dFIL (default 2048, 256 with --quick).", commands=MEASURING
+        None,
+        "At most this many target samples for dFIL (default 2048, 256 with --quick).",
+        commands=MEASURING,
+        low=2,
+        high=MAX_INT32,
     )
     model_mode: str = option(
         "saved",
@@ -244,6 +250,8 @@ class AuditOptions:
         "Queries of one input a query-access attacker averages, for stochastic models (default 1; "
         "above 1 the decoder reports single-shot and k-query numbers).",
         commands=MEASURING,
+        low=1,
+        high=MAX_QUERIES,
     )
     # splitaudit sweep
     noise_sigmas: list[float] | None = option(
@@ -252,6 +260,7 @@ class AuditOptions:
         commands=frozenset({SWEEP}),
         api=False,
         flag="--noise-sigma",
+        **NOISE_SCALE,
     )
     auto_sigma: bool = option(
         False,
@@ -272,9 +281,15 @@ class AuditOptions:
             ),
         ),
         required_in=frozenset({CALIBRATE}),
+        above=0,
+        high=MAX_THRESHOLD,
     )
     max_utility_loss: float | None = option(
-        None, "Gate: fail when the recommended sigma costs more accuracy.", commands=frozenset({SWEEP}), api=False
+        None,
+        "Gate: fail when the recommended sigma costs more accuracy.",
+        commands=frozenset({SWEEP}),
+        api=False,
+        **SHARE,
     )
     # splitaudit cuts
     cuts: list[str] = option(
@@ -291,19 +306,22 @@ class AuditOptions:
         commands=frozenset({CUTS}),
         api=False,
         flag="--noise-sigma",
+        **NOISE_SCALE,
     )
     max_accuracy_loss: float = option(
         0.02,
         "The task accuracy the recommended cut may lose to its noise (default 0.02).",
         commands=frozenset({CUTS}),
         api=False,
+        **SHARE,
     )
 
     def validate(self) -> "AuditOptions":
-        """Raise InputError for values that no audit can use."""
-        check_option_types(self)
-        check_numeric_ranges(self)
-        check_choices(self)
+        """Raise InputError for values that no audit can use; each value is kept as its option stores it.
+        Called once, where options come in (the CLI's build_options and demo, splitaudit.audit(), a
+        report's recorded options for verify); the engine takes the validated options as they are."""
+        check_values(self)
+        check_attack_tables(self.attack_options)
         self._normalize_sigmas()
         check_formats(self.formats, "sweep" if self.noise_sigmas is not None or self.auto_sigma else "report")
         if not str(self.out).strip():
@@ -340,137 +358,41 @@ def sigma_key(sigma: float) -> str:
     return f"{sigma:.{SIGMA_DIGITS}g}"
 
 
-# What each option may hold, by its annotation (TOML gives any type; flags are already typed).
-OPTION_TYPES = {
-    "str": (str,),
-    "str | None": (str, type(None)),
-    "float": (int, float),
-    "float | None": (int, float, type(None)),
-    "int": (int,),
-    "int | None": (int, type(None)),
-    "bool": (bool,),
-    "list[str]": (list,),
-    "list[int] | None": (list, type(None)),
-    "list[float] | None": (list, type(None)),
-    "dict[str, dict]": (dict,),
-}
-ITEM_TYPES = {"list[str]": (str,), "list[int] | None": (int,), "list[float] | None": (int, float)}
+HINTS = typing.get_type_hints(AuditOptions)  # each option's type, from its annotation
 SOURCE_FIELDS = {"model", "aux", "target", "top_model"}  # paths, or (Python API) a module or a Dataset
-TOML_SCALARS = (bool, int, float, list, dict)
+TOML_VALUES = (str, bool, int, float, list, dict)  # what a config file holds (and click gives)
 
 
-def check_model_mode(mode: str) -> None:
-    """--model-mode (and the API's model_mode) is one of MODEL_MODES."""
-    if mode not in MODEL_MODES:
-        raise InputError(f"--model-mode must be one of {', '.join(MODEL_MODES)}, got {mode!r}")
-
-
-def _wrong_source(name: str, value) -> bool:
-    """A model/data option is a path, or an in-memory object from the Python API; never a number or table."""
-    return name in SOURCE_FIELDS and isinstance(value, TOML_SCALARS)
-
-
-def check_option_types(options: AuditOptions) -> None:
-    """Raise InputError for a value of the wrong type (e.g. noise_sigma = "0.1" in a config file)."""
-    for f in (f for f in fields(options) if f.type in OPTION_TYPES):
-        value, allowed = getattr(options, f.name), OPTION_TYPES[f.type]
-        if f.name in SOURCE_FIELDS and not _wrong_source(f.name, value):
+def check_values(options: AuditOptions) -> None:
+    """Every option's value against its declaration, stored as the option holds it, before anything
+    is loaded: a config file and the API pass values click never saw, nan passes every `<` check
+    unnoticed (a gate "bound 0 >= nan" would pass), and values at the edges of float arithmetic
+    (1e308, 1e-320) overflow or divide by zero deep inside an estimator. A model or data option
+    may hold an in-memory module or Dataset from the Python API, which is not checked here."""
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if f.name in SOURCE_FIELDS and not isinstance(value, TOML_VALUES):
             continue
-        items = value if isinstance(value, list) and f.type in ITEM_TYPES else []
-        wrong_item = next((v for v in items if isinstance(v, bool) or not isinstance(v, ITEM_TYPES[f.type])), None)
-        bad_bool = isinstance(value, bool) and bool not in allowed
-        if not isinstance(value, allowed) or bad_bool or wrong_item is not None:
-            shown = wrong_item if wrong_item is not None else value
-            raise InputError(
-                f"option {f.name} must be {f.type.replace(' | None', '')}, got {type(shown).__name__} {shown!r:.60}"
-            )
-    for attack, table in options.attack_options.items():
+        setattr(options, f.name, checked(option_label(f), f, HINTS[f.name], value))
+
+
+def check_attack_tables(attack_options: dict) -> None:
+    """Each attack's options are a table (its keys and values are the attack's to check:
+    splitaudit.attacks.check_attack_options)."""
+    for attack, table in attack_options.items():
         if not isinstance(table, dict):
             raise InputError(f"attack options for {attack!r} must be a table of KEY = VALUE, got {table!r:.60}")
 
 
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric option takes: finite, within [low, high] (an open end excludes it),
-    and for a noise scale either 0 or at least MIN_SCALE."""
-
-    low: float
-    high: float
-    open_low: bool = False
-    open_high: bool = False
-    scale: bool = False
-
-    def problem(self, value: float) -> str | None:
-        """Why the value is outside the range, in words, or None."""
-        if not math.isfinite(value):
-            return "must be a finite number"
-        if (value <= self.low if self.open_low else value < self.low) or (
-            value >= self.high if self.open_high else value > self.high
-        ):
-            low, high = (str(b) if isinstance(b, int) else f"{b:g}" for b in (self.low, self.high))
-            return f"must lie in {'(' if self.open_low else '['}{low}, {high}{')' if self.open_high else ']'}"
-        if self.scale and 0 < abs(value) < MIN_SCALE:
-            return f"must be 0 or at least {MIN_SCALE:g} (smaller scales underflow float32 when squared)"
-        return None
+def option_flag(f: Field) -> str:
+    """The command-line spelling of an option (its OptionSpec's flag, else --name-with-dashes)."""
+    return option_spec(f).flag or f"--{f.name.replace('_', '-')}"
 
 
-SCALE = Range(0.0, MAX_SCALE, scale=True)  # above MAX_SCALE, float32 overflows when squared or added
-THRESHOLD = Range(0.0, MAX_THRESHOLD)
-FRACTION = Range(0.0, 1.0, open_low=True, open_high=True)
-NUMERIC_RANGES = {  # every numeric option, run and sweep alike (None means "not given")
-    "noise_sigma": SCALE,
-    "noise_sigmas": SCALE,
-    "smoothing": SCALE,
-    "normalize": Range(-MAX_SCALE, MAX_SCALE),
-    "input_shape": Range(1, MAX_INT32),
-    "target_fraction": FRACTION,
-    "fail_under_mse": THRESHOLD,
-    "fail_under_attack_mse": THRESHOLD,
-    "max_advantage": Range(-MAX_THRESHOLD, MAX_THRESHOLD),
-    "target_mse": Range(0.0, MAX_THRESHOLD, open_low=True),
-    "max_utility_loss": Range(0.0, 1.0),
-    "max_accuracy_loss": Range(0.0, 1.0),
-    "cut_noise_sigma": SCALE,
-    "seed": Range(0, MAX_SEED),
-    "task_timeout": Range(0.0, MAX_TIMEOUT_SECONDS, open_low=True),
-    "workers": Range(1, MAX_WORKERS),
-    "dfil_rtol": FRACTION,
-    "dfil_samples": Range(2, MAX_INT32),
-    "queries": Range(1, MAX_QUERIES),
-    "max_length": Range(1, MAX_TEXT_TOKENS),
-    "split_layer": Range(0, MAX_INT32),
-}
-
-
-def check_choices(options: AuditOptions) -> None:
-    """The one place every option with a fixed set of values (its OptionSpec's choices) is checked: a
-    config file or the API passes them unchecked by click."""
-    for f in fields(options):
-        choices, value = option_spec(f).choices, getattr(options, f.name)
-        if choices and value not in choices:
-            raise InputError(f"{option_flag(f.name)} must be one of {', '.join(choices)}, got {value!r:.60}")
-
-
-def check_numeric_ranges(options: AuditOptions) -> None:
-    """The one place every numeric option is range-checked, before anything is loaded: nan passes
-    every `<` check unnoticed (a gate "bound 0 >= nan" would pass), and values at the edges of
-    float arithmetic (1e308, 1e-320) overflow or divide by zero deep inside an estimator."""
-    for name, allowed in NUMERIC_RANGES.items():
-        value = getattr(options, name)
-        for item in value if isinstance(value, list) else [value]:
-            problem = None if item is None else allowed.problem(item)
-            if problem:
-                raise InputError(f"{option_flag(name)} {problem}, got {_shown(item)}")
-
-
-def _shown(number: float) -> str:
-    """A number as Python writes it (1e-320 stays 1e-320, where %g rounds it to 9.99989e-321)."""
-    return str(number) if isinstance(number, int) else repr(number)
-
-
-def option_flag(name: str) -> str:
-    """The command-line spelling of an option (a sweep's list of sigmas is --noise-sigma)."""
-    return "--noise-sigma" if name in ("noise_sigmas", "cut_noise_sigma") else f"--{name.replace('_', '-')}"
+def option_label(f: Field) -> str:
+    """How messages name an option: its flag, or `option NAME` for one that no command takes as a
+    flag (set in a config file or the API only)."""
+    return option_flag(f) if option_spec(f).commands else f"option {f.name}"
 
 
 def load_config(path: str | Path) -> dict:

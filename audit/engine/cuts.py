@@ -88,11 +88,11 @@ def run_cuts(
     invocation: Invocation | None = None,
 ) -> dict:
     """The whole cuts audit: cuts.json's content (candidates, one audit per chosen cut, the
-    recommendation, the gate and the provenance). on_cost receives the plan with its cost estimate
-    before anything slow runs, then a line as each cut finishes."""
+    recommendation, the gate and the provenance) for validated `options` (AuditOptions.validate).
+    on_cost receives the plan with its cost estimate before anything slow runs, then a line as
+    each cut finishes."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    options.validate()
     invocation = invocation or Invocation()
     say = on_cost or (lambda _line: None)
     inputs = InputFiles.before_loading(options, invocation.config_file)

@@ -113,10 +113,10 @@ def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:
 def prepare_audit(
     options: AuditOptions, progress: Callable[..., tqdm], data: SplitData | None = None
 ) -> tuple[AuditContext, list[str]]:
-    """What an audit and a sweep do before their first slow stage: check the options, the attacks
-    and their options and the executor, seed torch, load the context (on `data` when given), and
-    check the attacks' options against the loaded data. Returns the context and the selected attack names."""
-    options.validate()
+    """What an audit and a sweep do before their first slow stage: check the attacks and their
+    options and the executor, seed torch, load the context (on `data` when given), and check the
+    attacks' options against the loaded data. Returns the context and the selected attack names.
+    `options` are validated where they came in (AuditOptions.validate)."""
     names = select_attacks(options.attacks)
     check_attack_options(options.attack_options)
     check_executor(options)

@@ -50,11 +50,10 @@ def run_sweep(
     invocation: Invocation | None = None,
     on_notice: Callable[[str], None] | None = None,
 ) -> dict:
-    """The whole sweep: sweep.json's content (points, recommendation, gate, provenance); on_notice:
-    AuditEngine.prepared's."""
+    """The whole sweep: sweep.json's content (points, recommendation, gate, provenance) for validated
+    `options` (AuditOptions.validate); on_notice: AuditEngine.prepared's."""
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    options.validate()  # before the sigma check below, whose message assumes valid options
     if not options.noise_sigmas and not options.auto_sigma:
         raise InputError("no noise sigmas to sweep: pass --noise-sigma S1,S2,... and/or --auto-sigma")
     invocation = invocation or Invocation()
@@ -140,4 +139,4 @@ def demo_sweep_options(options: AuditOptions) -> AuditOptions:
     """`demo --sweep`: the demo's model and data swept over sigma 0 and the calibrated sigma with
     the points around it, with every attack of at most DEMO_SWEEP_MAX_COST."""
     attacks = [name for name in attack_names() if attack_class(name).relative_cost <= DEMO_SWEEP_MAX_COST]
-    return replace(options, noise_sigmas=[0.0], auto_sigma=True, attacks=attacks).validate()
+    return replace(options, noise_sigmas=[0.0], auto_sigma=True, attacks=attacks)

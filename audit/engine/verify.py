@@ -106,14 +106,17 @@ def check_files(provenance: dict, overrides: dict[str, str | None]) -> list[File
 
 
 def recorded_options(provenance: dict, checks: list[FileCheck], device: str | None) -> AuditOptions:
-    """The audit's options as recorded, reading the verified files, measuring only (no attack)."""
+    """The audit's options as recorded, reading the verified files, measuring only (no attack);
+    validated, as a report file is input like a config file."""
     names = {f.name for f in fields(AuditOptions)}
     values = {k: v for k, v in provenance["options"].items() if k in names}
     for check in checks:
         if check.role in OPTION_OF_ROLE:
             values[OPTION_OF_ROLE[check.role]] = str(check.path)
     options = AuditOptions(**values)
-    return replace(options, attacks=["none"], device=device or options.device, workers=1, executor="local")
+    return replace(
+        options, attacks=["none"], device=device or options.device, workers=1, executor="local", ray_address=None
+    ).validate()
 
 
 def recompute_dfil(

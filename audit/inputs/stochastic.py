@@ -16,7 +16,6 @@ from typing import Iterator
 
 import torch.nn as nn
 
-from splitaudit.core.config import check_model_mode
 from splitaudit.core.errors import InputError
 
 # Modules whose training mode mixes the samples of a batch: refused in train mode (the batch
@@ -31,8 +30,8 @@ ONNX_RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomU
 def apply_model_mode(module: nn.Module, mode: str) -> list[str]:
     """Put module in the asked mode (saved: left as it is) and return the names of its submodules
     in training mode ("" for the root), sorted. Train mode refuses batch statistics; a model saved
-    with them in training mode gets the batch-independence check of model_checks.py instead."""
-    check_model_mode(mode)
+    with them in training mode gets the batch-independence check of model_checks.py instead. `mode`
+    is one of config.MODEL_MODES, checked with the other options (AuditOptions.validate)."""
     if mode != "saved":
         module.train(mode == "train")
     if mode == "train":
