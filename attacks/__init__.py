@@ -53,6 +53,26 @@ def get_attack(name: str) -> "Attack":
     return attack_class(name)()
 
 
+def selected_attacks(names: list[str]) -> list[str]:
+    """Expand all/none and check names against the registry, keeping the registry's order."""
+    if names in (["all"], ["*"]):
+        return list(attack_names())
+    if names in (["none"], []):
+        return []
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise InputError(f"unknown attack {unknown[0]!r}; choose from all, none, {', '.join(attack_names())}")
+    return [n for n in attack_names() if n in names]
+
+
+def check_attack_request(names: list[str], options: dict[str, dict]) -> None:
+    """Raise InputError for an attack name or an attack option no registered attack takes: with the
+    run options' own checks (AuditOptions.validate), what the CLI and the API refuse before any file
+    is read or any output folder claimed."""
+    selected_attacks(names)
+    check_attack_options(options)
+
+
 def check_attack_options(options: dict[str, dict]) -> None:
     """Raise InputError for an option naming no attack, a key its attack does not take (a
     misspelt option would otherwise be ignored) or a value outside its declared type and range,
@@ -76,5 +96,7 @@ __all__ = [
     "attack_names",
     "check_attack_inputs",
     "check_attack_options",
+    "check_attack_request",
     "get_attack",
+    "selected_attacks",
 ]

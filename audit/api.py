@@ -13,6 +13,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from splitaudit.attacks import check_attack_request
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
 from splitaudit.core.options import option_spec
@@ -108,6 +109,7 @@ def audit(
         noise_sigma=noise_sigma,
         **options,
     ).validate()
+    check_attack_request(chosen.attacks, chosen.attack_options)
     return run(chosen, progress=_stderr_progress if progress else None)
 
 

@@ -21,7 +21,7 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from splitaudit.attacks import attack_class, attack_names
+from splitaudit.attacks import attack_class, attack_names, check_attack_request
 from splitaudit.core.config import (
     CALIBRATE,
     CUTS,
@@ -148,7 +148,9 @@ def build_options(model: str | None, flags: dict) -> AuditOptions:
         raise InputError("no model given: splitaudit run MODEL --aux DATA")
     if not values.get("aux"):
         raise InputError("no auxiliary data given: pass --aux PATH (.npz, .csv or an image folder)")
-    return AuditOptions(**values).validate()
+    options = AuditOptions(**values).validate()
+    check_attack_request(options.attacks, options.attack_options)
+    return options
 
 
 def cli_progress(**kwargs) -> tqdm:

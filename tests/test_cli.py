@@ -102,6 +102,19 @@ def test_bad_input_is_one_line_and_exit_2(args, fragment, capsys, request):
     assert_one_line_error(code, err, fragment)
 
 
+def test_a_misspelt_attack_or_option_claims_no_folder_and_keeps_the_last_reports(tmp_path, capsys):
+    """Attack names and options are refused where the options come in, before --out is claimed: no
+    empty folder is left, and the earlier run's reports in --out are not removed."""
+    fresh, earlier = tmp_path / "fresh", tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "report.json").write_text("{}")
+    for out in (fresh, earlier):
+        for wrong in (["--attack-option", "sdar.iteration=9"], ["--attacks", "telepathy"]):
+            code, _, err = run_cli(["run", MODEL, "--aux", DATA, *wrong, "--out", str(out)], capsys)
+            assert code == 2, err
+    assert not fresh.exists() and (earlier / "report.json").read_text() == "{}"
+
+
 def test_config_file_is_read_and_flags_win(tmp_path, capsys):
     config = tmp_path / "audit.toml"
     config.write_text(f'model = "{MODEL}"\naux = "{DATA}"\nnoise_sigma = -2.0\n')

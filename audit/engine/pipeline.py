@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from splitaudit.attacks import attack_names, check_attack_inputs, check_attack_options
+from splitaudit.attacks import check_attack_inputs, selected_attacks
 from splitaudit.context.audit_context import AuditContext, ContextSettings, build_context, silent_progress
 from splitaudit.core.config import AuditOptions
 from splitaudit.core.errors import InputError
@@ -49,18 +49,6 @@ if TYPE_CHECKING:
 
 
 SplitData = tuple[Dataset, Dataset]  # aux and target, loaded and split
-
-
-def select_attacks(names: list[str]) -> list[str]:
-    """Expand all/none and check names against the registry, keeping the registry's order."""
-    if names in (["all"], ["*"]):
-        return list(attack_names())
-    if names in (["none"], []):
-        return []
-    unknown = [n for n in names if n not in attack_names()]
-    if unknown:
-        raise InputError(f"unknown attack {unknown[0]!r}; choose from all, none, {', '.join(attack_names())}")
-    return [n for n in attack_names() if n in names]
 
 
 def prepare_context(
@@ -113,12 +101,11 @@ def _load(path: str, shape, options: AuditOptions, raw: RawModel) -> Dataset:
 def prepare_audit(
     options: AuditOptions, progress: Callable[..., tqdm], data: SplitData | None = None
 ) -> tuple[AuditContext, list[str]]:
-    """What an audit and a sweep do before their first slow stage: check the attacks and their
-    options and the executor, seed torch, load the context (on `data` when given), and check the
+    """What an audit and a sweep do before their first slow stage: select the attacks, check the
+    executor, seed torch, load the context (on `data` when given), and check the
     attacks' options against the loaded data. Returns the context and the selected attack names.
-    `options` are validated where they came in (AuditOptions.validate)."""
-    names = select_attacks(options.attacks)
-    check_attack_options(options.attack_options)
+    `options` are validated where they came in (AuditOptions.validate, attacks.check_attack_request)."""
+    names = selected_attacks(options.attacks)
     check_executor(options)
     torch.manual_seed(options.seed)
     ctx = prepare_context(options, progress, data)
