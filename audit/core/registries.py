@@ -338,7 +338,7 @@ class ReportFormat:
     default: bool = False
 
 
-_ALL = frozenset({"report", "sweep", "cuts", "comparison"})
+_ALL = frozenset({*RESULT_KINDS, "comparison"})  # every kind of result, and compare's side-by-side page
 FORMATS: dict[str, ReportFormat] = by_name(
     ReportFormat(
         "html",
