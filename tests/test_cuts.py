@@ -298,6 +298,21 @@ def test_a_whole_model_that_is_no_onnx_graph_exits_2_with_one_line(model, fragme
     assert fragment in err and len(err.strip().splitlines()) == 1 and "internal error" not in err
 
 
+def test_a_whole_model_that_ends_in_no_class_scores_is_refused_before_any_cut(tmp_path, capsys):
+    """Each cut's top is a classifier whose accuracy under noise is the cut's utility: a feature
+    extractor has none, so it is refused in one line before a cut is audited (it failed at the
+    second cut, suggesting a flag cuts does not take)."""
+    stem = build("resnet", width=4)
+    x = torch.rand(40, 3, 16, 16)
+    path = export_onnx(stem, x[:2], tmp_path / "stem.onnx", exporter="legacy")
+    np.savez(tmp_path / "data.npz", x=x.numpy(), y=(x.mean(dim=(1, 2, 3)) > 0.5).long().numpy())
+    args = ["cuts", str(path), "--aux", str(tmp_path / "data.npz"), "--quick", "--out", str(tmp_path / "out")]
+    assert _exit_code(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "splitaudit cuts takes a whole classifier" in err
+    assert "cuts done" not in err and not (tmp_path / "out" / "cuts.json").exists()
+
+
 @pytest.mark.parametrize("sliced", [False, True])
 def test_a_top_that_reads_the_input_s_shape_gets_it_from_the_cut(tmp_path, sliced):
     """Dynamic-batch exports read the batch size off the input (Shape(x)) to reshape downstream: that

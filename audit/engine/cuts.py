@@ -306,14 +306,19 @@ def _record(result: TaskResult) -> dict:
 
 
 def whole_accuracy(whole: WholeModel, ctx: AuditContext) -> dict:
-    """The whole model's accuracy on the labelled target data (argmax of its output), by onnxruntime."""
+    """The whole model's accuracy on the labelled target data (argmax of its output), by onnxruntime.
+    InputError for a model that does not end in the labels' class scores, before any cut is audited:
+    every cut's top is then no classifier, and its utility (the accuracy it loses to the noise) has no
+    meaning."""
     if ctx.target.y is None:
         return {"status": "skipped", "accuracy": None, "n": len(ctx.target), "reason": "the data has no labels"}
     x = model_inputs(ctx, None).astype(input_dtype(whole), copy=False)
     scores = run_onnx(whole.proto, x, batch=samples_per_batch(whole))
-    if scores.ndim != 2:
-        reason = f"the model's output has shape {scores.shape[1:]} per sample, not class scores"
-        return {"status": "skipped", "accuracy": None, "n": len(x), "reason": reason}
+    if scores.ndim != 2 or scores.shape[1] < (ctx.num_classes or 0):
+        raise InputError(
+            f"splitaudit cuts takes a whole classifier: this model's output has shape {tuple(scores.shape[1:])} per "
+            f"sample, not scores for the data's {ctx.num_classes} classes (cut the model that ends in its class scores)"
+        )
     hits = scores.argmax(1) == label_indices(ctx.target).cpu().numpy()
     return {"status": "ok", "accuracy": float(hits.mean()), "n": len(x), "reason": ""}
 
