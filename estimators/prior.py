@@ -32,7 +32,7 @@ from torch import Tensor
 
 from splitaudit.core.memory import PROBE_SAMPLES, batch_within, per_sample_bytes
 from splitaudit.core.plateau import STOPPED_BY_CAP, Plateau, restore, snapshot
-from splitaudit.core.registries import PRIOR_NAMES, PRIORS, resolve
+from splitaudit.core.registries import PRIORS, resolve
 from splitaudit.core.threads import threads_for
 
 DSM_NOISE_FRACTION = 0.1  # dsm without smoothing: noise level as a fraction of the data's std
@@ -119,7 +119,7 @@ def estimate_prior(
     """J(pi_tau)/d from samples x of pi (tau = smoothing) by the registered prior `method`
     (splitaudit.core.registries.PRIORS), checked against its limits."""
     if method not in PRIORS:
-        raise ValueError(f"unknown prior method {method!r}; choose {', '.join(PRIOR_NAMES)}")
+        raise ValueError(f"unknown prior method {method!r}; choose {', '.join(PRIORS)}")
     if not PRIORS[method].trains:
         return checked(resolve(PRIORS[method].function)(x, smoothing))
     return checked(score_matching_prior(x, method, smoothing, seed, settings, on_epoch))

@@ -12,7 +12,7 @@ import torch
 from scipy import integrate
 
 from splitaudit.core import registries
-from splitaudit.core.registries import PRIOR_NAMES, PRIORS, PriorMethod
+from splitaudit.core.registries import PRIORS, PriorMethod
 from splitaudit.estimators.prior import (
     PriorEstimate,
     ScoreSettings,
@@ -64,7 +64,7 @@ def mixture_fisher(mu: float, variance: float) -> float:
 TOLERANCE = {True: 0.25, False: 0.02}  # by whether the prior trains a score network
 
 
-@pytest.mark.parametrize("method", PRIOR_NAMES)
+@pytest.mark.parametrize("method", list(PRIORS))
 @pytest.mark.parametrize("tau", [0.0, 0.5])
 def test_every_prior_recovers_the_fisher_information_of_a_gaussian(method, tau):
     s = 0.5
@@ -203,3 +203,43 @@ def test_a_prior_added_by_its_registry_line_is_the_one_estimated(monkeypatch):
     assert estimate.method == "mixture" and estimate.valid
     assert estimate.j_over_d_used == pytest.approx(mixture_fisher(2.0, 1.0), rel=1e-9)
     assert estimate.j_over_d_used > 1.2 * estimate_prior(x, "gaussian", 0.0).j_over_d_used
+
+
+REGISTERED_FIRST = """
+import sys
+from splitaudit.core import registries
+registries.PRIORS["mixture"] = registries.PriorMethod(
+    "mixture", "the mixture's exact J/d", ("test_prior", "fit_mixture_by_quadrature"), trains=False
+)
+from splitaudit.core import result
+result.shipped_schema = result.json_schema  # the schema file as regenerated after the line (test_result)
+from splitaudit.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_prior_line_reaches_the_cli_choices_the_schema_and_the_report(tmp_path):
+    """What reads the registry when it is imported (the CLI's --prior choices, report.json's schema)
+    picks up a line added there: a process that registers the toy prior before it imports the CLI,
+    as a line in core/registries.py does, offers --prior mixture, audits with it and writes a
+    report.json that its schema, regenerated as tests/test_result.py asks, accepts."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import sample
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-c", REGISTERED_FIRST, *args]
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+
+    assert "mixture" in cli("run", "--help").stdout
+    args = ["run", sample("breast_cancer_mlp.onnx"), "--aux", sample("breast_cancer.npz"), "--prior", "mixture"]
+    done = cli(*args, "--attacks", "none", "--quick", "--format", "json", "--out", "out")
+    assert done.returncode == 0, done.stderr
+    prior = json.loads((tmp_path / "out" / "report.json").read_text())["prior"]
+    assert prior["method"] == "mixture" and prior["J_over_d"] == pytest.approx(mixture_fisher(2.0, 1.0), rel=1e-9)

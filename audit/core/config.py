@@ -19,7 +19,7 @@ from splitaudit.core.options import (
     option,
     option_spec,
 )
-from splitaudit.core.registries import DEFAULT_FORMATS, PRIOR_NAMES, PRIORS, check_formats
+from splitaudit.core.registries import DEFAULT_FORMATS, PRIORS, check_formats
 from splitaudit.core.safety import nested_deeper_than, require_regular_file
 
 if sys.version_info >= (3, 11):
@@ -80,7 +80,7 @@ class AuditOptions:
         commands=frozenset({RUN, CALIBRATE}),
         **NOISE_SCALE,
     )
-    prior: str = option("ssm", PRIOR_HELP + ".", commands=MEASURING, choices=PRIOR_NAMES)
+    prior: str = option("ssm", PRIOR_HELP + ".", commands=MEASURING, choices=tuple(PRIORS))
     smoothing: float | None = option(
         None, "Randomized-smoothing tau (default 0.25 for [0,1] images, else 0).", commands=MEASURING, **NOISE_SCALE
     )

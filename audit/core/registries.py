@@ -216,7 +216,6 @@ PRIORS: dict[str, PriorMethod] = by_name(
         trains=False,
     ),
 )
-PRIOR_NAMES = tuple(PRIORS)
 
 
 @dataclass(frozen=True)

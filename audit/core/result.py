@@ -18,7 +18,7 @@ from importlib.resources import files
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from splitaudit.core.input_space import InputKind
-from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIOR_NAMES, resolve, result_kind
+from splitaudit.core.registries import BOUNDS, GATED_BOUND, PRIORS, resolve, result_kind
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
@@ -209,7 +209,7 @@ class Dfil(TypedDict):
 class Prior(TypedDict):
     """The prior term J(pi)/d of the van Trees bound and its sanity checks."""
 
-    method: Literal[PRIOR_NAMES]
+    method: Literal[tuple(PRIORS)]
     smoothing: float
     J_over_d: float
     J_over_d_used: float
