@@ -74,7 +74,7 @@ Z_95 = 1.959964
 PROBE_SHARD = 32  # samples per shard of random probes (at most what the memory budget allows)
 EXACT_SHARD = 128  # samples per shard of an exact method
 STOCHASTIC_DRAWS = 4  # an exact method's repetitions per sample over a stochastic encoder's draws
-RANDOMISED_PROBES = 2 * PILOT_PROBES  # planned_products: a typical Hutchinson run's probes per sample
+RANDOMISED_PROBES = 2 * PILOT_PROBES  # planned_products: a typical central-difference run's probes per sample
 
 
 class TraceCheckError(RuntimeError):
@@ -267,36 +267,67 @@ def exact_is_preferred(products_per_sample: int, n: int, randomised_products: fl
     return products_per_sample <= EXACT_PRODUCTS or n * products_per_sample <= EXACT_PREFERENCE * randomised_products
 
 
-def planned_products(f: BatchFn, x: Tensor, n: int, method: str) -> int:
-    """Jacobian products estimate_mean_trace is expected to take over n samples, measured on the
-    few samples x: exact where auto would choose it, else a typical randomised run, plus the
-    cross-check. Rough (a randomised run stops when its error target is met): audit/stages/cost.py's
-    up-front estimate."""
-    randomised = min(n, MeanOptions().min_samples) * RANDOMISED_PROBES + CHECK_SAMPLES * CHECK_PROBES
-    if not differentiates(method):
-        return 4 * randomised  # central differences at two steps: four forward passes per probe
-    plan = dataclasses.replace(measure_plan(f, x), samples=n)  # the structure search's budget counts all n
-    products = cheapest_exact(f, x, plan)[1] * exact_draws(f)
-    if exact_is_preferred(products, n, randomised):
-        return n * products + CHECK_SAMPLES * CHECK_PROBES
-    return randomised
+@dataclass(frozen=True)
+class AutoChoice:
+    """What "auto" settles on before it runs: the cheapest exact method and its products per sample,
+    and where those are too many to take without looking, the pilot's probe sampler and the
+    products it predicts; `exact` says which way it went."""
+
+    exact: bool
+    method: str
+    products: int
+    sampler: "ProbeSampler | None" = None
+    predicted: int = 0
 
 
-def _auto(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samples) -> MeanTrace:
+def auto_choice(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions) -> AutoChoice:
+    """auto's choice on the samples x: exact when that needs at most EXACT_PRODUCTS products per
+    sample (no pilot); else a pilot of random probes predicts the randomised run's products, and
+    exact is kept when it costs at most EXACT_PREFERENCE times that."""
     cheapest, per_sample = cheapest_exact(f, x, plan)
     products = per_sample * exact_draws(f)
-    why = exact_choice(f, x, plan, cheapest)
-    if products <= EXACT_PRODUCTS:  # exact whatever the pilot would find: no pilot
-        return _chosen(_exact(f, x, cheapest, options, on_samples), why)
+    if products <= EXACT_PRODUCTS:
+        return AutoChoice(True, cheapest, products)
     sampler = ProbeSampler(f, x, plan, options)
     sampler.pilot()
     predicted = sampler.predicted_products()
-    if exact_is_preferred(products, len(x), predicted):
-        return _chosen(_exact(f, x, cheapest, options, on_samples), why)
+    return AutoChoice(exact_is_preferred(products, len(x), predicted), cheapest, products, sampler, predicted)
+
+
+@dataclass(frozen=True)
+class PlannedTrace:
+    """The Jacobian products estimate_mean_trace is expected to take (its cross-check included), and
+    the pilot's products spent finding out (0 where no pilot ran): the time they took is one
+    product's of the kind the run takes."""
+
+    products: int
+    pilot_products: int = 0
+
+
+def planned_products(f: BatchFn, x: Tensor, method: str, options: MeanOptions) -> PlannedTrace:
+    """What estimate_mean_trace(f, x, method, options) is expected to take, by auto's own choice on x
+    (its pilot included, where auto runs one): exact on every sample, or the randomised run's
+    products as its pilot predicts them. Central differences: a typical randomised run's probes, at
+    four forward passes each. audit/stages/cost.py's up-front estimate."""
+    check = CHECK_SAMPLES * CHECK_PROBES
+    if not differentiates(method):
+        return PlannedTrace(4 * (min(len(x), options.min_samples) * RANDOMISED_PROBES + check))
+    plan = measure_plan(f, x)
+    choice = auto_choice(f, x, plan, options)
+    pilot = int(choice.sampler.sums[0].sum()) if choice.sampler is not None else 0
+    return PlannedTrace((len(x) * choice.products if choice.exact else choice.predicted) + check, pilot)
+
+
+def _auto(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, on_samples) -> MeanTrace:
+    choice = auto_choice(f, x, plan, options)
+    why = exact_choice(f, x, plan, choice.method)
+    if choice.exact:
+        return _chosen(_exact(f, x, choice.method, options, on_samples), why)
     return _chosen(
-        sampler.finish(on_samples),
-        f"random probes (Hutchinson): the cheapest exact method would take {products * len(x)} products on "
-        f"{len(x)} samples, more than {EXACT_PREFERENCE:g} times the probes' expected {predicted:.0f}; it is {why}",
+        choice.sampler.finish(on_samples),
+        f"random probes (Hutchinson): the cheapest exact method would take {choice.products * len(x)} products on "
+        f"{len(x)} samples, more than {EXACT_PREFERENCE:g} times the probes' expected {choice.predicted:.0f}; it is "
+        f"{why}",
     )
 
 

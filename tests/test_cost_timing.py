@@ -136,3 +136,26 @@ def test_the_estimate_on_a_busy_machine_keeps_its_cpu_seconds_and_notes_the_load
     assert estimate.share == pytest.approx(0.25)
     assert estimate.busy == "load average 7.0 on 2 cores, the timed steps got 25% of their threads' time"
     assert estimate.summary().endswith(f"at this load about {cost.duration(4 * estimate.total)}")
+
+
+def test_the_dfil_estimate_follows_the_run_s_own_choice_and_prices_a_pilot_s_products_at_its_time():
+    """On the 32 px ResNet stem (16 samples, --quick) auto takes random probes: the estimate runs the
+    run's own pilot (64 products), plans the products the pilot predicts (within 2x of those the run
+    takes) and prices each at what the pilot's took (6.4 CPU s over 64 here: 0.1), not at a forward +
+    backward pass, which a forward-mode product outcosts (1.6x on a ResNet-18 at 224 px). At 16 px
+    auto is exact: no pilot, each product at the pass's seconds."""
+    from splitaudit.estimators.mean_trace import estimate_mean_trace, planned_products
+    from splitaudit.stages.leakage import dfil_mean_options
+
+    ctx = _cost_context(32, quick=True)
+    planned = planned_products(ctx.encoder, ctx.target.x, "auto", dfil_mean_options(ctx, 0.02))
+    taken = estimate_mean_trace(ctx.encoder, ctx.target.x, "auto", dfil_mean_options(ctx, 0.02)).total_products
+    assert planned.pilot_products == 64 and 0.5 <= planned.products / taken <= 2.0
+    reads = iter([0.0, 6.4])
+    clocks = Clocks(cpu=lambda: next(reads), threads=lambda: 1)
+    seconds = cost.dfil_seconds(ctx, len(ctx.target), 0.02, pass_seconds=99.0, clocks=clocks)
+    assert seconds == pytest.approx(planned.products * 0.1)
+    exact = _cost_context(16, quick=True)
+    planned = planned_products(exact.encoder, exact.target.x, "auto", dfil_mean_options(exact, 0.02))
+    assert planned.pilot_products == 0
+    assert cost.dfil_seconds(exact, len(exact.target), 0.02, 0.5, Clocks()) == pytest.approx(planned.products * 0.5)

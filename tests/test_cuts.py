@@ -430,7 +430,9 @@ def test_the_up_front_estimate_adds_each_cut_to_the_prior_trained_once_and_share
     estimates += [CostEstimate(stages={"dFIL": seconds}) for seconds in (20.0, 40.0)]
     words = _plan_words(cuts, 9, 1, estimates)
     assert words.startswith("auditing 3 of 9 candidate cuts in this process: c0, c1, c2; ")
-    assert words.endswith("the cuts 10 s, 20 s, 40 s (dFIL and attacks), so about 3 min in all; not estimated: sdar")
+    assert words.endswith(
+        "the cuts 10 s, 20 s, 40 s (opening its bottom, dFIL and attacks), so about 3 min in all; not estimated: sdar"
+    )
     assert "so about 2 min in all;" in _plan_words(cuts, 9, 2, estimates)  # 140 s
     estimates[1].busy, estimates[1].share = "load average 8", 0.25
     assert "about 3 min in all (at this load about 11 min)" in _plan_words(cuts, 9, 1, estimates)  # 680 s
@@ -447,7 +449,9 @@ def test_the_plan_is_timed_on_every_chosen_bottom_before_the_first_cut_runs(chai
     timed, lines = [], []
     estimate_cost = cost.estimate_cost
     monkeypatch.setattr(
-        cost, "estimate_cost", lambda ctx, *a: timed.append(ctx.encoder.output_shape) or estimate_cost(ctx, *a)
+        cost,
+        "estimate_cost",
+        lambda ctx, *a, **k: timed.append(ctx.encoder.output_shape) or estimate_cost(ctx, *a, **k),
     )
 
     def no_cut(space, cut):

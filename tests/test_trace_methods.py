@@ -86,7 +86,9 @@ def test_the_cost_models_count_the_products_the_methods_take(monkeypatch):
     for name, products in costs.items():
         assert jacobian_trace(conv, x, name).products == products
     assert jacobian_trace(conv, x, "auto").method == "structured"
-    assert planned_products(conv, x[:2], 100, "auto") == 100 * KERNEL + 4 * 16  # exact, plus the cross-check
+    x100 = torch.randn(100, 1, LENGTH, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    planned = planned_products(conv, x100, "auto", MeanOptions())
+    assert (planned.products, planned.pilot_products) == (100 * KERNEL + 4 * 16, 0)  # exact, plus the cross-check
 
 
 def test_names_and_autograd_needs_come_from_the_table():

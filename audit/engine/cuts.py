@@ -58,13 +58,15 @@ from splitaudit.inputs.onnx_cuts import (
     select_cuts,
     total_parameters,
 )
-from splitaudit.stages.cost import CostEstimate, duration
+from splitaudit.stages.cost import Clocks, CostEstimate, duration
 from splitaudit.stages.leakage import prior_section, prior_term
 from splitaudit.stages.utility import label_indices
 from splitaudit.verdicts.gate import thresholds_of
 from splitaudit.verdicts.recommend_cut import cuts_gate, recommend_cut
 
 KIND = "cuts"
+
+OPENING = "opening the bottom"  # a cut estimate's stage: its bottom written, converted and checked
 
 
 @dataclass
@@ -214,8 +216,11 @@ def _prepare(
     checked against the file it was written from (a .pt2's program), the whole model's accuracy, the plan and its cost estimate
     (timed on each chosen bottom, one context at a time, and said before anything slow), then the
     prior term. No bottom's context outlives this (each cut builds its own)."""
+    clocks = Clocks()
+    start = clocks.cpu()
     _, _, bottom, top = write_halves(whole, chosen[0], folder)
     ctx, names = prepare_audit(cut_options(options, bottom, top), progress)
+    opening = [(clocks.cpu() - start) / max(1, clocks.threads())]  # the data's loading included
     if check is not None:  # the graph that is cut was written from the file
         x = model_inputs(ctx).astype(input_dtype(whole), copy=False)
         check(x, run_onnx(whole.proto, x))
@@ -231,13 +236,14 @@ def _prepare(
         seeds=ctx.seeds,
         converter=ctx.encoder.converter,
     )
-    estimates = [_cut_estimate(ctx, options, names)]
+    estimates = [_cut_estimate(ctx, options, names, opening[0])]
     for cut in chosen[1:] if estimates[0] else []:
         del ctx  # one bottom's context at a time
+        start = clocks.cpu()
         with tempfile.TemporaryDirectory(dir=folder) as halves:
             _, _, bottom, top = write_halves(whole, cut, Path(halves))
             ctx, _ = prepare_audit(cut_options(options, bottom, top), silent_progress, data)
-        estimates.append(_cut_estimate(ctx, options, names))
+        estimates.append(_cut_estimate(ctx, options, names, (clocks.cpu() - start) / max(1, clocks.threads())))
     say(_plan_words(chosen, len(candidates), workers, estimates if estimates[0] else None))
     prepared.prior = prior_term(ctx, options.prior, options.smoothing)  # any cut's context: it reads the data alone
     return prepared
@@ -323,15 +329,21 @@ def whole_accuracy(whole: WholeModel, ctx: AuditContext) -> dict:
     return {"status": "ok", "accuracy": float(hits.mean()), "n": len(x), "reason": ""}
 
 
-def _cut_estimate(ctx: AuditContext, options: AuditOptions, names: list[str]) -> CostEstimate | None:
-    """A cut's cost estimate (stages/cost.py) timed on its bottom, when the data is large enough to be worth it."""
+def _cut_estimate(
+    ctx: AuditContext, options: AuditOptions, names: list[str], opening_seconds: float
+) -> CostEstimate | None:
+    """A cut's cost estimate (stages/cost.py) timed on its bottom, when the data is large enough to be
+    worth it, with what opening its bottom took (CPU seconds per thread, as the estimate counts them):
+    each cut's task opens it again."""
     from splitaudit.stages import leakage
     from splitaudit.stages.cost import estimate_cost, worth_estimating
 
     if not worth_estimating(ctx):
         return None
     smoothing = leakage.resolve_smoothing(ctx, options.smoothing)
-    return estimate_cost(ctx, options.prior, smoothing, names, options.dfil_samples)
+    estimate = estimate_cost(ctx, options.prior, smoothing, names, options.dfil_samples, dfil_rtol=options.dfil_rtol)
+    estimate.stages[OPENING] = opening_seconds
+    return estimate
 
 
 def _plan_words(chosen: list[CutPoint], count: int, workers: int, estimates: list[CostEstimate] | None) -> str:
@@ -348,7 +360,8 @@ def _plan_words(chosen: list[CutPoint], count: int, workers: int, estimates: lis
     left_out = sorted({name for e in estimates for name in e.not_estimated})
     return (
         f"{plan}; timed on each bottom: the prior about {duration(prior)} (trained once), the cuts "
-        f"{', '.join(duration(s) for s in per_cut)} (dFIL and attacks), so about {duration(total)} in all"
+        f"{', '.join(duration(s) for s in per_cut)} (opening its bottom, dFIL and attacks), so about "
+        f"{duration(total)} in all"
         f"{load if any(e.busy for e in estimates) else ''}{'; not estimated: ' + ', '.join(left_out) if left_out else ''}"
     )
 

@@ -288,7 +288,7 @@ def _announce_cost(ctx: AuditContext, options: AuditOptions, names: list[str], o
 
     if worth_estimating(ctx):
         smoothing = leakage.resolve_smoothing(ctx, options.smoothing)
-        on_cost(estimate_cost(ctx, options.prior, smoothing, names, options.dfil_samples))
+        on_cost(estimate_cost(ctx, options.prior, smoothing, names, options.dfil_samples, dfil_rtol=options.dfil_rtol))
 
 
 def run_calibration(

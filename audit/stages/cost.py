@@ -2,7 +2,8 @@
 
 Forward and backward passes of the encoder (and one step of the score network) are timed on
 a small batch, then multiplied by the work each stage plans: the Jacobian products of the dFIL
-traces (estimators/mean_trace.py's own plan: planned_products), the prior's capped training, and each
+traces (estimators/mean_trace.py's own plan, planned_products, and its pilot's time where it runs one),
+the prior's capped training, and each
 attack's own cost model (Attack.estimated_range / estimated_seconds: the optimization attack's inversion steps in
 encoder passes, SDAR's training iterations and the decoder's steps up to its epoch cap, timed on
 the model and data), over the seeds that always run (MIN_SEEDS; the others run only when the
@@ -116,18 +117,20 @@ def estimate_cost(
     attacks: list[str],
     dfil_samples: int | None = None,
     timer: StepTimer | None = None,
+    dfil_rtol: float | None = None,
 ) -> CostEstimate:
     """Seconds each long stage of the audit is expected to take on ctx's model, data and device
     (`timer` times the steps: a StepTimer for the device by default)."""
-    from splitaudit.stages.leakage import DFIL_MAX_SAMPLES, QUICK_DFIL_MAX_SAMPLES
+    from splitaudit.stages.leakage import DFIL_MAX_SAMPLES, DFIL_RTOL, QUICK_DFIL_MAX_SAMPLES
 
     timer = timer or StepTimer(cpu_bound=ctx.device.type == "cpu")
+    cap = dfil_samples or (QUICK_DFIL_MAX_SAMPLES if ctx.quick else DFIL_MAX_SAMPLES)
+    estimate = CostEstimate(quick=ctx.quick)
     with threads_for(ctx.aux.x.numel(), ctx.device):  # the threads the stages themselves use
         pass_seconds = encoder_pass_seconds(ctx, timer)
         prior_expected, prior_ceiling = prior_seconds(ctx, prior, smoothing, timer)
-    cap = dfil_samples or (QUICK_DFIL_MAX_SAMPLES if ctx.quick else DFIL_MAX_SAMPLES)
-    estimate = CostEstimate(quick=ctx.quick)
-    estimate.stages["dFIL"] = dfil_products(ctx, min(cap, len(ctx.target))) * pass_seconds
+        n, rtol = min(cap, len(ctx.target)), dfil_rtol or DFIL_RTOL
+        estimate.stages["dFIL"] = dfil_seconds(ctx, n, rtol, pass_seconds, timer.clocks)
     estimate.stages[f"prior ({prior})"] = prior_expected
     estimate.ceilings[f"prior ({prior})"] = prior_ceiling
     for name in attacks:
@@ -218,9 +221,18 @@ def busy_machine(share: float, load: float, cores: int) -> str:
     return f"load average {load:.1f} on {cores} cores, the timed steps got {share:.0%} of their threads' time"
 
 
-def dfil_products(ctx: AuditContext, n: int) -> float:
-    """Jacobian products the dFIL traces of n samples need (estimators/mean_trace.py's own plan)."""
-    return planned_products(ctx.encoder, ctx.target.x[:2], n, default_method(ctx.encoder.differentiable))
+def dfil_seconds(ctx: AuditContext, n: int, rtol: float, pass_seconds: float, clocks: Clocks) -> float:
+    """CPU seconds of the dFIL traces of n samples: the products estimators/mean_trace.py plans by its
+    own choice, each at a forward + backward pass, or where it runs a pilot of random probes, at
+    what the pilot's products took (forward-mode products cost more than a backward pass)."""
+    from splitaudit.stages.leakage import dfil_mean_options
+
+    threads, start = max(1, clocks.threads()), clocks.cpu()
+    x = ctx.target.x[:n]
+    planned = planned_products(ctx.encoder, x, default_method(ctx.encoder.differentiable), dfil_mean_options(ctx, rtol))
+    if not planned.pilot_products:
+        return planned.products * pass_seconds
+    return planned.products * (clocks.cpu() - start) / threads / planned.pilot_products
 
 
 def prior_seconds(

@@ -151,6 +151,17 @@ def _smoothed(ctx: AuditContext, x: torch.Tensor, tau: float) -> torch.Tensor:
     return x + tau * torch.randn(x.shape, generator=ctx.generator(ctx.seed), device=x.device, dtype=x.dtype)
 
 
+def dfil_mean_options(ctx: AuditContext, rtol: float, runner: JobRunner | None = None) -> MeanOptions:
+    """How the dFIL stage estimates the mean trace: to rtol, with the probe cap of a quick or full
+    audit, its probes seeded from the audit's seed."""
+    return MeanOptions(
+        rtol=rtol,
+        max_probes=QUICK_MAX_PROBES if ctx.quick else MAX_PROBES,
+        generator=ctx.generator(ctx.seed + 1),
+        runner=runner,
+    )
+
+
 def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, rtol: float, runner: JobRunner | None = None) -> MeanTrace:
     """||J||_F^2 at the (smoothed) samples x and its mean.
 
@@ -158,12 +169,7 @@ def _jacobian_traces(ctx: AuditContext, x: torch.Tensor, rtol: float, runner: Jo
     (estimators/mean_trace.py), cross-checked at run time; black-box models central differences.
     """
     method = default_method(ctx.encoder.differentiable)
-    options = MeanOptions(
-        rtol=rtol,
-        max_probes=QUICK_MAX_PROBES if ctx.quick else MAX_PROBES,
-        generator=ctx.generator(ctx.seed + 1),
-        runner=runner,
-    )
+    options = dfil_mean_options(ctx, rtol, runner)
     with ctx.progress(total=len(x), desc="dFIL", unit="sample") as bar:
         return estimate_mean_trace(ctx.encoder, x, method, options, on_samples=bar.update)
 
