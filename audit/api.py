@@ -177,7 +177,7 @@ def _model_source(model: Any) -> Any:
 
 
 def _attack_names(attacks: Any) -> list:
-    """ "all", "none", a comma string or a list of names (each checked by AuditOptions.validate)."""
+    """ "all", "none", a comma string or a list of names (each checked by attacks.check_attack_request)."""
     if isinstance(attacks, str):
         return attacks.split(",")
     if not isinstance(attacks, (list, tuple)):

@@ -46,11 +46,6 @@ def bound_mse(bound: Bound, mean_dfil: float, prior_j_over_d: float) -> float:
     return van_trees_mse(mean_dfil, prior_j_over_d if bound.uses_prior else 0.0)
 
 
-def bound_prior_term(bound: Bound, prior_j_over_d: float) -> float:
-    """The prior term a bound uses: J(pi)/d where it has the prior, else none."""
-    return prior_j_over_d if bound.uses_prior else 0.0
-
-
 @dataclass(frozen=True)
 class BoundInputs:
     """What a bound's numbers are computed from. dfil: the estimate of E[dFIL], dfil_stderr its
