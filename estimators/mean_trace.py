@@ -267,6 +267,10 @@ def exact_is_preferred(products_per_sample: int, n: int, randomised_products: fl
     return products_per_sample <= EXACT_PRODUCTS or n * products_per_sample <= EXACT_PREFERENCE * randomised_products
 
 
+def _call(step: Callable[[], None]) -> None:
+    step()
+
+
 @dataclass(frozen=True)
 class AutoChoice:
     """What "auto" settles on before it runs: the cheapest exact method and its products per sample,
@@ -280,16 +284,19 @@ class AutoChoice:
     predicted: int = 0
 
 
-def auto_choice(f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions) -> AutoChoice:
+def auto_choice(
+    f: BatchFn, x: Tensor, plan: Plan, options: MeanOptions, run_pilot: Callable[[Callable[[], None]], object] = _call
+) -> AutoChoice:
     """auto's choice on the samples x: exact when that needs at most EXACT_PRODUCTS products per
-    sample (no pilot); else a pilot of random probes predicts the randomised run's products, and
-    exact is kept when it costs at most EXACT_PREFERENCE times that."""
+    sample (no pilot); else a pilot of random probes (run by `run_pilot`, which may time it)
+    predicts the randomised run's products, and exact is kept when it costs at most
+    EXACT_PREFERENCE times that."""
     cheapest, per_sample = cheapest_exact(f, x, plan)
     products = per_sample * exact_draws(f)
     if products <= EXACT_PRODUCTS:
         return AutoChoice(True, cheapest, products)
     sampler = ProbeSampler(f, x, plan, options)
-    sampler.pilot()
+    run_pilot(sampler.pilot)
     predicted = sampler.predicted_products()
     return AutoChoice(exact_is_preferred(products, len(x), predicted), cheapest, products, sampler, predicted)
 
@@ -304,16 +311,18 @@ class PlannedTrace:
     pilot_products: int = 0
 
 
-def planned_products(f: BatchFn, x: Tensor, method: str, options: MeanOptions) -> PlannedTrace:
+def planned_products(
+    f: BatchFn, x: Tensor, method: str, options: MeanOptions, run_pilot: Callable[[Callable[[], None]], object] = _call
+) -> PlannedTrace:
     """What estimate_mean_trace(f, x, method, options) is expected to take, by auto's own choice on x
-    (its pilot included, where auto runs one): exact on every sample, or the randomised run's
-    products as its pilot predicts them. Central differences: a typical randomised run's probes, at
-    four forward passes each. audit/stages/cost.py's up-front estimate."""
+    (its pilot included, where auto runs one, by `run_pilot`): exact on every sample, or the
+    randomised run's products as its pilot predicts them. Central differences: a typical randomised
+    run's probes, at four forward passes each. audit/stages/cost.py's up-front estimate."""
     check = CHECK_SAMPLES * CHECK_PROBES
     if not differentiates(method):
         return PlannedTrace(4 * (min(len(x), options.min_samples) * RANDOMISED_PROBES + check))
     plan = measure_plan(f, x)
-    choice = auto_choice(f, x, plan, options)
+    choice = auto_choice(f, x, plan, options, run_pilot)
     pilot = int(choice.sampler.sums[0].sum()) if choice.sampler is not None else 0
     return PlannedTrace((len(x) * choice.products if choice.exact else choice.predicted) + check, pilot)
 

@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -217,10 +218,7 @@ def _prepare(
     (timed on each chosen bottom, one context at a time, and said before anything slow), then the
     prior term. No bottom's context outlives this (each cut builds its own)."""
     clocks = Clocks()
-    start = clocks.cpu()
-    _, _, bottom, top = write_halves(whole, chosen[0], folder)
-    ctx, names = prepare_audit(cut_options(options, bottom, top), progress)
-    opening = [(clocks.cpu() - start) / max(1, clocks.threads())]  # the data's loading included
+    (ctx, names), opening = clocks.timed(partial(_opened_bottom, options, whole, chosen[0], folder, progress))
     if check is not None:  # the graph that is cut was written from the file
         x = model_inputs(ctx).astype(input_dtype(whole), copy=False)
         check(x, run_onnx(whole.proto, x))
@@ -236,17 +234,30 @@ def _prepare(
         seeds=ctx.seeds,
         converter=ctx.encoder.converter,
     )
-    estimates = [_cut_estimate(ctx, options, names, opening[0])]
+    estimates = [_cut_estimate(ctx, options, names, opening)]  # its opening counts the data's loading too
     for cut in chosen[1:] if estimates[0] else []:
         del ctx  # one bottom's context at a time
-        start = clocks.cpu()
         with tempfile.TemporaryDirectory(dir=folder) as halves:
-            _, _, bottom, top = write_halves(whole, cut, Path(halves))
-            ctx, _ = prepare_audit(cut_options(options, bottom, top), silent_progress, data)
-        estimates.append(_cut_estimate(ctx, options, names, (clocks.cpu() - start) / max(1, clocks.threads())))
+            opened = partial(_opened_bottom, options, whole, cut, Path(halves), silent_progress, data)
+            (ctx, _), opening = clocks.timed(opened)
+        estimates.append(_cut_estimate(ctx, options, names, opening))
     say(_plan_words(chosen, len(candidates), workers, estimates if estimates[0] else None))
     prepared.prior = prior_term(ctx, options.prior, options.smoothing)  # any cut's context: it reads the data alone
     return prepared
+
+
+def _opened_bottom(
+    options: AuditOptions,
+    whole: WholeModel,
+    cut: CutPoint,
+    folder: Path,
+    progress: Callable[..., tqdm],
+    data: SplitData | None = None,
+) -> tuple[AuditContext, list[str]]:
+    """The cut's halves written in `folder` and its bottom opened as an audit's context (on `data`
+    when given, else the data loaded), with the selected attacks."""
+    _, _, bottom, top = write_halves(whole, cut, folder)
+    return prepare_audit(cut_options(options, bottom, top), progress, data)
 
 
 def _audit_cuts(

@@ -24,6 +24,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -44,6 +45,7 @@ TIMING_BATCH = 16  # samples per timed pass (batches amortise per-call overhead,
 MIN_CALLS, MAX_CALLS, TIMING_SECONDS = 3, 100, 1.5  # counted calls of a timed step, and how long it repeats
 BUSY_SHARE = 0.5  # timed steps that got less of their threads' time than this ran beside other work
 EVAL_PASSES_PER_EPOCH = 1  # the held-out loss: about one training step per held-out sample
+T = TypeVar("T")
 MIN_VALUES_TO_ESTIMATE = 2**20  # input values (aux + target); the bundled digits hold 115k
 
 
@@ -176,6 +178,13 @@ class Clocks:
     load: Callable[[], float] = load_average
     cores: Callable[[], int] = usable_cores
 
+    def timed(self, step: Callable[[], T]) -> tuple[T, float]:
+        """step()'s result and the CPU seconds it took over the torch threads it ran on (the work
+        itself, as StepTimer counts it)."""
+        threads, start = max(1, self.threads()), self.cpu()
+        result = step()
+        return result, (self.cpu() - start) / threads
+
 
 class StepTimer:
     """Seconds one call of a step takes: the median over calls repeated for TIMING_SECONDS (at least
@@ -224,15 +233,22 @@ def busy_machine(share: float, load: float, cores: int) -> str:
 def dfil_seconds(ctx: AuditContext, n: int, rtol: float, pass_seconds: float, clocks: Clocks) -> float:
     """CPU seconds of the dFIL traces of n samples: the products estimators/mean_trace.py plans by its
     own choice, each at a forward + backward pass, or where it runs a pilot of random probes, at
-    what the pilot's products took (forward-mode products cost more than a backward pass)."""
+    what the pilot's products took, the pilot timed alone (forward-mode products cost more than a
+    backward pass)."""
     from splitaudit.stages.leakage import dfil_mean_options
 
-    threads, start = max(1, clocks.threads()), clocks.cpu()
-    x = ctx.target.x[:n]
-    planned = planned_products(ctx.encoder, x, default_method(ctx.encoder.differentiable), dfil_mean_options(ctx, rtol))
-    if not planned.pilot_products:
+    pilot_seconds = []
+    method, options = default_method(ctx.encoder.differentiable), dfil_mean_options(ctx, rtol)
+    planned = planned_products(
+        ctx.encoder,
+        ctx.target.x[:n],
+        method,
+        options,
+        run_pilot=lambda pilot: pilot_seconds.append(clocks.timed(pilot)[1]),
+    )
+    if not pilot_seconds:
         return planned.products * pass_seconds
-    return planned.products * (clocks.cpu() - start) / threads / planned.pilot_products
+    return planned.products * pilot_seconds[0] / planned.pilot_products
 
 
 def prior_seconds(
